@@ -1,0 +1,1 @@
+"""Hydra config groups, installed as the hybridrl.conf package so a non-editable install finds them."""

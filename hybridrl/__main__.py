@@ -1,0 +1,6 @@
+"""`python -m hybridrl ...` starts the Hydra app."""
+
+from hybridrl.app import main
+
+if __name__ == "__main__":
+    main()

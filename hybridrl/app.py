@@ -1,0 +1,66 @@
+"""The Hydra app: compose the config, validate it, run the controller in Hydra's run dir.
+
+    python -m hybridrl engine=vllm algorithm=grpo trainer.lr=1e-6 logger=wandb
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.config import register_configs, validate
+from hybridrl.errors import HybridRLError
+
+log = logging.getLogger("hybridrl")
+
+register_configs()
+
+
+def _names(hc) -> tuple[str, str | None]:
+    """Job name (from the overrides under -m) and the sweep's group name (None for a single run)."""
+    if hc.mode == RunMode.MULTIRUN:
+        sweep = Path(hc.sweep.dir)
+        group = f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
+        return hc.job.override_dirname or f"job{hc.job.num}", group
+    return Path(hc.runtime.output_dir).name, None
+
+
+def run(cfg: DictConfig) -> None:
+    """Validate `cfg` and train; user errors end the process with one line and a non-zero code."""
+    import hybridrl.data.synthetic  # noqa: F401  (registers the "synthetic" reward)
+    from hybridrl.controller import Controller
+
+    hc = HydraConfig.get()
+    run_dir = hc.runtime.output_dir
+    try:
+        rc = validate(cfg)
+        job_name, sweep_group = _names(hc)
+        controller = Controller(rc, run_dir, OmegaConf.to_container(cfg, resolve=True), job_name, sweep_group)
+        try:
+            controller.setup()
+            controller.train()
+        finally:
+            controller.cleanup()
+    except HybridRLError as e:
+        log.error("error: %s", e)
+        sys.stderr.flush()
+        # Under -m one bad job must not hide the others' results, but a single run must fail.
+        sys.exit(2)
+    log.info("done: outputs in %s", os.path.relpath(run_dir))
+
+
+@hydra.main(version_base="1.3", config_path="pkg://hybridrl.conf", config_name="config")
+def _hydra_entry(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+def main() -> None:
+    """Console-script entry point (`hybridrl ...`), same as `python -m hybridrl ...`."""
+    _hydra_entry()

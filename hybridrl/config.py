@@ -1,0 +1,86 @@
+"""The root config: one structured section per component, registered with Hydra's ConfigStore.
+
+The YAML files in conf/ only select and set values; every key and type is defined by the
+dataclasses below (each kept next to the code it configures), so an unknown key or a wrong
+type fails at composition, and `validate` turns the composed config into these objects,
+running each section's checks before any model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.algorithms.config import AlgorithmConfig
+from hybridrl.data.config import DataConfig
+from hybridrl.engines.config import EngineConfig
+from hybridrl.errors import ConfigError
+from hybridrl.models.config import ModelConfig
+from hybridrl.reshard.config import ReshardConfig
+from hybridrl.rewards.config import RewardConfig
+from hybridrl.tracking.config import LoggerConfig
+from hybridrl.training.config import TrainerConfig
+from hybridrl.workers.config import ClusterConfig
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """The rollout engine."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The FSDP2 trainer and the run's schedule."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimator and loss."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward function."""
+    reshard: ReshardConfig = field(default_factory=ReshardConfig)
+    """Trainer → engine weight sync."""
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Experiment tracking."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Process layout."""
+
+    def __post_init__(self) -> None:
+        world, tp = self.cluster.world_size, self.engine.tp_size
+        if world % tp:
+            raise ConfigError(f"engine.tp_size={tp} must divide the number of workers ({world})")
+        rows = self.data.train_batch_size * self.algorithm.group_size
+        if rows % world:
+            raise ConfigError(
+                f"data.train_batch_size * algorithm.group_size = {rows} samples must divide evenly over {world} workers"
+            )
+        if self.data.train_batch_size % (world // tp):
+            raise ConfigError(
+                f"data.train_batch_size={self.data.train_batch_size} must divide over the {world // tp} engine groups"
+            )
+        if self.trainer.mini_batch_size and (rows % self.trainer.mini_batch_size or self.trainer.mini_batch_size % world):
+            raise ConfigError(
+                f"trainer.mini_batch_size={self.trainer.mini_batch_size} must divide the {rows} samples per step "
+                f"and be a multiple of the {world} workers"
+            )
+
+
+def register_configs() -> None:
+    """Register the schema that conf/config.yaml builds on (idempotent)."""
+    ConfigStore.instance().store(name="hybridrl_schema", node=RunConfig)
+
+
+def validate(cfg: DictConfig) -> RunConfig:
+    """The composed config as typed objects; each section's checks run here."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as e:  # OmegaConf wraps errors raised inside __post_init__
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(str(e)) from e

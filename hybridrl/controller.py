@@ -1,0 +1,227 @@
+"""The single controller: owns the loop, the data, advantages, metrics; drives workers by phase.
+
+One iteration, as issued to the WorkerGroup::
+
+    wake → generate → sleep → logprob → reward → advantages (here) → update → reshard
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridrl.algorithms import apply_kl_to_rewards, grpo_advantages, mismatch_metrics
+from hybridrl.batch import Batch
+from hybridrl.config import RunConfig
+from hybridrl.data.prompts import Prompt, PromptLoader, load_prompts
+from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.models.loading import load_tokenizer, resolve_model_path
+from hybridrl.tracking.tracker import Tracker
+from hybridrl.workers.group import WorkerGroup, build_worker_group
+
+log = logging.getLogger("hybridrl")
+
+PHASES = ("wake", "generate", "sleep", "logprob", "reward", "advantages", "update", "reshard")
+
+
+def completions_to_batch(prompts: list[Prompt], comps: list[Completion], group_size: int) -> Batch:
+    """Response-aligned tensors (responses, mask, engine log-probs) for every completion."""
+    width = max(1, max(len(c.token_ids) for c in comps))
+    resp = torch.zeros((len(comps), width), dtype=torch.long)
+    mask = torch.zeros((len(comps), width), dtype=torch.float32)
+    elp = torch.zeros((len(comps), width), dtype=torch.float32)
+    for i, c in enumerate(comps):
+        n = len(c.token_ids)
+        resp[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
+        mask[i, :n] = 1
+        elp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
+    src = [prompts[c.prompt_index] for c in comps]
+    return Batch(
+        prompts=[p.token_ids for p in src],
+        tensors={"responses": resp, "response_mask": mask, "engine_logprobs": elp},
+        meta={
+            "prompt_text": [p.text for p in src],
+            "sample": [p.sample for p in src],
+            "finish_reason": [c.finish_reason for c in comps],
+        },
+    )
+
+
+def mean_over_ranks(results: list[dict[str, float]]) -> dict[str, float]:
+    """Average each metric over the ranks that reported it."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        for k, v in r.items():
+            acc[k].append(float(v))
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+class Controller:
+    """Runs the RL loop for one composed config inside Hydra's run dir."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path, full_config: dict, job_name: str, sweep_group: str | None = None) -> None:
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.full_config, self.job_name, self.sweep_group = full_config, job_name, sweep_group
+        self.group: WorkerGroup | None = None
+        self.times: dict[str, float] = {}
+
+    # -- setup ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Data first (cheap, and bad files fail before any model loads), then workers, then tracking."""
+        cfg = self.cfg
+        tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
+        self.train_prompts, self.val_prompts = load_prompts(cfg.data, tokenizer)
+        self.loader = PromptLoader(self.train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
+        stop = list(cfg.engine.stop_token_ids)
+        self.sampling = SamplingParams(
+            n=cfg.algorithm.group_size, temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
+            top_k=cfg.engine.top_k, max_new_tokens=cfg.engine.max_new_tokens, stop_token_ids=stop,
+        )
+        self.tracker = Tracker(cfg.logger, self.run_dir, self.full_config, self.job_name, self.sweep_group)
+        log.info(
+            "%d training prompts, %d held out; %d worker(s), engine=%s tp=%d",
+            len(self.train_prompts), len(self.val_prompts), cfg.cluster.world_size, cfg.engine.name, cfg.engine.tp_size,
+        )
+        self.group = build_worker_group(cfg)
+        self.start_step = 0
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+
+    # -- train ----------------------------------------------------------------------------
+    def train(self) -> None:
+        """Run `trainer.steps` iterations, logging one row per step."""
+        from tqdm.auto import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        steps = self.cfg.trainer.steps
+        bar = tqdm(
+            total=steps, initial=self.start_step, desc="steps", disable=not self.cfg.logger.progress_bar, leave=False
+        )
+        with logging_redirect_tqdm():
+            for step in range(self.start_step + 1, steps + 1):
+                metrics = self.train_step(step)
+                every = self.cfg.trainer.eval_every
+                if every and (step % every == 0 or step == steps) and self.val_prompts:
+                    metrics.update(self.validate(step))
+                self.tracker.log(step, metrics)
+                bar.update(1)
+        bar.close()
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One iteration of the phase sequence; returns its metrics."""
+        cfg, group = self.cfg, self.group
+        self.times = {}
+        t_step = time.perf_counter()
+        prompts = self.loader.next_batch()
+        with self.phase("wake"):
+            group.run_all("wake")
+        with self.phase("generate"):
+            comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
+        with self.phase("sleep"):
+            group.run_all("sleep")
+        batch = completions_to_batch(prompts, comps, cfg.algorithm.group_size)
+        with self.phase("logprob"):
+            parts = group.run_scattered("logprob", batch)
+            for key in parts[0]:
+                batch[key] = torch.cat([p[key] for p in parts])
+        with self.phase("reward"):
+            scores, extras = self._gather_rewards(group.run_scattered("reward", batch))
+        with self.phase("advantages"):
+            metrics = self._advantages(batch, scores, extras)
+        with self.phase("update"):
+            metrics.update(mean_over_ranks(group.run_scattered("update", batch)))
+        with self.phase("reshard"):
+            metrics.update(mean_over_ranks(group.run_all("reshard")))
+        step_time = time.perf_counter() - t_step
+        metrics.update(self._step_metrics(batch, step_time))
+        return metrics
+
+    @staticmethod
+    def _gather_rewards(parts: list[tuple[list[float], dict[str, list[float]]]]):
+        scores = [s for p in parts for s in p[0]]
+        extras: dict[str, list[float]] = defaultdict(list)
+        for _, ex in parts:
+            for k, v in ex.items():
+                extras[k].extend(v)
+        return scores, dict(extras)
+
+    def _advantages(self, batch: Batch, scores: list[float], extras: dict[str, list[float]]) -> dict[str, Any]:
+        algo = self.cfg.algorithm
+        rewards = torch.tensor(scores, dtype=torch.float32)
+        metrics: dict[str, Any] = {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+            "reward/max": rewards.max().item(),
+        }
+        metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in extras.items()})
+        mask = batch["response_mask"]
+        if algo.kl_in == "reward" and "ref_logprobs" in batch:
+            rewards, seq_kl = apply_kl_to_rewards(
+                rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, algo.kl_coef, algo.kl_estimator
+            )
+            metrics["reward/kl_penalty_mean"] = seq_kl.mean().item()
+        batch["advantages"] = grpo_advantages(rewards, algo.group_size, norm_by_std=algo.norm_adv_by_std)
+        groups = rewards.view(-1, algo.group_size)
+        metrics["reward/solve_none_frac"] = (groups.max(-1).values <= 0).float().mean().item()
+        metrics["reward/zero_std_frac"] = (groups.std(-1) == 0).float().mean().item()
+        mm = mismatch_metrics(batch["engine_logprobs"], batch["old_logprobs"], mask)
+        metrics.update({k: float(v) for k, v in mm.items()})
+        return metrics
+
+    def _step_metrics(self, batch: Batch, step_time: float) -> dict[str, Any]:
+        lengths = batch["response_mask"].sum(-1)
+        prompt_tokens = sum(len(p) for p in batch.prompts)
+        response_tokens = lengths.sum().item()
+        m: dict[str, Any] = {f"time/{p}": self.times.get(p, 0.0) for p in PHASES}
+        m["time/step"] = step_time
+        m["response/length_mean"] = lengths.mean().item()
+        m["response/length_max"] = lengths.max().item()
+        m["response/clip_frac"] = sum(r == "length" for r in batch.meta["finish_reason"]) / len(batch)
+        m["perf/tokens_per_s"] = (prompt_tokens + response_tokens) / step_time
+        m["perf/rollout_tokens_per_s"] = response_tokens / max(self.times.get("generate", 0.0), 1e-9)
+        for rank_mem in self.group.run_all("memory_report")[:1]:
+            for phase, stats in rank_mem.items():
+                for k, v in stats.items():
+                    m[f"memory/{phase}/{k}"] = v
+        self.loader_state = self.loader.state_dict()
+        return m
+
+    # -- validation -----------------------------------------------------------------------
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy generation on the held-out prompts through the same engines; `val/*` metrics."""
+        params = SamplingParams(
+            n=1, temperature=0.0, max_new_tokens=self.cfg.engine.max_new_tokens,
+            stop_token_ids=list(self.cfg.engine.stop_token_ids),
+        )
+        self.group.run_all("wake")
+        comps = self.group.generate([p.token_ids for p in self.val_prompts], step, params)
+        batch = completions_to_batch(self.val_prompts, comps, 1)
+        world = self.group.world_size
+        pad = (-len(batch)) % world  # repeat the last rows so every rank gets an equal share
+        padded = Batch.concat([batch, batch.select([len(batch) - 1] * pad)]) if pad else batch
+        scores, _ = self._gather_rewards(self.group.run_scattered("reward", padded))
+        scores = scores[: len(batch)]
+        return {
+            "val/reward_mean": sum(scores) / len(scores),
+            "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
+            "val/response_length_mean": batch["response_mask"].sum(-1).mean().item(),
+        }
+
+    # -- cleanup --------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        """Stop workers and close tracking; safe after a failure half-way through setup."""
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+        if hasattr(self, "tracker"):
+            self.tracker.finish()

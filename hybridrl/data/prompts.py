@@ -1,0 +1,140 @@
+"""Prompt datasets: read rows, render them with the chat template, tokenize, batch with a resumable cursor."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridrl.data.config import DataConfig
+from hybridrl.data.synthetic import make_synthetic_rows
+from hybridrl.errors import ConfigError, HybridRLError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prompt:
+    """One tokenized prompt and the row it came from (the reward reads `sample`)."""
+
+    token_ids: list[int]
+    text: str
+    sample: dict[str, Any]
+
+
+def read_rows(path: str, key: str) -> list[dict]:
+    """Rows of a .jsonl or .parquet file; errors name the file, line and the `key`."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"{key}={path!r}: file not found")
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise HybridRLError(f"{key}={path!r} is Parquet; install pyarrow (pip install pyarrow)") from e
+        return pq.read_table(p).to_pylist()
+    rows = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise HybridRLError(f"{key}={path!r}: line {lineno} is not valid JSON ({e.msg})") from e
+    if not rows:
+        raise HybridRLError(f"{key}={path!r}: the file has no rows")
+    return rows
+
+
+def render_prompt(raw: Any, tokenizer, cfg: DataConfig) -> str:
+    """The prompt text the model sees: chat-templated messages, or the raw string."""
+    if not cfg.apply_chat_template:
+        if not isinstance(raw, str):
+            raise HybridRLError("data.apply_chat_template=false needs string prompts, got chat messages")
+        return raw
+    messages = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw)
+    if cfg.system_prompt and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": cfg.system_prompt}] + messages
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def tokenize_rows(rows: list[dict], tokenizer, cfg: DataConfig, source: str) -> list[Prompt]:
+    """Render and tokenize every row, enforcing data.max_prompt_tokens up front (not mid-run)."""
+    prompts, dropped = [], 0
+    for i, row in enumerate(rows):
+        if cfg.prompt_key not in row:
+            raise HybridRLError(f"{source}: row {i} has no column {cfg.prompt_key!r} (data.prompt_key); columns: {sorted(row)}")
+        text = render_prompt(row[cfg.prompt_key], tokenizer, cfg)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > cfg.max_prompt_tokens:
+            if cfg.overlong_prompts == "error":
+                raise HybridRLError(
+                    f"{source}: row {i} has {len(ids)} prompt tokens, more than data.max_prompt_tokens="
+                    f"{cfg.max_prompt_tokens}; raise the limit or set data.overlong_prompts=drop"
+                )
+            dropped += 1
+            continue
+        sample = dict(row)
+        if cfg.answer_key in row:
+            sample["answer"] = row[cfg.answer_key]
+        prompts.append(Prompt(ids, text, sample))
+    if dropped:
+        log.warning("%s: dropped %d prompts longer than data.max_prompt_tokens=%d", source, dropped, cfg.max_prompt_tokens)
+    if not prompts:
+        raise HybridRLError(f"{source}: no prompts left (all longer than data.max_prompt_tokens?)")
+    return prompts
+
+
+def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], list[Prompt]]:
+    """Training and held-out prompts for the configured source."""
+    if cfg.name == "synthetic":
+        s = cfg.synthetic
+        train_rows = make_synthetic_rows(s.task, s.num_prompts, s.min_digits, s.max_digits, cfg.seed)
+        val_rows = make_synthetic_rows(
+            s.task, s.num_val_prompts, s.min_digits, s.max_digits, cfg.seed + 1, exclude={r["digits"] for r in train_rows}
+        )
+        return (
+            tokenize_rows(train_rows, tokenizer, cfg, "data=synthetic"),
+            tokenize_rows(val_rows, tokenizer, cfg, "data=synthetic (val)"),
+        )
+    train = tokenize_rows(read_rows(cfg.path, "data.path"), tokenizer, cfg, f"data.path={cfg.path}")
+    val = tokenize_rows(read_rows(cfg.val_path, "data.val_path"), tokenizer, cfg, f"data.val_path={cfg.val_path}") if cfg.val_path else []
+    return train, val
+
+
+class PromptLoader:
+    """Endless batches of prompts: a seeded permutation per epoch, resumable from `state_dict()`."""
+
+    def __init__(self, prompts: list[Prompt], batch_size: int, shuffle: bool, seed: int) -> None:
+        if batch_size > len(prompts):
+            raise ConfigError(f"data.train_batch_size={batch_size} exceeds the {len(prompts)} training prompts")
+        self.prompts, self.batch_size, self.shuffle, self.seed = prompts, batch_size, shuffle, seed
+        self.epoch, self.offset = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.prompts)))
+        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(len(self.prompts), generator=g).tolist()
+
+    def next_batch(self) -> list[Prompt]:
+        """The next `batch_size` prompts; an epoch's incomplete tail is skipped so batches stay full."""
+        if self.offset + self.batch_size > len(self._order):
+            self.epoch, self.offset = self.epoch + 1, 0
+            self._order = self._permutation(self.epoch)
+        idx = self._order[self.offset : self.offset + self.batch_size]
+        self.offset += self.batch_size
+        return [self.prompts[i] for i in idx]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self._order = self._permutation(self.epoch)

@@ -1,0 +1,59 @@
+"""Rollout engines behind one interface (`RolloutEngine`): native (built in), vLLM, SGLang."""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.engines.base import Completion, RolloutEngine, SamplingParams
+from hybridrl.engines.config import EngineConfig
+from hybridrl.models.config import ModelConfig
+
+__all__ = ["Completion", "EngineConfig", "RolloutEngine", "SamplingParams", "build_engine", "engine_dtype"]
+
+
+def engine_dtype(cfg: EngineConfig, device: torch.device) -> torch.dtype:
+    """The engine's weight dtype: `engine.dtype`, or float32 on CPU / bfloat16 on GPU for auto."""
+    if cfg.dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return getattr(torch, cfg.dtype)
+
+
+def build_engine(
+    cfg: EngineConfig,
+    model_cfg: ModelConfig,
+    model_path: str,
+    tokenizer,
+    device: torch.device,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    seed: int = 0,
+) -> RolloutEngine:
+    """The engine `engine.name` names, loaded from the same checkpoint as the trainer."""
+    if cfg.name == "native":
+        from hybridrl.engines.native import NativeEngine
+        from hybridrl.models.loading import load_causal_lm
+
+        model = load_causal_lm(model_path, model_cfg, engine_dtype(cfg, device), device)
+        return NativeEngine(model, eos_ids(tokenizer, model), tokenizer.pad_token_id, cfg.max_batch_size)
+    if cfg.name == "vllm":
+        from hybridrl.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(model_path, cfg, tp_rank=tp_rank, tp_size=tp_size, seed=seed, device=device.type)
+    if cfg.name == "sglang":
+        from hybridrl.engines.sglang_engine import SglangEngine
+
+        return SglangEngine(model_path, cfg, tp_rank=tp_rank, tp_size=tp_size, seed=seed, device=device.type)
+    raise ValueError(f"unknown engine {cfg.name!r}")
+
+
+def eos_ids(tokenizer, model=None) -> list[int]:
+    """Every token id that ends a sample: the tokenizer's EOS and the model's generation-config EOS."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(extra)
+    return sorted(i for i in ids if i is not None)

@@ -1,0 +1,97 @@
+"""The rollout-engine interface every engine (native, vLLM, SGLang) implements.
+
+A worker drives its engine through one iteration like this::
+
+    engine.wake_up(["kv_cache"])              # weights were refreshed by the last reshard
+    outs = engine.generate(prompts, params)   # token ids in, token ids + log-probs out
+    engine.sleep(level=2)                     # give the device to the trainer
+    ...train...
+    engine.wake_up(["weights"])               # memory back; contents stale at level 2
+    engine.load_weights(named_tensors)        # the resharder delivers the new weights
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+WAKE_TAGS: tuple[str, ...] = ("weights", "kv_cache")
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one batch of prompts (the engine-independent subset every engine honors)."""
+
+    n: int = 1
+    """Samples per prompt; a prompt's samples come back contiguous."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (log-probs are then taken at temperature 1)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables it (and the full-vocab sort it needs)."""
+    top_k: int = -1
+    """Keep only the k most likely tokens; -1 disables it."""
+    max_new_tokens: int = 32
+    """Hard cap on generated tokens per sample."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a sample (in addition to the tokenizer's EOS); the stop token is kept."""
+    seed: int | None = None
+    """Seed for this call's sampling; None draws from the engine's generator."""
+
+
+@dataclass
+class Completion:
+    """One generated sample."""
+
+    prompt_index: int
+    """Index of the prompt (in the list given to `generate`) this sample answers."""
+    token_ids: list[int]
+    """Generated token ids, the stop token included when one was hit."""
+    logprobs: list[float]
+    """Per generated token: log_softmax(logits / temperature)[token] (temperature 1 when greedy)."""
+    finish_reason: str
+    """'stop' (EOS or a stop id) or 'length' (hit max_new_tokens)."""
+
+
+class RolloutEngine(abc.ABC):
+    """A rollout copy of the policy that generates from token ids and receives weights by name.
+
+    The engine owns its own copy of the weights; it sees new weights only through
+    `load_weights`, fed by the resharding manager in the layout `weight_layout_style` names.
+    """
+
+    #: "hf" = the engine takes HF-named full tensors and splits them itself (vLLM, SGLang);
+    #: "fused" = the engine holds fused qkv/gate_up tensors sharded by its TP rank (native TP).
+    weight_layout_style: str = "hf"
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """Sample `params.n` completions per prompt; returns len(prompts) * n items, prompt-major."""
+
+    @abc.abstractmethod
+    def sleep(self, level: int = 1) -> None:
+        """Release device memory: level 1 frees the KV cache and parks weights in host memory,
+        level 2 frees the weights too (the next load overwrites them)."""
+
+    @abc.abstractmethod
+    def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
+        """Restore what `sleep` released; `weights` before `kv_cache`, so weights can be
+        resynced before the KV cache is reallocated."""
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given tensors (names and layout per `weight_layout_style`) into the engine."""
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The engine's current weights by name, for verification; engines that cannot expose
+        them (a remote process) raise NotImplementedError."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its weights")
+
+    def memory_stats(self) -> dict[str, float]:
+        """Engine-side memory figures in GiB (empty where the engine cannot tell)."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Free every resource the engine holds; the object is unusable afterwards."""

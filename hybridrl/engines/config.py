@@ -1,0 +1,97 @@
+"""Config of the rollout engine (`engine=native|vllm|sglang`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridrl.errors import ConfigError
+
+ENGINE_NAMES = ("native", "vllm", "sglang")
+
+
+@dataclass
+class VllmOptions:
+    """Options only the vLLM engine reads (`engine.vllm.*`)."""
+
+    gpu_memory_utilization: float = 0.5
+    """Fraction of the device vLLM may take (weights + KV); the trainer's resident memory counts against it."""
+    kv_cache_memory_gb: float = 1.0
+    """KV cache size in GiB; used on CPU (VLLM_CPU_KVCACHE_SPACE) and, when > 0 on GPU, instead of the fraction."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs / torch.compile (fast start-up; turn off for decode speed on GPU)."""
+    enable_prefix_caching: bool = False
+    """Reuse KV of shared prompt prefixes (the n samples of a prompt share one prefix)."""
+    max_num_seqs: int = 256
+    """Most sequences vLLM schedules at once."""
+    max_model_len: int = 0
+    """Longest prompt + completion vLLM accepts (sizes its KV bookkeeping); 0 = the model's own limit."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"engine.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory_gb < 0:
+            raise ConfigError(f"engine.vllm.kv_cache_memory_gb must be >= 0, got {self.kv_cache_memory_gb}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"engine.vllm.max_model_len must be >= 0 (0 = the model's limit), got {self.max_model_len}")
+
+
+@dataclass
+class SglangOptions:
+    """Options only the SGLang engine reads (`engine.sglang.*`)."""
+
+    mem_fraction_static: float = 0.5
+    """Fraction of device memory SGLang reserves for weights + KV cache."""
+    enable_memory_saver: bool = True
+    """Use torch_memory_saver so release/resume_memory_occupation really frees memory."""
+    base_gpu_id: int = -1
+    """First GPU of this engine's TP group; -1 = derive from the worker's local rank."""
+
+
+@dataclass
+class EngineConfig:
+    """The rollout engine and how it samples."""
+
+    name: str = "native"
+    """Which engine: native (built in), vllm or sglang."""
+    tp_size: int = 1
+    """Engine tensor-parallel degree: groups of tp_size consecutive ranks share one engine."""
+    dtype: str = "auto"
+    """Engine weight dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16."""
+    max_new_tokens: int = 16
+    """Most tokens generated per sample."""
+    temperature: float = 1.0
+    """Sampling temperature for rollouts (log-probs everywhere use logits / temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 disables it."""
+    top_k: int = -1
+    """Top-k sampling; -1 disables it."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra token ids that end a sample (the tokenizer's EOS always does)."""
+    sleep_level: int = 2
+    """Level for sleep after generation: 1 keeps weights in host memory, 2 drops them (the reshard refills)."""
+    max_batch_size: int = 256
+    """Native engine: most sequences decoded at once (larger batches are split)."""
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    """vLLM-only options."""
+    sglang: SglangOptions = field(default_factory=SglangOptions)
+    """SGLang-only options."""
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINE_NAMES:
+            raise ConfigError(f"engine.name must be one of {', '.join(ENGINE_NAMES)}, got {self.name!r}")
+        if self.tp_size < 1:
+            raise ConfigError(f"engine.tp_size must be >= 1, got {self.tp_size}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"engine.dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"engine.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"engine.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"engine.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ConfigError(f"engine.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.sleep_level not in (1, 2):
+            raise ConfigError(f"engine.sleep_level must be 1 or 2, got {self.sleep_level}")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")

@@ -1,0 +1,184 @@
+"""The built-in rollout engine: a transformers model with a KV cache and batched sampling.
+
+Generation for one chunk of prompts::
+
+    prefill each distinct prompt once  →  repeat its KV cache n times
+    loop: sample (temperature/top-k/top-p) → drop finished rows from the batch and the cache
+          → decode one step for the rows still running
+
+It holds its own copy of the weights and sees new ones only through `load_weights`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
+from hybridrl.engines.sampling import sample_tokens
+from hybridrl.errors import HybridRLError
+
+log = logging.getLogger(__name__)
+
+
+class NativeEngine(RolloutEngine):
+    """Rollout engine over a Hugging Face causal LM in this process."""
+
+    weight_layout_style = "hf"
+
+    def __init__(self, model: torch.nn.Module, eos_token_ids: Sequence[int], pad_token_id: int, max_batch_size: int = 256) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.device = next(model.parameters()).device
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        # Shared (tied) parameters appear under every name they are known by, so a load by
+        # either name lands in the one tensor.
+        self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._unique = dict(model.named_parameters())
+        self._shapes = {n: (p.shape, p.dtype) for n, p in self._unique.items()}
+        self._host_copy: dict[str, torch.Tensor] = {}
+        self._asleep: set[str] = set()
+        self._generator = torch.Generator(device=self.device)
+
+    # -- generation -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        if self._asleep:
+            raise HybridRLError(f"native engine: generate called while {sorted(self._asleep)} are asleep; call wake_up first")
+        if params.seed is not None:
+            self._generator.manual_seed(params.seed)
+        per_chunk = max(1, self.max_batch_size // params.n)
+        out: list[Completion] = []
+        for start in range(0, len(prompts), per_chunk):
+            out += self._generate_chunk(prompts[start : start + per_chunk], params, start)
+        return out
+
+    def _generate_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams, offset: int) -> list[Completion]:
+        from transformers import DynamicCache
+
+        n, dev = params.n, self.device
+        lengths = [len(p) for p in prompts]
+        if min(lengths) == 0:
+            raise HybridRLError("native engine: an empty prompt cannot be generated from")
+        width = max(lengths)
+        # Left padding lines every prompt's last token up in the last column.
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1
+        ).logits[:, -1]
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits, mask = logits.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+            pos = pos.repeat_interleave(n, 0)
+        next_pos = pos[:, -1] + 1
+        rows = len(prompts) * n
+        alive = torch.arange(rows, device=dev)  # global row of each batch row still running
+        tokens_out: list[list[int]] = [[] for _ in range(rows)]
+        logps_out: list[list[float]] = [[] for _ in range(rows)]
+        finish = ["length"] * rows
+        stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=dev)
+
+        for step in range(params.max_new_tokens):
+            tok, lp = sample_tokens(logits, params.temperature, params.top_k, params.top_p, self._generator)
+            alive_l, tok_l, lp_l = alive.tolist(), tok.tolist(), lp.tolist()
+            for r, t, l in zip(alive_l, tok_l, lp_l):
+                tokens_out[r].append(t)
+                logps_out[r].append(l)
+            done = torch.isin(tok, stop_ids)
+            for r in alive[done].tolist():
+                finish[r] = "stop"
+            if step == params.max_new_tokens - 1:
+                break
+            keep = (~done).nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < alive.numel():
+                # Finished rows leave the batch, and their KV rows leave the cache.
+                cache.batch_select_indices(keep)
+                alive, tok, mask, next_pos = alive[keep], tok[keep], mask[keep], next_pos[keep]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            logits = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            next_pos = next_pos + 1
+        return [
+            Completion(offset + r // n, tokens_out[r], logps_out[r], finish[r]) for r in range(rows)
+        ]
+
+    # -- memory lifecycle ----------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """The KV cache lives only inside `generate`, so it is already free; weights follow `level`."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if "weights" in self._asleep:
+            return
+        on_accel = self.device.type != "cpu"
+        for name, p in self._unique.items():
+            if level == 1 and on_accel:
+                host = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+                host.copy_(p.data, non_blocking=True)
+                self._host_copy[name] = host
+            if level == 2 or on_accel:
+                # Level 2 drops the weights outright: the next reshard rewrites every one of them.
+                p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        if on_accel:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        if level == 2 or on_accel:
+            self._asleep.add("weights")
+        self._asleep.add("kv_cache")
+
+    def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
+        unknown = set(tags) - set(WAKE_TAGS)
+        if unknown:
+            raise ValueError(f"unknown wake_up tags {sorted(unknown)}; valid: {WAKE_TAGS}")
+        if "weights" in tags and "weights" in self._asleep:
+            for name, p in self._unique.items():
+                shape, dtype = self._shapes[name]
+                host = self._host_copy.pop(name, None)
+                p.data = torch.empty(shape, dtype=dtype, device=self.device)
+                if host is not None:
+                    p.data.copy_(host, non_blocking=True)
+            self._asleep.discard("weights")
+        if "kv_cache" in tags:
+            self._asleep.discard("kv_cache")
+
+    # -- weights --------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if "weights" in self._asleep:
+            raise HybridRLError("native engine: load_weights while weights are asleep; wake_up(['weights']) first")
+        for name, tensor in named_tensors:
+            param = self._params.get(name)
+            if param is None:
+                raise HybridRLError(f"native engine: no parameter named {name!r} in the rollout model")
+            if param.shape != tensor.shape:
+                raise HybridRLError(f"native engine: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+            param.copy_(tensor, non_blocking=True)
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self._unique.items()
+
+    def memory_stats(self) -> dict[str, float]:
+        weights = sum(p.numel() * p.element_size() for p in self._unique.values())
+        return {"engine_weights_gb": weights / 2**30}
+
+    def shutdown(self) -> None:
+        self._params.clear()
+        self._unique.clear()
+        self._host_copy.clear()
+        del self.model

@@ -1,0 +1,56 @@
+"""Config of the policy model (`model=tiny` or `model=hf model.path=...`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hybridrl.errors import ConfigError
+
+
+@dataclass
+class TinyModelOptions:
+    """Shape of the locally made tiny Qwen2 model (`model.tiny.*`)."""
+
+    hidden_size: int = 64
+    """Width of the residual stream."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 4
+    """Attention (query) heads."""
+    num_kv_heads: int = 2
+    """Key/value heads (GQA when fewer than num_heads)."""
+    intermediate_size: int = 192
+    """MLP width."""
+    seed: int = 0
+    """Seed of the random initialization (part of the cache key)."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy: a Hugging Face causal LM folder, or the tiny model made locally."""
+
+    name: str = "tiny"
+    """tiny (made locally) or hf (a local Hugging Face folder given by model.path)."""
+    path: Optional[str] = None
+    """Folder with config.json, weights and tokenizer (any HF causal LM); None builds the tiny model."""
+    tiny: TinyModelOptions = field(default_factory=TinyModelOptions)
+    """Shape of the tiny model, used when path is None."""
+    cache_dir: Optional[str] = None
+    """Where the tiny model is saved once; None = $HYBRIDRL_CACHE or ~/.cache/hybridrl."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the folder (off by default: it runs arbitrary code)."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel for trainer and native engine: sdpa or eager (same in both keeps log-probs equal)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+
+    def __post_init__(self) -> None:
+        if self.name not in ("tiny", "hf"):
+            raise ConfigError(f"model.name must be tiny or hf, got {self.name!r}")
+        if self.name == "hf" and not self.path:
+            raise ConfigError("model.path is required with model=hf: model=hf model.path=/path/to/hf/model")
+        if self.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
+            raise ConfigError(
+                f"model.attn_implementation must be sdpa, eager or flash_attention_2, got {self.attn_implementation!r}"
+            )

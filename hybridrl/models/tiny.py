@@ -1,0 +1,125 @@
+"""A tiny Qwen2-family model and a character-level tokenizer, made locally with no network.
+
+Both are saved once to a cache folder and then loaded through the same `from_pretrained`
+path a real checkpoint (`model.path=/path/to/Qwen2.5-0.5B-Instruct`) takes, so tests and the
+CPU demo exercise the real loading code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+# Qwen's chat markup, so prompts look like a real instruct model's.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TINY_FORMAT_VERSION = 1
+
+
+def tiny_model_config(
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 192,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> dict:
+    """The tiny model's shape as a plain dict (also the cache key)."""
+    return {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+        "seed": seed,
+        "format": TINY_FORMAT_VERSION,
+    }
+
+
+def build_tokenizer():
+    """A byte-level tokenizer with no merges (one token per byte), built as Qwen2's tokenizer is.
+
+    Using Qwen2's own tokenizer class and pre-tokenizer means `AutoTokenizer` (and vLLM, which
+    loads tokenizers the same way) reconstructs exactly this tokenizer from the saved folder.
+    """
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def default_cache_dir() -> Path:
+    """Where made-up models live: $HYBRIDRL_CACHE, else ~/.cache/hybridrl."""
+    root = os.environ.get("HYBRIDRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hybridrl")
+    return Path(root)
+
+
+def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, **shape) -> Path:
+    """Return the folder of the tiny model with this shape, creating it on first use.
+
+    The folder is written under a temporary name and renamed when complete, so a run killed
+    half-way never leaves a folder that looks finished.
+    """
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    spec = tiny_model_config(**shape)
+    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = root / f"tiny-qwen2-{key}"
+    if (target / "config.json").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{target.name}-{os.getpid()}"
+
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec["hidden_size"],
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_key_value_heads"],
+        intermediate_size=spec["intermediate_size"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec["seed"])
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        # Another process finished first; its folder is equally good.
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

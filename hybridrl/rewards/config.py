@@ -1,0 +1,49 @@
+"""The `reward:` config group: which reward function scores the rollouts.
+
+    reward=math                              # a registered name (see hybridrl.rewards.registered_rewards())
+    reward.fn=my_pkg.my_rewards:exact_match  # your own function; overrides reward.name
+
+The controller resolves it once: `fn = resolve_reward(cfg.fn or cfg.name)`.
+`__post_init__` checks the form of the values; it runs when the composed config is turned into objects
+(`OmegaConf.to_object`). Whether a name is registered is checked by `resolve_reward`, after the modules that
+register rewards are imported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridrl.errors import ConfigError
+
+_FN_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass
+class RewardConfig:
+    """Reward selection."""
+
+    # Optional[...] rather than `str | None`: OmegaConf resolves these annotations itself.
+    name: str = "synthetic"
+    """A registered reward: "synthetic" (the default task), "math", "format", "math_with_format", ..."""
+    fn: Optional[str] = None
+    """A custom reward as "pkg.module:func" (batched or per-sample, see hybridrl.rewards.registry); overrides name."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError("reward.name is empty; set it to a registered reward name, e.g. reward.name=math")
+        if ":" in self.name:
+            raise ConfigError(
+                f"reward.name={self.name!r} looks like a function path; set reward.fn={self.name} instead"
+            )
+        if self.fn is not None and not _FN_RE.match(self.fn.strip()):
+            raise ConfigError(
+                f"reward.fn={self.fn!r} is not of the form 'pkg.module:func' (a dotted module path, one colon, "
+                "a function name), e.g. reward.fn=my_rewards:exact_match"
+            )
+
+    @property
+    def spec(self) -> str:
+        """What to pass to `resolve_reward`: `fn` when set, else `name`."""
+        return self.fn.strip() if self.fn else self.name.strip()

@@ -1,0 +1,111 @@
+"""Where each step's metrics go: metrics.jsonl (always), the console, and wandb when selected."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from hybridrl.tracking.config import LoggerConfig
+from hybridrl.tracking.plot import plot_run
+
+log = logging.getLogger("hybridrl")
+
+# The few numbers the per-step log line shows; every metric goes to metrics.jsonl.
+CONSOLE_KEYS = (
+    ("reward/mean", "reward", "{:.3f}"),
+    ("response/length_mean", "len", "{:.1f}"),
+    ("actor/kl", "kl", "{:.4f}"),
+    ("actor/entropy", "ent", "{:.2f}"),
+    ("actor/clip_frac", "clip", "{:.3f}"),
+    ("mismatch/logp_abs_mean", "mismatch", "{:.1e}"),
+    ("perf/tokens_per_s", "tok/s", "{:.0f}"),
+)
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class Tracker:
+    """Writes metrics rows; `resume_at(step)` drops rows past a checkpoint so steps never repeat."""
+
+    def __init__(self, cfg: LoggerConfig, run_dir: str | Path, full_config: dict, job_name: str, sweep_group: str | None) -> None:
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.wandb = None
+        if cfg.name == "wandb":
+            self.wandb = self._init_wandb(full_config, job_name, sweep_group)
+
+    def _init_wandb(self, full_config: dict, job_name: str, sweep_group: str | None):
+        import wandb
+
+        # Keep every wandb file inside the run dir, not the home folder.
+        os.environ.setdefault("WANDB_DIR", str(self.run_dir))
+        os.environ.setdefault("WANDB_CACHE_DIR", str(self.run_dir / "wandb-cache"))
+        os.environ.setdefault("WANDB_CONFIG_DIR", str(self.run_dir / "wandb-config"))
+        return wandb.init(
+            project=self.cfg.project,
+            entity=self.cfg.entity,
+            group=self.cfg.group or sweep_group,
+            name=self.cfg.run_name or job_name,
+            tags=list(self.cfg.tags),
+            mode=self.cfg.mode or os.environ.get("WANDB_MODE") or "online",
+            config=full_config,
+            dir=str(self.run_dir),
+        )
+
+    def resume_at(self, step: int) -> None:
+        """Keep only rows with step <= `step` (a resumed run rewrites what followed its checkpoint)."""
+        if not self.metrics_path.exists():
+            return
+        keep = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line)
+            except (json.JSONDecodeError, KeyError):
+                continue
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(l + "\n" for l in keep))
+        os.replace(tmp, self.metrics_path)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one row to metrics.jsonl (flushed), log one console line, send to wandb."""
+        row = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        parts = [f"step {step}"]
+        for key, short, fmt in CONSOLE_KEYS:
+            if metrics.get(key) is not None:
+                parts.append(f"{short} {fmt.format(metrics[key])}")
+        phases = [(k[5:], v) for k, v in metrics.items() if k.startswith("time/") and k != "time/step"]
+        parts.append("| " + " ".join(f"{p} {v:.2f}s" for p, v in phases))
+        if "time/step" in metrics:
+            parts.append(f"step {metrics['time/step']:.2f}s")
+        log.info(" ".join(parts))
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def log_validation(self, step: int, metrics: dict[str, Any]) -> None:
+        """Validation metrics ride on the step's row (already written), so they get a line of their own."""
+        log.info("val step %d: %s", step, " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def plot(self) -> Path | None:
+        """plots.png from metrics.jsonl (when enabled and there is something to draw)."""
+        if not self.cfg.plot or not self.metrics_path.exists():
+            return None
+        return plot_run(self.metrics_path, self.run_dir / "plots.png")
+
+    def finish(self) -> None:
+        self.plot()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None

@@ -1,0 +1,90 @@
+"""Config of the FSDP2 trainer (`trainer.*`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hybridrl.errors import ConfigError
+
+OFFLOAD_PARTS = ("params", "optimizer")
+
+
+@dataclass
+class TrainerConfig:
+    """The training copy of the policy: FSDP2, AdamW, schedule, batching, checkpoints."""
+
+    steps: int = 60
+    """RL iterations (rollout + update) to run."""
+    lr: float = 1e-6
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to lr."""
+    lr_schedule: str = "constant"
+    """After warmup: constant or cosine (down to min_lr_ratio * lr at the last optimizer step)."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine schedule as a fraction of lr."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (<= 0 disables clipping; the norm is still logged)."""
+    mini_batch_size: int = 0
+    """Sequences per optimizer step across all ranks; 0 = the whole rollout batch (one step per epoch)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward on one rank (gradients accumulate over micro-batches)."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch per iteration."""
+    param_dtype: str = "auto"
+    """FSDP2 mixed-precision compute dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16."""
+    logprob_chunk_size: int = 0
+    """Tokens per chunk when turning hidden states into log-probs (0 = no chunking); bounds logits memory."""
+    offload: str = "none"
+    """What to move to host memory during rollout: none, params, optimizer or params,optimizer (GPU only)."""
+    device: str = "auto"
+    """auto (cuda if available), cpu or cuda."""
+    seed: int = 0
+    """Seed for initialization-time randomness and sampling seeds (per rank and step)."""
+    save_every: int = 0
+    """Save a checkpoint every N steps (0 = never)."""
+    eval_every: int = 0
+    """Run validation every N steps (0 = never)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk (older ones are deleted once a newer one is complete)."""
+    resume: Optional[str] = None
+    """auto = continue from the newest complete checkpoint in the run dir; or a checkpoint folder path."""
+
+    def offload_parts(self) -> set[str]:
+        """The parts named by `offload`."""
+        return set() if self.offload == "none" else {p.strip() for p in self.offload.split(",")}
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"trainer.steps must be >= 1, got {self.steps}")
+        if self.lr <= 0:
+            raise ConfigError(f"trainer.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"trainer.lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"trainer.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.mini_batch_size < 0:
+            raise ConfigError(f"trainer.mini_batch_size must be >= 0, got {self.mini_batch_size}")
+        if self.ppo_epochs < 1:
+            raise ConfigError(f"trainer.ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        if self.param_dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"trainer.param_dtype must be auto, float32 or bfloat16, got {self.param_dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"trainer.device must be auto, cpu or cuda, got {self.device!r}")
+        bad = self.offload_parts() - set(OFFLOAD_PARTS)
+        if bad:
+            raise ConfigError(f"trainer.offload must be none or a comma list of {OFFLOAD_PARTS}, got {self.offload!r}")
+        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
+        if self.keep_last < 1:
+            raise ConfigError(f"trainer.keep_last must be >= 1, got {self.keep_last}")

@@ -1,0 +1,195 @@
+"""The FSDP2 trainer: the training copy of the policy (and the frozen reference), AdamW, updates.
+
+Its part of one iteration::
+
+    old_logp, ref_logp = trainer.compute_logprobs(batch)      # phase "logprob"
+    metrics = trainer.update(batch)                           # phase "update"
+    for layer in trainer.iter_full_layers(): ...              # phase "reshard" (gather for the engine)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from hybridrl.algorithms import (
+    AlgorithmConfig,
+    aggregate,
+    aggregation_denominator,
+    broadcast_to_tokens,
+    kl_penalty,
+    masked_mean,
+    ppo_clip_loss,
+    truncated_is_weights,
+)
+from hybridrl.batch import Batch
+from hybridrl.models.config import ModelConfig
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.training.config import TrainerConfig
+from hybridrl.training.logprobs import response_logprobs
+from hybridrl.training.schedule import build_scheduler
+
+log = logging.getLogger(__name__)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (wrapped one FSDP unit each)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise NotImplementedError(f"cannot find decoder layers in {type(model).__name__} (expected model.model.layers)")
+    return list(layers)
+
+
+def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None) -> torch.nn.Module:
+    """fully_shard each decoder layer, then the root (embeddings, final norm, lm_head)."""
+    kwargs = {"mesh": mesh, "mp_policy": mp} if mp is not None else {"mesh": mesh}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+class Trainer:
+    """FSDP2 policy (+ optional frozen reference) with AdamW and a warmup/cosine schedule."""
+
+    def __init__(
+        self,
+        model_path: str,
+        model_cfg: ModelConfig,
+        cfg: TrainerConfig,
+        algo: AlgorithmConfig,
+        device: torch.device,
+        pad_token_id: int,
+        temperature: float,
+        total_optimizer_steps: int,
+    ) -> None:
+        self.cfg, self.algo, self.device = cfg, algo, device
+        self.pad_token_id, self.temperature = pad_token_id, temperature
+        self.world = dist.get_world_size()
+        self.mesh = init_device_mesh(device.type, (self.world,), mesh_dim_names=("fsdp",))
+        compute = cfg.param_dtype if cfg.param_dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+        mp = None
+        if compute == "bfloat16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        # Master weights stay float32; FSDP casts to the compute dtype per layer.
+        self.model = shard_model(load_causal_lm(model_path, model_cfg, torch.float32, device), self.mesh, mp)
+        if model_cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.ref = None
+        if algo.uses_reference:
+            ref = load_causal_lm(model_path, model_cfg, torch.float32, device).eval().requires_grad_(False)
+            self.ref = shard_model(ref, self.mesh, mp)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+        self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, total_optimizer_steps, cfg.lr_schedule, cfg.min_lr_ratio)
+
+    # -- log-probs ------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Old (this policy, before the update) and reference log-probs of the response tokens."""
+        out: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self.model.eval()
+        for mb in batch.chunks(self.cfg.micro_batch_size):
+            resp, mask = mb["responses"].to(self.device), mb["response_mask"].to(self.device)
+            lp, _ = response_logprobs(self.model, mb.prompts, resp, mask, self.temperature, self.pad_token_id)
+            out["old_logprobs"].append(lp.cpu())
+            if self.ref is not None:
+                rlp, _ = response_logprobs(self.ref, mb.prompts, resp, mask, self.temperature, self.pad_token_id)
+                out["ref_logprobs"].append(rlp.cpu())
+        return {k: torch.cat(v) for k, v in out.items()}
+
+    # -- update ---------------------------------------------------------------------------
+    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
+        value = value.to(self.device, torch.float32)
+        if self.world > 1:
+            dist.all_reduce(value)
+        return value
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO-clip epochs over this rank's shard of the batch; returns averaged actor metrics."""
+        cfg, algo = self.cfg, self.algo
+        self.model.train()
+        n_local = len(batch)
+        mini = n_local if cfg.mini_batch_size == 0 else max(1, cfg.mini_batch_size // self.world)
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+
+        def record(key: str, value: float) -> None:
+            sums[key] += float(value)
+            counts[key] += 1
+
+        for _epoch in range(cfg.ppo_epochs):
+            for mb_batch in batch.chunks(mini):
+                micro = mb_batch.chunks(cfg.micro_batch_size)
+                # Normalize by the whole mini-batch over all ranks, so accumulation over
+                # micro-batches and FSDP's gradient averaging over ranks equal one big batch.
+                denom = sum(aggregation_denominator(m["response_mask"], algo.loss_agg_mode) for m in micro)
+                normalizer = self._global_sum(torch.as_tensor(denom)) / self.world
+                for m in micro:
+                    metrics = self._micro_step(m, normalizer)
+                    for k, v in metrics.items():
+                        record(k, v)
+                grad_norm = self._optimizer_step()
+                record("actor/grad_norm", grad_norm)
+        out = {k: sums[k] / counts[k] for k in sums}
+        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        return out
+
+    def _micro_step(self, mb: Batch, normalizer: torch.Tensor) -> dict[str, float]:
+        algo = self.algo
+        resp, mask = mb["responses"].to(self.device), mb["response_mask"].to(self.device).float()
+        logp, entropy = response_logprobs(
+            self.model, mb.prompts, resp, mask, self.temperature, self.pad_token_id, with_entropy=True
+        )
+        old = mb["old_logprobs"].to(self.device)
+        adv = broadcast_to_tokens(mb["advantages"].to(self.device), mask)
+        is_w = None
+        if algo.rollout_correction == "tis":
+            is_w = truncated_is_weights(old, mb["engine_logprobs"].to(self.device), mask, algo.rollout_correction_cap)
+        loss, pm = ppo_clip_loss(
+            logp, old, adv, mask, algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c,
+            algo.loss_agg_mode, normalizer=normalizer, is_weights=is_w,
+        )
+        metrics = {"actor/pg_loss": loss.item(), **{f"actor/{k}": float(v) for k, v in pm.items()}}
+        if self.ref is not None:
+            kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), algo.kl_estimator)
+            metrics["actor/kl"] = masked_mean(kl, mask).item()
+            if algo.kl_in == "loss":
+                kl_loss = aggregate(kl, mask, algo.loss_agg_mode, normalizer=normalizer)
+                loss = loss + algo.kl_coef * kl_loss
+        if algo.entropy_coef > 0:
+            loss = loss - algo.entropy_coef * aggregate(entropy, mask, algo.loss_agg_mode, normalizer=normalizer)
+        metrics["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
+        loss.backward()
+        return metrics
+
+    def _optimizer_step(self) -> float:
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        else:
+            log.warning("non-finite gradient norm %s: optimizer step skipped", norm.item())
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm.item()
+
+    # -- weights for the engine ----------------------------------------------------------
+    @torch.no_grad()
+    def iter_full_params(self):
+        """(HF name, full tensor) for every parameter, gathered from the FSDP shards one at a time."""
+        for name, p in self.model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            yield name, full
+
+    def modules(self) -> list[FSDPModule]:
+        return [m for m in (self.model, self.ref) if m is not None]

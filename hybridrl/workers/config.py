@@ -1,0 +1,40 @@
+"""Config of the process layout (`cluster=inline|local|ray`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridrl.errors import ConfigError
+
+
+@dataclass
+class ClusterConfig:
+    """How many workers run where, and how they talk."""
+
+    name: str = "inline"
+    """inline (one worker in the controller process), local (N processes on this node) or ray."""
+    workers_per_node: int = 1
+    """Worker processes per node, one per device."""
+    nnodes: int = 1
+    """Nodes (ray only)."""
+    collective_timeout_s: float = 600.0
+    """A collective or phase command taking longer than this becomes an error naming the phase and rank."""
+    ray_address: Optional[str] = None
+    """Address of an existing Ray cluster (ray start --head); None starts a local one."""
+
+    def __post_init__(self) -> None:
+        if self.name not in ("inline", "local", "ray"):
+            raise ConfigError(f"cluster.name must be inline, local or ray, got {self.name!r}")
+        if self.workers_per_node < 1:
+            raise ConfigError(f"cluster.workers_per_node must be >= 1, got {self.workers_per_node}")
+        if self.nnodes < 1:
+            raise ConfigError(f"cluster.nnodes must be >= 1, got {self.nnodes}")
+        if self.name == "inline" and self.workers_per_node * self.nnodes != 1:
+            raise ConfigError("cluster=inline runs exactly one worker; use cluster=local for cluster.workers_per_node > 1")
+        if self.collective_timeout_s <= 0:
+            raise ConfigError(f"cluster.collective_timeout_s must be > 0, got {self.collective_timeout_s}")
+
+    @property
+    def world_size(self) -> int:
+        return self.workers_per_node * self.nnodes

@@ -1,0 +1,79 @@
+"""Config composition: defaults, overrides, recipes, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from hybridrl.config import RunConfig, register_configs, validate
+from hybridrl.errors import ConfigError
+
+register_configs()
+
+
+def composed(*overrides: str):
+    with initialize_config_module(config_module="hybridrl.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_default_is_the_cpu_demo():
+    rc = validate(composed())
+    assert isinstance(rc, RunConfig)
+    assert rc.model.path is None and rc.engine.name == "native" and rc.cluster.name == "inline"
+    assert rc.data.name == "synthetic" and rc.reward.name == "synthetic" and rc.algorithm.name == "grpo"
+
+
+def test_group_and_value_overrides():
+    rc = validate(composed("engine=vllm", "trainer.lr=1e-6", "cluster=local", "cluster.workers_per_node=2", "engine.tp_size=2"))
+    assert rc.engine.name == "vllm" and rc.trainer.lr == 1e-6
+    assert rc.cluster.world_size == 2 and rc.engine.tp_size == 2
+
+
+def test_every_group_option_composes():
+    for override in ("engine=sglang", "logger=wandb", "reward=math", "cluster=ray", "model=hf model.path=/x", "data=jsonl data.path=/x.jsonl"):
+        validate(composed(*override.split()))
+
+
+def test_wrong_type_fails_at_composition_naming_the_key():
+    with pytest.raises(ConfigCompositionException) as e:
+        composed("trainer.lr=abc")
+    assert "trainer.lr" in str(e.value.__cause__ or e.value)
+
+
+def test_unknown_key_fails():
+    with pytest.raises(ConfigCompositionException) as e:
+        composed("trainer.learning_rate=1e-5")
+    assert "learning_rate" in str(e.value.__cause__ or e.value)
+
+
+def test_unknown_group_option_fails():
+    with pytest.raises(MissingConfigException, match="engine/nonexistent"):
+        composed("engine=nonexistent")
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("engine.top_p=1.5", "engine.top_p"),
+        ("engine.sleep_level=3", "engine.sleep_level"),
+        ("trainer.lr=-1", "trainer.lr"),
+        ("trainer.offload=gradients", "trainer.offload"),
+        ("algorithm.clip_ratio_low=1.5", "algorithm.clip_ratio_low"),
+        ("algorithm.group_size=1", "algorithm.group_size"),
+        ("data.overlong_prompts=truncate", "data.overlong_prompts"),
+        ("cluster.workers_per_node=2", "cluster=inline"),
+        ("reward.fn=not-a-path", "reward.fn"),
+        ("cluster=local engine.tp_size=3", "engine.tp_size"),
+    ],
+)
+def test_bad_values_fail_validation_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(composed(*override.split()))
+
+
+def test_missing_model_path_is_reported():
+    with pytest.raises(ConfigError, match="model.path is required"):
+        validate(composed("model=hf"))
+    with pytest.raises(ConfigError, match="data.path is required"):
+        validate(composed("data=jsonl"))

@@ -1,0 +1,127 @@
+"""FSDP2 trainer (world size 1, gloo): log-prob parity with the engine, updates, weight sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrl.algorithms import AlgorithmConfig
+from hybridrl.batch import Batch
+from hybridrl.controller import completions_to_batch
+from hybridrl.data.prompts import Prompt
+from hybridrl.engines.base import SamplingParams
+from hybridrl.engines.native import NativeEngine
+from hybridrl.errors import HybridRLError
+from hybridrl.models.config import ModelConfig
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.reshard.sync import sync_weights
+from hybridrl.training.config import TrainerConfig
+from hybridrl.training.trainer import Trainer
+from tests.conftest import chat_prompt
+
+
+def make_trainer(tiny_path, tokenizer, temperature=1.0, **overrides):
+    cfg = TrainerConfig(lr=1e-2, micro_batch_size=4, **overrides)
+    return Trainer(
+        tiny_path, ModelConfig(), cfg, AlgorithmConfig(group_size=4), torch.device("cpu"),
+        tokenizer.pad_token_id, temperature, total_optimizer_steps=10,
+    )
+
+
+@pytest.fixture()
+def setup(tiny_path, tokenizer, process_group):
+    engine = NativeEngine(load_causal_lm(tiny_path, ModelConfig(), torch.float32), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    prompts = [Prompt(chat_prompt(tokenizer, t), t, {"answer": "1"}) for t in ("copy: 12", "sort: 987")]
+    return engine, prompts
+
+
+def rollout(engine, prompts, temperature=1.0):
+    comps = engine.generate([p.token_ids for p in prompts], SamplingParams(n=4, temperature=temperature, max_new_tokens=6, seed=0))
+    return completions_to_batch(prompts, comps, 4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_trainer_logprobs_equal_engine_logprobs(setup, tiny_path, tokenizer, temperature):
+    engine, prompts = setup
+    trainer = make_trainer(tiny_path, tokenizer, temperature)
+    batch = rollout(engine, prompts, temperature)
+    out = trainer.compute_logprobs(batch)
+    mask = batch["response_mask"].bool()
+    diff = (out["old_logprobs"] - batch["engine_logprobs"]).abs()[mask]
+    assert diff.max().item() < 1e-4, diff.max()
+    # The frozen reference starts equal to the policy.
+    assert torch.allclose(out["ref_logprobs"], out["old_logprobs"], atol=1e-6)
+
+
+def test_update_changes_policy_and_reshard_makes_engine_follow(setup, tiny_path, tokenizer):
+    engine, prompts = setup
+    trainer = make_trainer(tiny_path, tokenizer)
+    batch = rollout(engine, prompts)
+    for k, v in trainer.compute_logprobs(batch).items():
+        batch[k] = v
+    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
+    before = {n: t.clone() for n, t in trainer.iter_full_params()}
+    metrics = trainer.update(batch)
+    for key in ("actor/pg_loss", "actor/kl", "actor/entropy", "actor/clip_frac", "actor/grad_norm", "actor/lr"):
+        assert key in metrics
+    after = dict(trainer.iter_full_params())
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    old_out = engine.generate([p.token_ids for p in prompts], greedy)
+    engine.sleep(2)
+    engine.wake_up(["weights"])
+    sync_weights(trainer.model, engine, verify=True)
+    engine.wake_up(["kv_cache"])
+    new_batch = completions_to_batch(prompts, engine.generate([p.token_ids for p in prompts], greedy), 1)
+    # After the sync the engine's log-probs are the updated trainer's.
+    lp = trainer.compute_logprobs(new_batch)["old_logprobs"]
+    mask = new_batch["response_mask"].bool()
+    assert (lp - new_batch["engine_logprobs"]).abs()[mask].max().item() < 1e-4
+    assert not torch.allclose(
+        torch.tensor([x for o in old_out for x in o.logprobs[:1]]), new_batch["engine_logprobs"][:, 0], atol=1e-4
+    )
+
+
+def test_verify_catches_a_stale_engine_tensor(setup, tiny_path, tokenizer):
+    engine, _ = setup
+    trainer = make_trainer(tiny_path, tokenizer)
+
+    class Forgetful(NativeEngine):
+        def load_weights(self, named):
+            super().load_weights([(n, t) for n, t in named if "layers.1.mlp.up_proj" not in n])
+
+    forgetful = Forgetful.__new__(Forgetful)
+    forgetful.__dict__.update(engine.__dict__)
+    with torch.no_grad():
+        for _, p in trainer.model.named_parameters():
+            p.add_(0.01)
+    with pytest.raises(HybridRLError, match="layers.1.mlp.up_proj"):
+        sync_weights(trainer.model, forgetful, verify=True)
+
+
+def test_gradient_accumulation_matches_one_big_batch(setup, tiny_path, tokenizer):
+    engine, prompts = setup
+    batch = rollout(engine, prompts)
+    grads = []
+    for micro in (8, 3):
+        torch.manual_seed(0)
+        trainer = make_trainer(tiny_path, tokenizer, grad_clip=0.0)
+        trainer.cfg.micro_batch_size = micro
+        b = Batch(batch.prompts, dict(batch.tensors), dict(batch.meta))
+        for k, v in trainer.compute_logprobs(b).items():
+            b[k] = v
+        b["advantages"] = torch.linspace(-1, 1, len(b))
+        # Capture the accumulated gradient right before the optimizer step.
+        captured = {}
+        real_step = trainer.optimizer.step
+
+        def spy(*a, **kw):
+            captured.update({n: p.grad.full_tensor().clone() for n, p in trainer.model.named_parameters()})
+            return real_step(*a, **kw)
+
+        trainer.optimizer.step = spy
+        trainer.update(b)
+        grads.append(captured)
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
