@@ -38,7 +38,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     """Token ids that end a sample (in addition to the tokenizer's EOS); the stop token is kept."""
     seed: int | None = None
-    """Seed for this call's sampling; None draws from the engine's generator."""
+    """Base seed of this call. With it, sample j of prompt i draws from a random stream fixed by
+    (seed, prompt_offset + i, j), so samples do not depend on how prompts are split over workers,
+    chunked or batched. None: the engine's own generator."""
+    prompt_offset: int = 0
+    """Global index of this call's first prompt (the worker group sets it when it splits prompts)."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
-from hybridrl.engines.sampling import sample_tokens
+from hybridrl.engines.sampling import sample_tokens, stream_key
 from hybridrl.errors import HybridRLError
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,6 @@ class NativeEngine(RolloutEngine):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         if self._asleep:
             raise HybridRLError(f"native engine: generate called while {sorted(self._asleep)} are asleep; call wake_up first")
-        if params.seed is not None:
-            self._generator.manual_seed(params.seed)
         per_chunk = max(1, self.max_batch_size // params.n)
         out: list[Completion] = []
         for start in range(0, len(prompts), per_chunk):
@@ -82,14 +80,23 @@ class NativeEngine(RolloutEngine):
             pos = pos.repeat_interleave(n, 0)
         next_pos = pos[:, -1] + 1
         rows = len(prompts) * n
-        alive = torch.arange(rows, device=dev)  # global row of each batch row still running
+        alive = torch.arange(rows, device=dev)  # row (in this chunk) of each batch row still running
+        keys = None
+        if params.seed is not None:
+            first = params.prompt_offset + offset
+            keys = torch.tensor(
+                [stream_key(params.seed, first + r // n, r % n) for r in range(rows)], dtype=torch.int64, device=dev
+            )
         tokens_out: list[list[int]] = [[] for _ in range(rows)]
         logps_out: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
         stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=dev)
 
         for step in range(params.max_new_tokens):
-            tok, lp = sample_tokens(logits, params.temperature, params.top_k, params.top_p, self._generator)
+            tok, lp = sample_tokens(
+                logits, params.temperature, params.top_k, params.top_p, self._generator,
+                keys=None if keys is None else keys[alive], step=step,
+            )
             alive_l, tok_l, lp_l = alive.tolist(), tok.tolist(), lp.tolist()
             for r, t, l in zip(alive_l, tok_l, lp_l):
                 tokens_out[r].append(t)

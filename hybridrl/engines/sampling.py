@@ -5,18 +5,65 @@ from __future__ import annotations
 import torch
 
 
+_M1 = 0xBF58476D1CE4E5B9 - 2**64  # splitmix64 constants as signed int64
+_M2 = 0x94D049BB133111EB - 2**64
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MASK64 = 2**64 - 1
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer on int64 tensors (multiplication wraps; shifts made logical by masking)."""
+    x = x ^ ((x >> 30) & ((1 << 34) - 1))
+    x = x * _M1
+    x = x ^ ((x >> 27) & ((1 << 37) - 1))
+    x = x * _M2
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
+
+
+def _mix_int(x: int) -> int:
+    """splitmix64's finalizer on a Python int modulo 2**64 (same function as `_mix`)."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * (_M1 & _MASK64)) & _MASK64
+    x = ((x ^ (x >> 27)) * (_M2 & _MASK64)) & _MASK64
+    return x ^ (x >> 31)
+
+
+def stream_key(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The random-stream key of one sample (a signed int64), from its seed and global position."""
+    x = _mix_int(_mix_int(seed * 1_000_003 + prompt_index) + sample_index * (_GOLDEN & _MASK64))
+    return x - 2**64 if x >= 2**63 else x
+
+
+def counter_exponential(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [len(keys), vocab] that is a pure function of (key, step, token id).
+
+    Counter-based, like Philox: a row's noise never depends on which other rows share the batch,
+    so sampling is reproducible across worker counts, chunking and finished-row removal.
+    """
+    cols = torch.arange(vocab, device=keys.device, dtype=torch.int64)
+    step_key = _mix_int((step + 1) * (_GOLDEN & _MASK64))
+    step_key = step_key - 2**64 if step_key >= 2**63 else step_key
+    x = _mix(keys[:, None] ^ step_key) + cols[None, :] * _GOLDEN
+    bits = (_mix(x) >> 40) & ((1 << 24) - 1)  # 24 random bits -> uniform in (0, 1)
+    u = (bits.to(torch.float32) + 0.5) / float(1 << 24)
+    return -torch.log(u)
+
+
 def sample_tokens(
     logits: torch.Tensor,
     temperature: float,
     top_k: int = -1,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    keys: torch.Tensor | None = None,
+    step: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` [B, V]; returns (tokens [B], logprobs [B]).
 
     The log-prob is log_softmax(logits / temperature) at the sampled token, taken before
     top-k/top-p filtering, so it equals what the trainer computes for the same token.
-    temperature == 0 is greedy, with the log-prob at temperature 1.
+    temperature == 0 is greedy, with the log-prob at temperature 1. With `keys` (one int64 stream
+    key per row) the noise comes from `counter_exponential(keys, step, V)`, else from `generator`.
     """
     logits = logits.float()
     if temperature == 0:
@@ -37,6 +84,9 @@ def sample_tokens(
         filtered = filtered.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = torch.softmax(filtered, dim=-1)
     # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, without a CDF search.
-    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    if keys is not None:
+        noise = counter_exponential(keys, step, probs.shape[-1])
+    else:
+        noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     tokens = (probs / noise).argmax(dim=-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

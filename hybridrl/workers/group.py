@@ -48,7 +48,10 @@ class WorkerGroup(abc.ABC):
         dp = self.engine_dp_size
         share = -(-len(prompts) // dp)
         parts = [list(prompts[g * share : (g + 1) * share]) for g in range(dp)]
-        results = self.run("generate", [(parts[r // self.tp_size], step, params) for r in range(self.world_size)])
+        results = self.run(
+            "generate",
+            [(parts[r // self.tp_size], step, params, (r // self.tp_size) * share) for r in range(self.world_size)],
+        )
         out: list[Completion] = []
         for g in range(dp):
             for c in results[g * self.tp_size]:  # the TP group's first rank speaks for it

@@ -7,6 +7,7 @@ The controller calls these in order every iteration (on every worker, same order
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -26,9 +27,11 @@ from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_devi
 log = logging.getLogger(__name__)
 
 
-def sampling_seed(base: int, step: int, engine_dp_rank: int) -> int:
-    """Seed of one generate call: distinct per step and engine-DP group, equal within a TP group."""
-    return (base * 1_000_003 + step * 1009 + engine_dp_rank) % (2**63 - 1)
+def sampling_seed(base: int, step: int) -> int:
+    """Seed of step `step`'s rollouts. Engines derive each sample's stream from it and the sample's
+    global (prompt, index) position, so samples are the same on 1 or N workers, and every rank of
+    an engine TP group draws the same tokens."""
+    return (base * 1_000_003 + step * 7919) % (2**31 - 1)
 
 
 class HybridWorker:
@@ -69,9 +72,11 @@ class HybridWorker:
         self.engine.wake_up(["weights", "kv_cache"])
         self._record("wake")
 
-    def generate(self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams) -> list[Completion]:
-        """Sample completions for this worker's engine-DP share of the prompts."""
-        params.seed = sampling_seed(self.cfg.trainer.seed, step, self.engine_dp_rank)
+    def generate(
+        self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams, prompt_offset: int = 0
+    ) -> list[Completion]:
+        """Sample completions for this worker's engine-DP share of the prompts (global index `prompt_offset` on)."""
+        params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset)
         out = self.engine.generate(prompts, params)
         self._record("generate")
         return out
