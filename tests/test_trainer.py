@@ -14,7 +14,7 @@ from hybridrl.engines.native import NativeEngine
 from hybridrl.errors import HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.reshard.sync import sync_weights
+from hybridrl.reshard import ReshardConfig, Resharder
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.trainer import Trainer
 from tests.conftest import chat_prompt
@@ -71,7 +71,7 @@ def test_update_changes_policy_and_reshard_makes_engine_follow(setup, tiny_path,
     old_out = engine.generate([p.token_ids for p in prompts], greedy)
     engine.sleep(2)
     engine.wake_up(["weights"])
-    sync_weights(trainer.model, engine, verify=True)
+    Resharder(ReshardConfig(verify=True), engine, trainer.model.config).sync(trainer.model)
     engine.wake_up(["kv_cache"])
     new_batch = completions_to_batch(prompts, engine.generate([p.token_ids for p in prompts], greedy), 1)
     # After the sync the engine's log-probs are the updated trainer's.
@@ -97,7 +97,7 @@ def test_verify_catches_a_stale_engine_tensor(setup, tiny_path, tokenizer):
         for _, p in trainer.model.named_parameters():
             p.add_(0.01)
     with pytest.raises(HybridRLError, match="layers.1.mlp.up_proj"):
-        sync_weights(trainer.model, forgetful, verify=True)
+        Resharder(ReshardConfig(verify=True), forgetful, trainer.model.config).sync(trainer.model)
 
 
 def test_gradient_accumulation_matches_one_big_batch(setup, tiny_path, tokenizer):

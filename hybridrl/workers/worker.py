@@ -19,7 +19,7 @@ from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
-from hybridrl.reshard.sync import sync_weights
+from hybridrl.reshard import Resharder
 from hybridrl.rewards import RewardInput, normalize_results, resolve_reward
 from hybridrl.training.trainer import Trainer
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
@@ -54,6 +54,9 @@ class HybridWorker:
         self.engine = build_engine(
             cfg.engine, cfg.model, self.model_path, self.tokenizer, self.device,
             tp_rank=self.tp_rank, tp_size=self.tp_size, seed=cfg.trainer.seed,
+        )
+        self.resharder = Resharder(
+            cfg.reshard, self.engine, self.trainer.model.config, tp_rank=self.tp_rank, tp_size=self.tp_size
         )
         self.reward_fn = resolve_reward(cfg.reward.spec)
         self.memory: dict[str, dict[str, float]] = {}
@@ -118,10 +121,18 @@ class HybridWorker:
         """Stream the updated weights into the engine (wakes the engine's weights first)."""
         t0 = time.perf_counter()
         self.engine.wake_up(["weights"])
-        stats = sync_weights(self.trainer.model, self.engine, verify=self.cfg.reshard.verify)
+        stats = self.resharder.sync(self.trainer.model).metrics()
         stats["reshard/seconds"] = time.perf_counter() - t0
         self._record("reshard")
         return stats
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write this rank's trainer state into the checkpoint folder `path`."""
+        self.trainer.save(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the trainer from `path`; the controller reshards afterwards so the engine follows."""
+        self.trainer.load(path)
 
     def memory_report(self) -> dict[str, dict[str, float]]:
         """Memory after each phase of the last iteration."""
