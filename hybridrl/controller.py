@@ -18,6 +18,7 @@ import torch
 
 from hybridrl.algorithms import apply_kl_to_rewards, grpo_advantages, mismatch_metrics
 from hybridrl.batch import Batch
+from hybridrl.checkpoints import CheckpointDir, read_meta
 from hybridrl.config import RunConfig
 from hybridrl.data.prompts import Prompt, PromptLoader, load_prompts
 from hybridrl.engines.base import Completion, SamplingParams
@@ -90,6 +91,31 @@ class Controller:
         )
         self.group = build_worker_group(cfg)
         self.start_step = 0
+        self.checkpoints = CheckpointDir(self.run_dir, cfg.trainer.keep_last)
+        self._resume(self.checkpoints.resolve(cfg.trainer.resume))
+
+    def _resume(self, path: Path | None) -> None:
+        """Continue from a checkpoint: trainer state, engine weights, data position, metrics rows."""
+        if path is None:
+            if self.cfg.trainer.resume == "auto":
+                log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.checkpoints.root)
+            return
+        meta = read_meta(path)
+        self.group.run_all("load_checkpoint", str(path))
+        self.group.run_all("reshard")  # the engine must generate from the restored weights
+        self.loader.load_state_dict(meta["loader"])
+        self.start_step = int(meta["step"])
+        self.tracker.resume_at(self.start_step)
+        log.info("resumed from %s at step %d", path, self.start_step)
+
+    def save_checkpoint(self, step: int) -> Path:
+        """An atomic checkpoint of every rank's trainer state plus the controller's own."""
+        tmp = self.checkpoints.staging(step)
+        self.group.run_all("save_checkpoint", str(tmp))
+        path = self.checkpoints.publish(tmp, step, {"loader": self.loader.state_dict(), "config": self.full_config})
+        self.tracker.plot()
+        log.info("checkpoint %s", path)
+        return path
 
     @contextmanager
     def phase(self, name: str):
@@ -114,6 +140,8 @@ class Controller:
                 if every and (step % every == 0 or step == steps) and self.val_prompts:
                     metrics.update(self.validate(step))
                 self.tracker.log(step, metrics)
+                if self.cfg.trainer.save_every and step % self.cfg.trainer.save_every == 0:
+                    self.save_checkpoint(step)
                 bar.update(1)
         bar.close()
 
@@ -193,7 +221,6 @@ class Controller:
             for phase, stats in rank_mem.items():
                 for k, v in stats.items():
                     m[f"memory/{phase}/{k}"] = v
-        self.loader_state = self.loader.state_dict()
         return m
 
     # -- validation -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from hybridrl.algorithms import (
     AlgorithmConfig,
@@ -31,6 +31,7 @@ from hybridrl.algorithms import (
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
+from hybridrl.training.checkpoint import load_trainer, save_trainer
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.logprobs import response_logprobs
 from hybridrl.training.schedule import build_scheduler
@@ -191,5 +192,11 @@ class Trainer:
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
             yield name, full
 
-    def modules(self) -> list[FSDPModule]:
-        return [m for m in (self.model, self.ref) if m is not None]
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Model, optimizer, scheduler and RNG of this rank into `path` (collective)."""
+        save_trainer(self.model, self.optimizer, self.scheduler, path)
+
+    def load(self, path: str) -> None:
+        """Restore everything `save` wrote (collective)."""
+        load_trainer(self.model, self.optimizer, self.scheduler, path)
