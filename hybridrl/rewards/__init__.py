@@ -1,6 +1,6 @@
 """Verifiable rewards and reward models behind one batched call signature (see `base` for the contract).
 
-Importing this package registers the built-in rewards: "math", "format", "math_with_format".
+Importing this package registers the built-in rewards: "math", "format", "math_with_format", "countdown".
 """
 
 from hybridrl.rewards.base import (
@@ -15,6 +15,7 @@ from hybridrl.rewards.base import (
 from hybridrl.rewards.registry import register_reward, registered_rewards, resolve_reward
 from hybridrl.rewards.config import RewardConfig
 # Importing these modules registers their rewards.
+from hybridrl.rewards.countdown import countdown_reward
 from hybridrl.rewards.format import format_reward, math_with_format_reward
 from hybridrl.rewards.math_answer import answers_match, extract_answer, math_reward, normalize_number
 
@@ -25,6 +26,7 @@ __all__ = [
     "RewardInput",
     "RewardResult",
     "answers_match",
+    "countdown_reward",
     "batched",
     "extract_answer",
     "format_reward",
