@@ -23,12 +23,30 @@ log = logging.getLogger("hybridrl")
 register_configs()
 
 
+def swept_keys(sweep_dir: str) -> set[str]:
+    """Keys the sweep varies (`trainer.lr=1e-5,3e-5`, `range(...)`, ...), read from its multirun.yaml."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    path = Path(sweep_dir) / "multirun.yaml"
+    if not path.exists():
+        return set()
+    overrides = OmegaConf.load(path).hydra.overrides.task
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return {o.key_or_group for o in parsed if o.is_sweep_override()}
+
+
 def _names(hc) -> tuple[str, str | None]:
-    """Job name (from the overrides under -m) and the sweep's group name (None for a single run)."""
+    """Job name and the sweep's group name (None for a single run).
+
+    Under -m the job is named by the values of the swept keys only (`trainer.lr=3e-05`), and the
+    group by the sweep folder (`2026-11-29_10-54-25`), so wandb groups one sweep's runs together.
+    """
     if hc.mode == RunMode.MULTIRUN:
         sweep = Path(hc.sweep.dir)
         group = f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
-        return hc.job.override_dirname or f"job{hc.job.num}", group
+        keys = swept_keys(hc.sweep.dir)
+        mine = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") in keys]
+        return ",".join(mine) or hc.job.override_dirname or f"job{hc.job.num}", group
     return Path(hc.runtime.output_dir).name, None
 
 

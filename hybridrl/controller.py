@@ -7,6 +7,7 @@ One iteration, as issued to the WorkerGroup::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -225,24 +226,38 @@ class Controller:
 
     # -- validation -----------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
-        """Greedy generation on the held-out prompts through the same engines; `val/*` metrics."""
-        params = SamplingParams(
-            n=1, temperature=0.0, max_new_tokens=self.cfg.engine.max_new_tokens,
-            stop_token_ids=list(self.cfg.engine.stop_token_ids),
-        )
+        """Generation on the held-out prompts through the same engines: greedy `val/*` metrics, and with
+        `trainer.eval_samples=k` also k samples per prompt (`val/pass@k`, `val/mean@k`)."""
+        cfg = self.cfg
         self.group.run_all("wake")
-        comps = self.group.generate([p.token_ids for p in self.val_prompts], step, params)
-        batch = completions_to_batch(self.val_prompts, comps, 1)
-        world = self.group.world_size
-        pad = (-len(batch)) % world  # repeat the last rows so every rank gets an equal share
-        padded = Batch.concat([batch, batch.select([len(batch) - 1] * pad)]) if pad else batch
-        scores, _ = self._gather_rewards(self.group.run_scattered("reward", padded))
-        scores = scores[: len(batch)]
-        return {
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.engine.max_new_tokens,
+                                stop_token_ids=list(cfg.engine.stop_token_ids))
+        scores, correct, batch = self._score_val(greedy, step)
+        out = {
             "val/reward_mean": sum(scores) / len(scores),
-            "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
+            "val/accuracy": sum(correct) / len(correct),
             "val/response_length_mean": batch["response_mask"].sum(-1).mean().item(),
         }
+        k = cfg.trainer.eval_samples
+        if k:
+            sampled = dataclasses.replace(self.sampling, n=k)
+            scores, correct, _ = self._score_val(sampled, step)
+            per_prompt = torch.tensor(correct).view(-1, k)
+            out[f"val/pass@{k}"] = per_prompt.any(-1).float().mean().item()
+            out[f"val/mean@{k}"] = sum(scores) / len(scores)
+        return out
+
+    def _score_val(self, params: SamplingParams, step: int) -> tuple[list[float], list[bool], Batch]:
+        """Scores and exact-correctness of held-out completions (`correct` component, else score >= 1)."""
+        comps = self.group.generate([p.token_ids for p in self.val_prompts], step, params)
+        batch = completions_to_batch(self.val_prompts, comps, params.n)
+        pad = (-len(batch)) % self.group.world_size  # repeat the last rows so every rank gets an equal share
+        padded = Batch.concat([batch, batch.select([len(batch) - 1] * pad)]) if pad else batch
+        scores, extras = self._gather_rewards(self.group.run_scattered("reward", padded))
+        scores = scores[: len(batch)]
+        exact = extras.get("correct") or extras.get("exact")
+        correct = [c >= 1.0 for c in exact[: len(batch)]] if exact else [s >= 1.0 for s in scores]
+        return scores, correct, batch
 
     # -- cleanup --------------------------------------------------------------------------
     def cleanup(self) -> None:

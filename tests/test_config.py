@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
@@ -77,3 +79,15 @@ def test_missing_model_path_is_reported():
         validate(composed("model=hf"))
     with pytest.raises(ConfigError, match="data.path is required"):
         validate(composed("data=jsonl"))
+
+
+RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "recipes" / "recipe").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipes_compose_and_state_their_command(name):
+    text = (Path(__file__).resolve().parents[1] / "recipes" / "recipe" / f"{name}.yaml").read_text()
+    assert text.startswith("# @package _global_")
+    assert f"python -m hybridrl recipe={name}" in text and "Expected" in text
+    rc = validate(composed(f"recipe={name}", "model.path=/some/model", "data.path=/some/train.jsonl"))
+    assert rc.trainer.steps > 0

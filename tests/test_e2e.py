@@ -60,11 +60,24 @@ def test_user_errors_exit_nonzero_with_a_short_message(tmp_path, args, needle):
     assert "Traceback" not in out, out[-2000:]
 
 
-def test_multirun_sweep_runs_each_job_in_its_own_dir(tmp_path):
-    sweep = tmp_path / "sweep"
-    r = run_app(["-m", "trainer.lr=1e-5,3e-5", "trainer.steps=1", f"hydra.sweep.dir={sweep}", *FAST], tmp_path, timeout=300)
+def test_multirun_sweep_runs_each_job_in_its_own_dir_and_groups_wandb_runs(tmp_path):
+    sweep = tmp_path / "2026-01-01" / "12-00-00"
+    r = run_app(
+        ["-m", "recipe=cpu_demo", "trainer.lr=1e-5,3e-5", "logger=wandb", "trainer.steps=1", "trainer.eval_every=0",
+         f"hydra.sweep.dir={sweep}", *FAST],
+        tmp_path, timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists())
-    assert len(dirs) == 2
+    dirs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [d.name for d in dirs] == ["0", "1"]
     lrs = sorted(json.loads((d / "metrics.jsonl").read_text().splitlines()[0])["actor/lr"] for d in dirs)
     assert lrs == pytest.approx([1e-5, 3e-5])
+    for d, lr in zip(dirs, ("1e-05", "3e-05")):
+        runs = list((d / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(runs) == 1, list(d.rglob("*"))
+        record = runs[0].read_bytes()
+        # One group for the sweep, the job named by the swept value, and the full config with it.
+        assert b"2026-01-01_12-00-00" in record
+        assert f"trainer.lr={lr}".encode() in record
+        for section in (b"reshard", b'"kl_estimator"', b'"micro_batch_size"', b'"sleep_level"'):
+            assert section in record

@@ -52,6 +52,8 @@ class TrainerConfig:
     """Save a checkpoint every N steps (0 = never)."""
     eval_every: int = 0
     """Run validation every N steps (0 = never)."""
+    eval_samples: int = 0
+    """Validation also samples this many answers per held-out prompt (rollout temperature): val/pass@k, val/mean@k."""
     keep_last: int = 2
     """Checkpoints kept on disk (older ones are deleted once a newer one is complete)."""
     resume: Optional[str] = None
@@ -83,7 +85,7 @@ class TrainerConfig:
         bad = self.offload_parts() - set(OFFLOAD_PARTS)
         if bad:
             raise ConfigError(f"trainer.offload must be none or a comma list of {OFFLOAD_PARTS}, got {self.offload!r}")
-        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size"):
+        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size", "eval_samples"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         if self.keep_last < 1:
