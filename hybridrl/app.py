@@ -50,8 +50,11 @@ def _names(hc) -> tuple[str, str | None]:
     return Path(hc.runtime.output_dir).name, None
 
 
-def run(cfg: DictConfig) -> None:
-    """Validate `cfg` and train; user errors end the process with one line and a non-zero code."""
+def run(cfg: DictConfig) -> float:
+    """Validate `cfg` and train; user errors end the process with one line and a non-zero code.
+
+    Returns the run's objective for sweepers (Optuna): the mean reward/mean over the last 20% of steps.
+    """
     import hybridrl.data.synthetic  # noqa: F401  (registers the "synthetic" reward)
     from hybridrl.controller import Controller
 
@@ -64,6 +67,7 @@ def run(cfg: DictConfig) -> None:
         try:
             controller.setup()
             controller.train()
+            objective = controller.objective()
         finally:
             controller.cleanup()
     except HybridRLError as e:
@@ -71,12 +75,13 @@ def run(cfg: DictConfig) -> None:
         sys.stderr.flush()
         # Under -m one bad job must not hide the others' results, but a single run must fail.
         sys.exit(2)
-    log.info("done: outputs in %s", os.path.relpath(run_dir))
+    log.info("done: outputs in %s (objective %.4f)", os.path.relpath(run_dir), objective)
+    return objective
 
 
 @hydra.main(version_base="1.3", config_path="pkg://hybridrl.conf", config_name="config")
-def _hydra_entry(cfg: DictConfig) -> None:
-    run(cfg)
+def _hydra_entry(cfg: DictConfig) -> float:
+    return run(cfg)
 
 
 def main() -> None:

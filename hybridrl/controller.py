@@ -224,6 +224,14 @@ class Controller:
                     m[f"memory/{phase}/{k}"] = v
         return m
 
+    def objective(self, frac: float = 0.2) -> float:
+        """Mean reward/mean over the last `frac` of logged steps (what sweepers maximize)."""
+        from hybridrl.tracking.plot import read_metrics
+
+        rows = [r["reward/mean"] for r in read_metrics(self.tracker.metrics_path) if r.get("reward/mean") is not None]
+        tail = rows[-max(1, int(len(rows) * frac)) :] if rows else [float("nan")]
+        return sum(tail) / len(tail)
+
     # -- validation -----------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
         """Generation on the held-out prompts through the same engines: greedy `val/*` metrics, and with
