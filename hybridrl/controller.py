@@ -153,7 +153,7 @@ class Controller:
         t_step = time.perf_counter()
         prompts = self.loader.next_batch()
         with self.phase("wake"):
-            group.run_all("wake")
+            wake_stats = mean_over_ranks([s or {} for s in group.run_all("wake")])
         with self.phase("generate"):
             comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
         with self.phase("sleep"):
@@ -167,6 +167,7 @@ class Controller:
             scores, extras = self._gather_rewards(group.run_scattered("reward", batch))
         with self.phase("advantages"):
             metrics = self._advantages(batch, scores, extras)
+        metrics.update(wake_stats)
         with self.phase("update"):
             metrics.update(mean_over_ranks(group.run_scattered("update", batch)))
         with self.phase("reshard"):

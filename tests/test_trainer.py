@@ -125,3 +125,32 @@ def test_gradient_accumulation_matches_one_big_batch(setup, tiny_path, tokenizer
         grads.append(captured)
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
+
+
+def test_offload_and_onload_keep_the_trainer_intact(setup, tiny_path, tokenizer):
+    """The storage-resize offload on FSDP2 shards and Adam state (run on CPU here with enabled=True)."""
+    from hybridrl.training.offload import HostOffloader
+
+    engine, prompts = setup
+    trainer = make_trainer(tiny_path, tokenizer)
+    batch = rollout(engine, prompts)
+    for k, v in trainer.compute_logprobs(batch).items():
+        batch[k] = v
+    batch["advantages"] = torch.linspace(-1, 1, len(batch))
+    trainer.update(batch)  # creates Adam state
+    params = HostOffloader(lambda: trainer.model.parameters(), torch.device("cpu"), enabled=True)
+    optim = HostOffloader(
+        lambda: [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v)],
+        torch.device("cpu"), enabled=True,
+    )
+    before = trainer.compute_logprobs(batch)["old_logprobs"]
+    state_before = {k: v.full_tensor().clone() for k, v in next(iter(trainer.optimizer.state.values())).items() if k != "step"}
+    trainer.model.reshard()  # what Trainer.offload does first: only sharded storage is offloaded
+    moved = params.offload() + optim.offload()
+    assert moved > 0
+    assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.model.parameters())
+    assert params.onload() + optim.onload() == moved
+    assert torch.equal(trainer.compute_logprobs(batch)["old_logprobs"], before)
+    state_after = next(iter(trainer.optimizer.state.values()))
+    assert all(torch.equal(state_after[k].full_tensor(), v) for k, v in state_before.items())
+    trainer.update(batch)  # still trains after the round trip

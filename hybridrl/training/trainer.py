@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import defaultdict
 
 import torch
@@ -34,6 +35,7 @@ from hybridrl.models.loading import load_causal_lm
 from hybridrl.training.checkpoint import load_trainer, save_trainer
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.logprobs import response_logprobs
+from hybridrl.training.offload import HostOffloader
 from hybridrl.training.schedule import build_scheduler
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,45 @@ class Trainer:
             self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
         )
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, total_optimizer_steps, cfg.lr_schedule, cfg.min_lr_ratio)
+        parts = cfg.offload_parts()
+        if parts and device.type != "cuda":
+            log.info("trainer.offload=%s has no effect on %s (nothing to free)", cfg.offload, device.type)
+        self.param_offload = HostOffloader(
+            lambda: [p for m in (self.model, self.ref) if m is not None for p in m.parameters()], device,
+            enabled=("params" in parts and device.type == "cuda"),
+        )
+        self.optim_offload = HostOffloader(
+            lambda: [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)], device,
+            enabled=("optimizer" in parts and device.type == "cuda"),
+        )
+
+    # -- memory ---------------------------------------------------------------------------
+    def offload(self) -> dict[str, float]:
+        """Parameters and/or optimizer state to pinned host memory (per trainer.offload) for the rollout."""
+        for m in (self.model, self.ref):
+            if m is not None:
+                m.reshard()  # the root stays unsharded after a forward; offload the shards, not a full copy
+        return self._timed("offload", self.param_offload.offload, self.optim_offload.offload)
+
+    def onload_params(self) -> dict[str, float]:
+        """Parameters back on the device (before log-probs)."""
+        return self._timed("onload_params", self.param_offload.onload)
+
+    def onload_optimizer(self) -> dict[str, float]:
+        """Optimizer state back on the device (before the update)."""
+        return self._timed("onload_optim", self.optim_offload.onload)
+
+    def _timed(self, what: str, *moves) -> dict[str, float]:
+        t0 = time.perf_counter()
+        moved = sum(m() for m in moves)
+        if moved and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        if not moved:
+            return {}
+        if what == "offload" and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {f"trainer/{what}_s": dt, f"trainer/{what}_gb": moved / 1e9, f"trainer/{what}_gbps": moved / 1e9 / max(dt, 1e-9)}
 
     # -- log-probs ------------------------------------------------------------------------
     @torch.no_grad()

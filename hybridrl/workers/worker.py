@@ -60,6 +60,7 @@ class HybridWorker:
         )
         self.reward_fn = resolve_reward(cfg.reward.spec)
         self.memory: dict[str, dict[str, float]] = {}
+        self.phase_stats: dict[str, float] = {}  # offload figures, reported with the update's metrics
         self._record("init")
 
     def _minibatches_per_step(self) -> int:
@@ -70,10 +71,12 @@ class HybridWorker:
         self.memory[phase] = memory_snapshot(self.device)
 
     # -- phase commands -------------------------------------------------------------------
-    def wake(self) -> None:
-        """Give the device to the engine: restore whatever the engine has asleep."""
+    def wake(self) -> dict[str, float]:
+        """Give the device to the engine: trainer state to host (per trainer.offload), engine fully awake."""
+        stats = self.trainer.offload()
         self.engine.wake_up(["weights", "kv_cache"])
         self._record("wake")
+        return stats
 
     def generate(
         self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams, prompt_offset: int = 0
@@ -91,6 +94,7 @@ class HybridWorker:
 
     def logprob(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Old-policy and reference log-probs of the sampled tokens."""
+        self.phase_stats.update(self.trainer.onload_params())
         out = self.trainer.compute_logprobs(batch)
         self._record("logprob")
         return out
@@ -113,7 +117,9 @@ class HybridWorker:
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-clip update of the policy on this worker's shard."""
-        out = self.trainer.update(batch)
+        self.phase_stats.update(self.trainer.onload_optimizer())
+        out = {**self.trainer.update(batch), **self.phase_stats}
+        self.phase_stats = {}
         self._record("update")
         return out
 

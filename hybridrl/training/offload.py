@@ -1,0 +1,105 @@
+"""Move the trainer's device tensors (parameter shards, optimizer state) to pinned host memory and back.
+
+The tensors stay the same Python objects: their storage is copied to a pinned host buffer and then
+resized to zero bytes, which returns the memory to the caching allocator; onload resizes the
+storage back and copies the bytes in. FSDP2's views into the parameter storage stay valid, so no
+module or optimizer needs rebuilding. Copies run on a side stream and the pinned buffers are
+allocated once and reused, so each switch is one pass at host-link bandwidth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+log = logging.getLogger(__name__)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding this rank's bytes (a DTensor's local shard, or the tensor itself)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _bytes_view(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 tensor over the whole storage of `t`."""
+    return torch.tensor([], dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+class HostOffloader:
+    """Offloads whatever tensors `collect()` yields. On a CPU device there is nothing to gain, so it
+    is off unless `enabled=True` (tests use that to check the mechanism)."""
+
+    def __init__(
+        self, collect: Callable[[], Iterable[torch.Tensor]], device: torch.device, enabled: bool | None = None
+    ) -> None:
+        self.collect, self.device = collect, device
+        self.enabled = device.type == "cuda" if enabled is None else enabled
+        self._host: dict[int, torch.Tensor] = {}  # keyed by id() of the tensor: the objects persist
+        self._offloaded: list[torch.Tensor] = []
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _side_stream(self):
+        if self._stream is None:
+            return contextlib.nullcontext()
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self._stream)
+
+    @property
+    def offloaded(self) -> bool:
+        return bool(self._offloaded)
+
+    def _unique(self) -> list[torch.Tensor]:
+        seen, out = set(), []
+        for t in self.collect():
+            loc = local_tensor(t)
+            key = loc.untyped_storage().data_ptr()
+            if loc.device != self.device or key in seen or loc.untyped_storage().nbytes() == 0:
+                continue
+            seen.add(key)
+            out.append(loc)
+        return out
+
+    @torch.no_grad()
+    def offload(self) -> int:
+        """Copy to host and free device memory; returns the bytes moved."""
+        if not self.enabled or self._offloaded:
+            return 0
+        tensors = self._unique()
+        moved = 0
+        pin = self.device.type == "cuda"
+        with self._side_stream():
+            for t in tensors:
+                nbytes = t.untyped_storage().nbytes()
+                host = self._host.get(id(t))
+                if host is None or host.numel() != nbytes:
+                    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+                    self._host[id(t)] = host
+                host.copy_(_bytes_view(t), non_blocking=pin)
+                moved += nbytes
+        if self._stream is not None:
+            self._stream.synchronize()  # the bytes must be on the host before the storage goes
+        for t in tensors:
+            t.untyped_storage().resize_(0)
+        self._offloaded = tensors
+        return moved
+
+    @torch.no_grad()
+    def onload(self) -> int:
+        """Bring everything back to the device; returns the bytes moved."""
+        if not self._offloaded:
+            return 0
+        moved = 0
+        with self._side_stream():
+            for t in self._offloaded:
+                host = self._host[id(t)]
+                t.untyped_storage().resize_(host.numel())
+                _bytes_view(t).copy_(host, non_blocking=self._stream is not None)
+                moved += host.numel()
+        if self._stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        self._offloaded = []
+        return moved
