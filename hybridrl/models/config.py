@@ -16,9 +16,9 @@ class TinyModelOptions:
     """Width of the residual stream."""
     num_layers: int = 2
     """Decoder layers."""
-    num_heads: int = 4
+    num_heads: int = 2
     """Attention (query) heads."""
-    num_kv_heads: int = 2
+    num_kv_heads: int = 1
     """Key/value heads (GQA when fewer than num_heads)."""
     intermediate_size: int = 192
     """MLP width."""

@@ -28,8 +28,8 @@ TINY_FORMAT_VERSION = 1
 def tiny_model_config(
     hidden_size: int = 64,
     num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
     intermediate_size: int = 192,
     max_position_embeddings: int = 512,
     seed: int = 0,
