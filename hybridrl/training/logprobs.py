@@ -4,25 +4,43 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.algorithms import entropy_from_logits
-
 
 def pack_sequences(prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int):
     """Right-padded prompt+response token ids [B, L], attention mask, and each row's prompt length.
 
     `responses` [B, R] is response-aligned (column j = the j-th generated token).
     """
-    lens_r = response_mask.sum(-1).tolist()
-    lengths = [len(p) + int(r) for p, r in zip(prompts, lens_r)]
+    lens_r = response_mask.sum(-1).long().tolist()
+    lengths = [len(p) + r for p, r in zip(prompts, lens_r)]
     width = max(lengths)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    resp_cpu = responses.cpu()
     for i, (p, r) in enumerate(zip(prompts, lens_r)):
-        r = int(r)
         ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        ids[i, len(p) : len(p) + r] = responses[i, :r].cpu()
+        ids[i, len(p) : len(p) + r] = resp_cpu[i, :r]
         attn[i, : len(p) + r] = 1
     return ids, attn, [len(p) for p in prompts]
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_softmax(logits / T)[target] and the entropy, per position, in float32.
+
+    Written as logit[target] - logsumexp(logits) so no [.., V] log-softmax tensor is kept besides
+    the logits themselves.
+    """
+    scaled = logits.float()
+    if temperature not in (0.0, 1.0):
+        scaled = scaled / temperature
+    lse = torch.logsumexp(scaled, dim=-1)
+    logp = scaled.gather(-1, targets[..., None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, None
+    probs = torch.softmax(scaled, dim=-1)
+    entropy = lse - (probs * scaled).sum(-1)
+    return logp, entropy
 
 
 def response_logprobs(
@@ -37,19 +55,24 @@ def response_logprobs(
     """log_softmax(logits / temperature) at each response token, response-aligned [B, R].
 
     The same definition every engine uses for the sampled token, so ratios compare like with like.
+    Logits are computed only from the shortest prompt's end onwards (`logits_to_keep`): the prompt
+    part of the sequence never needs the vocabulary projection.
     """
     device = responses.device
     ids, attn, plens = pack_sequences(prompts, responses, response_mask, pad_id)
     ids, attn = ids.to(device), attn.to(device)
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
     B, R = responses.shape
-    # Logits at position t predict token t+1: response token j of row i sits at plen_i + j.
-    idx = torch.tensor(plens, device=device)[:, None] + torch.arange(R, device=device)[None, :] - 1
-    idx = idx.clamp(max=logits.shape[1] - 1)
-    picked = logits.gather(1, idx[:, :, None].expand(B, R, logits.shape[-1])).float()
-    t = temperature if temperature > 0 else 1.0
-    scaled = picked / t
-    logp = torch.log_softmax(scaled, dim=-1).gather(-1, responses[:, :, None]).squeeze(-1)
-    logp = logp * response_mask
-    ent = entropy_from_logits(scaled) * response_mask if with_entropy else None
-    return logp, ent
+    L = ids.shape[1]
+    start = min(plens) - 1  # first position whose logits predict a response token
+    keep = L - start
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits  # [B, keep, V]
+    # Targets of kept position k are the tokens at start + k + 1 (the last position has none).
+    targets = torch.cat([ids[:, start + 1 :], ids.new_full((B, 1), pad_id)], dim=1)
+    lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
+    # Response token j of row i is predicted at position plen_i - 1 + j, i.e. kept index plen_i - 1 + j - start.
+    idx = torch.tensor(plens, device=device)[:, None] - 1 - start + torch.arange(R, device=device)[None, :]
+    idx = idx.clamp(max=keep - 1)
+    mask = response_mask.to(lp.dtype)
+    logp = lp.gather(1, idx) * mask
+    entropy = ent.gather(1, idx) * mask if ent is not None else None
+    return logp, entropy

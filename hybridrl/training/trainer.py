@@ -51,8 +51,14 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None) -> torch.nn.Module:
-    """fully_shard each decoder layer, then the root (embeddings, final norm, lm_head)."""
-    kwargs = {"mesh": mesh, "mp_policy": mp} if mp is not None else {"mesh": mesh}
+    """fully_shard each decoder layer, then the root (embeddings, final norm, lm_head).
+
+    On one rank the "all-gather" is a copy, so layers stay unsharded between forward and backward
+    (reshard_after_forward=False): the backward does not copy every layer a second time.
+    """
+    kwargs = {"mesh": mesh, "reshard_after_forward": mesh.size() > 1}
+    if mp is not None:
+        kwargs["mp_policy"] = mp
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
