@@ -145,7 +145,7 @@ def test_offload_and_onload_keep_the_trainer_intact(setup, tiny_path, tokenizer)
     )
     before = trainer.compute_logprobs(batch)["old_logprobs"]
     state_before = {k: v.full_tensor().clone() for k, v in next(iter(trainer.optimizer.state.values())).items() if k != "step"}
-    trainer.model.reshard()  # what Trainer.offload does first: only sharded storage is offloaded
+    trainer.reshard_all()  # what Trainer.offload does first: only sharded storage is offloaded
     moved = params.offload() + optim.offload()
     assert moved > 0
     assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.model.parameters())

@@ -17,7 +17,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from hybridrl.algorithms import (
     AlgorithmConfig,
@@ -114,10 +114,17 @@ class Trainer:
     # -- memory ---------------------------------------------------------------------------
     def offload(self) -> dict[str, float]:
         """Parameters and/or optimizer state to pinned host memory (per trainer.offload) for the rollout."""
-        for m in (self.model, self.ref):
-            if m is not None:
-                m.reshard()  # the root stays unsharded after a forward; offload the shards, not a full copy
+        self.reshard_all()
+
         return self._timed("offload", self.param_offload.offload, self.optim_offload.offload)
+
+    def reshard_all(self) -> None:
+        """Back to sharded storage in every FSDP unit (layers stay unsharded after a forward at world size 1,
+        the root after any forward): offload must move shards, not a full copy."""
+        for root in (self.model, self.ref):
+            for m in root.modules() if root is not None else ():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
 
     def onload_params(self) -> dict[str, float]:
         """Parameters back on the device (before log-probs)."""
