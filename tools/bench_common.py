@@ -1,0 +1,82 @@
+"""Pieces the GPU benchmarks share: a random-init model folder of a real shape, the hybrid components, timers.
+
+Used by tools/bench_step.py and tools/bench_lifecycle.py (run them from the repo root).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bench_reshard import SHAPES, build_model  # tools/ is on sys.path when a tools/ script runs
+
+from hybridrl.models.tiny import build_tokenizer
+
+
+def init_single_process(device: torch.device) -> None:
+    """A process group of one (FSDP2 needs one)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    store = tempfile.mktemp(prefix="bench_store_")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
+
+
+def make_model_dir(shape: str, device: torch.device, root: str | None = None) -> str:
+    """Save a random-init bf16 Qwen2 model of `shape` (plus a tokenizer) and return its folder.
+
+    The tokenizer is the tiny byte-level one: benchmarks feed token ids directly and never decode.
+    """
+    root = Path(root or tempfile.mkdtemp(prefix=f"bench_{shape}_"))
+    if not (root / "config.json").exists():
+        model = build_model(shape, device)
+        model.config.eos_token_id = 2
+        model.save_pretrained(root, safe_serialization=True)
+        build_tokenizer().save_pretrained(root)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return str(root)
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Token ids away from the special ids, so no sample stops early by chance (EOS is id 2)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(300, vocab, (n, length), generator=g).tolist()
+
+
+class Timer:
+    """Wall time per named phase, synchronized with the device so GPU work is counted."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times, self.memory = device, {}, {}
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def __call__(self, name: str):
+        self.sync()
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+        if self.device.type == "cuda":
+            self.memory[name] = {
+                "allocated_gb": round(torch.cuda.memory_allocated(self.device) / 2**30, 3),
+                "reserved_gb": round(torch.cuda.memory_reserved(self.device) / 2**30, 3),
+            }
+
+
+def gpu_peak_flops() -> float:
+    """Dense bf16 peak used for MFU: H100/H200 SXM datasheet (989 TFLOP/s); override with BENCH_PEAK_TFLOPS."""
+    return float(os.environ.get("BENCH_PEAK_TFLOPS", "989")) * 1e12
+
+
+__all__ = ["SHAPES", "Timer", "gpu_peak_flops", "init_single_process", "make_model_dir", "random_prompts"]

@@ -1,0 +1,123 @@
+"""Seconds, GB/s and memory freed for every phase switch of the hybrid engine; JSON out.
+
+    python tools/bench_lifecycle.py --shape 1.5b --device cuda
+    python tools/bench_lifecycle.py --shape tiny --device cpu      # mechanics only: CPU frees nothing
+
+Measured on one device, each switch after a warm-up round: engine sleep(1) / wake(weights) /
+wake(kv_cache), sleep(2) / wake(weights) + reshard / wake(kv_cache), trainer offload / onload of
+parameters and optimizer state. "freed" is the drop in allocated device memory, compared with the
+engine's footprint (weights + KV cache) and the trainer's (parameter shards + Adam state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from bench_common import Timer, init_single_process, make_model_dir, random_prompts  # noqa: E402
+from hybridrl.algorithms import AlgorithmConfig  # noqa: E402
+from hybridrl.engines import build_engine  # noqa: E402
+from hybridrl.engines.base import SamplingParams  # noqa: E402
+from hybridrl.engines.config import EngineConfig  # noqa: E402
+from hybridrl.models.config import ModelConfig  # noqa: E402
+from hybridrl.models.loading import load_tokenizer  # noqa: E402
+from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
+from hybridrl.training.config import TrainerConfig  # noqa: E402
+from hybridrl.training.trainer import Trainer  # noqa: E402
+
+
+def allocated(device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="1.5b")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--batch", type=int, default=64, help="sequences in the warm-up generate (sizes the KV cache)")
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--impl", default="auto")
+    ap.add_argument("--model-dir", default=None)
+    args = ap.parse_args()
+
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    init_single_process(device)
+    path = make_model_dir(args.shape, device, args.model_dir)
+    tok = load_tokenizer(path)
+    mcfg = ModelConfig(name="hf", path=path)
+    trainer = Trainer(path, mcfg, TrainerConfig(offload="params,optimizer" if device.type == "cuda" else "none"),
+                      AlgorithmConfig(kl_coef=0.0), device, tok.pad_token_id, 1.0, 10)
+    # Adam state exists only after a step: take one so the optimizer footprint is real.
+    for p in trainer.model.parameters():
+        p.grad = torch.zeros_like(p)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    base = allocated(device)
+    engine = build_engine(EngineConfig(max_new_tokens=args.new_tokens, max_batch_size=max(256, args.batch), impl=args.impl),
+                          mcfg, path, tok, device)
+    resharder = Resharder(ReshardConfig(dtype="bfloat16" if device.type == "cuda" else None), engine, trainer.model.config)
+    prompts = random_prompts(args.batch, 128, trainer.model.config.vocab_size)
+    params = SamplingParams(n=1, max_new_tokens=args.new_tokens, seed=0)
+
+    def round_trip(level: int, t: Timer) -> dict:
+        engine.generate(prompts, params)  # KV cache in use, as after a rollout
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        footprint = allocated(device) - base
+        before = allocated(device)
+        with t(f"sleep{level}"):
+            engine.sleep(level)
+        freed = before - allocated(device)
+        with t(f"wake_weights_after_sleep{level}"):
+            engine.wake_up(["weights"])
+        if level == 2:
+            with t("reshard"):
+                stats = resharder.sync(trainer.model)
+        with t(f"wake_kv_after_sleep{level}"):
+            engine.wake_up(["kv_cache"])
+        out = {"engine_footprint_gb": footprint / 1e9, "freed_gb": freed / 1e9,
+               "freed_share": freed / footprint if footprint else None}
+        if level == 2:
+            out["reshard_gb"] = stats.bytes_moved / 1e9
+        return out
+
+    result = {"shape": args.shape, "device": str(device), "engine": type(engine).__name__,
+              "engine_impl": getattr(engine, "impl", args.impl)}
+    for level in (1, 2):
+        round_trip(level, Timer(device))  # warm-up
+        t = Timer(device)
+        info = round_trip(level, t)
+        result[f"sleep{level}"] = {**info, "seconds": dict(t.times), "memory_after": dict(t.memory)}
+        if level == 1:
+            weights = sum(p.numel() * p.element_size() for _, p in engine.named_weights())
+            result["sleep1"]["wake_weights_gb_per_s"] = weights / 1e9 / t.times["wake_weights_after_sleep1"]
+        else:
+            result["sleep2"]["reshard_gb_per_s"] = info["reshard_gb"] / t.times["reshard"]
+
+    # Trainer offload / onload (pinned host memory, side stream).
+    trainer.offload()
+    trainer.onload_params()
+    trainer.onload_optimizer()  # warm-up: pinned buffers allocated once
+    before = allocated(device)
+    off = trainer.offload()
+    freed = before - allocated(device)
+    on = {**trainer.onload_params(), **trainer.onload_optimizer()}
+    result["trainer"] = {"offload": off, "onload": on, "freed_gb": freed / 1e9}
+    print(json.dumps(result, indent=2))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, f"bench_lifecycle_{args.shape}.json").write_text(json.dumps(result, indent=2))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
