@@ -73,8 +73,10 @@ def run(cfg: DictConfig) -> float:
     except HybridRLError as e:
         log.error("error: %s", e)
         sys.stderr.flush()
-        # Under -m one bad job must not hide the others' results, but a single run must fail.
         sys.exit(2)
+    except KeyboardInterrupt:
+        log.error("interrupted")  # cleanup (workers stopped) already ran in the finally above
+        sys.exit(130)
     log.info("done: outputs in %s (objective %.4f)", os.path.relpath(run_dir), objective)
     return objective
 

@@ -32,6 +32,8 @@ class ClusterConfig:
             raise ConfigError(f"cluster.nnodes must be >= 1, got {self.nnodes}")
         if self.name == "inline" and self.workers_per_node * self.nnodes != 1:
             raise ConfigError("cluster=inline runs exactly one worker; use cluster=local for cluster.workers_per_node > 1")
+        if self.name == "local" and self.nnodes != 1:
+            raise ConfigError(f"cluster=local runs on one node, got cluster.nnodes={self.nnodes}; use cluster=ray")
         if self.collective_timeout_s <= 0:
             raise ConfigError(f"cluster.collective_timeout_s must be > 0, got {self.collective_timeout_s}")
 

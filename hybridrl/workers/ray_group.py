@@ -1,0 +1,268 @@
+"""`cluster=ray`: the same HybridWorker as Ray actors in one placement group, on one node or many.
+
+Start-up, then one phase command::
+
+    placement group: nnodes × workers_per_node bundles ({"GPU": 1, "CPU": 1} or {"CPU": 1})
+    actors, one per bundle, ranks in node order → rank 0 reports its node IP and a free port
+    every actor: setup(MASTER_ADDR/PORT, RANK, ...) → HybridWorker joins the torch.distributed group
+    run: actor.call.remote(method, ...) on every rank, same order → ray.wait with a deadline
+         → results in rank order, or WorkerFailure naming the rank and the phase (then all are stopped)
+
+Ray is optional (`pip install "hybridrl[ray]"`) and imported only here. Each GPU actor sees only
+its own GPU (Ray sets CUDA_VISIBLE_DEVICES), so its local device index is 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from hybridrl.errors import HybridRLError
+from hybridrl.workers.errors import WorkerFailure, raised_message, timeout_message
+from hybridrl.workers.group import WorkerGroup
+from hybridrl.workers.local import (
+    FAILURE_GRACE_S,
+    STARTUP_S,
+    error_summary,
+    inject_test_fault,
+    phase_deadline_s,
+    prepare_worker_process,
+    reward_modules,
+)
+
+log = logging.getLogger("hybridrl")
+
+
+def import_ray():
+    """`ray`, or a HybridRLError that says how to install it."""
+    try:
+        import ray
+    except ImportError as e:
+        raise HybridRLError(f'cluster=ray needs Ray ({e}); install it with: pip install "hybridrl[ray]"') from e
+    return ray
+
+
+class RayWorkerActor:
+    """One HybridWorker inside a Ray actor (wrapped with `ray.remote` when the group starts)."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.rank = -1
+        self.calls: Counter[str] = Counter()
+
+    def node_info(self) -> tuple[str, int, int]:
+        """(node IP, a free TCP port on this node, pid)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port, os.getpid()
+
+    def setup(self, cfg, rank: int, world_size: int, env: dict[str, str], modules: list[str], threads: int) -> None:
+        """Build the HybridWorker (joins the process group named by env's MASTER_ADDR/PORT)."""
+        os.environ.update(env)
+        prepare_worker_process(modules, threads)
+        from hybridrl.workers.worker import HybridWorker
+
+        self.rank = rank
+        inject_test_fault(rank, "init", 1)
+        self.worker = HybridWorker(cfg, rank=rank, world_size=world_size, local_rank=0)
+
+    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """One phase command."""
+        self.calls[method] += 1
+        inject_test_fault(self.rank, method, self.calls[method])
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        """Leave the process group; the controller then kills the actor."""
+        if self.worker is not None:
+            self.worker.shutdown()
+            self.worker = None
+
+
+class RayWorkerGroup(WorkerGroup):
+    """`cluster.nnodes × cluster.workers_per_node` HybridWorkers as Ray actors."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(world_size=cfg.cluster.world_size, tp_size=cfg.engine.tp_size)
+        ray = self.ray = import_ray()
+        self.timeout_s = cfg.cluster.collective_timeout_s
+        self.deadline_s = phase_deadline_s(self.timeout_s)
+        self.actors: list[Any] = []
+        self.info: list[tuple[str, int, int]] = []
+        self.pg = None
+        self.closed = False
+        self.failed = False
+        self.started_ray, self.temp_dir = self._connect(cfg.cluster.ray_address)
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.failed = True
+            self.shutdown()
+            raise
+
+    def _connect(self, address: str | None) -> tuple[bool, str | None]:
+        ray = self.ray
+        if ray.is_initialized():
+            return False, None
+        if address:
+            try:
+                ray.init(address=address, log_to_driver=True)
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                raise HybridRLError(
+                    f"cluster.ray_address={address!r}: cannot connect to a Ray cluster ({e}); start one with "
+                    "`ray start --head --port=6379` and pass its address (or auto on a node of it)"
+                ) from e
+            return False, None
+        # A short folder of our own: Ray's socket paths must stay under ~107 bytes.
+        temp_dir = f"/tmp/hybridrl-ray-{os.getpid()}"
+        ray.init(
+            address="local", num_cpus=max(self.world_size, os.cpu_count() or 1), include_dashboard=False,
+            _temp_dir=temp_dir, log_to_driver=True,
+        )
+        return True, temp_dir
+
+    def _start(self, cfg) -> None:
+        ray = self.ray
+        from ray.util.placement_group import placement_group, placement_group_table
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        total = ray.cluster_resources()
+        use_gpu = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and total.get("GPU", 0) >= 1)
+        bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpu else {"CPU": 1.0}
+        need = {k: v * self.world_size for k, v in bundle.items()}
+        short = {k: v for k, v in need.items() if total.get(k, 0) < v}
+        if short:
+            raise HybridRLError(
+                f"cluster=ray: {self.world_size} workers need {need}, the Ray cluster has "
+                f"{ {k: total.get(k, 0) for k in need} } (cluster.nnodes × cluster.workers_per_node too large?)"
+            )
+        strategy = "STRICT_PACK" if cfg.cluster.nnodes == 1 else "PACK"
+        self.pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=self.deadline_s)
+        except ray.exceptions.GetTimeoutError:
+            raise HybridRLError(
+                f"cluster=ray: could not place {self.world_size} × {bundle} ({strategy}) within {self.deadline_s:.0f}s; "
+                "are the resources taken by another job?"
+            ) from None
+        # Ranks in node order, so the consecutive ranks of an engine TP group share a node.
+        nodes = placement_group_table(self.pg)["bundles_to_node_id"]
+        first_seen = {n: min(i for i, m in nodes.items() if m == n) for n in nodes.values()}
+        bundles = sorted(range(self.world_size), key=lambda i: (first_seen[nodes[i]], i))
+        actor_cls = ray.remote(RayWorkerActor)
+        for b in bundles:
+            strat = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=b)
+            opts = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "scheduling_strategy": strat}
+            self.actors.append(actor_cls.options(max_restarts=0, **opts).remote())
+        startup = self.deadline_s + STARTUP_S
+        self.info = self._gather("init", [a.node_info.remote() for a in self.actors], startup)
+        master_addr, master_port, _ = self.info[0]
+        log.info(
+            "ray workers: %s", ", ".join(f"rank {r} pid {pid} on {ip}" for r, (ip, _, pid) in enumerate(self.info))
+        )
+        base = {k: v for k, v in os.environ.items() if k.startswith("HYBRIDRL_")}  # e.g. the model cache
+        base.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), WORLD_SIZE=str(self.world_size))
+        modules, threads = reward_modules(), int(bundle["CPU"])
+        refs = [
+            a.setup.remote(cfg, r, self.world_size, dict(base, RANK=str(r), LOCAL_RANK="0"), modules, threads)
+            for r, a in enumerate(self.actors)
+        ]
+        self._gather("init", refs, startup)
+
+    # -- commands ---------------------------------------------------------------------------
+    def run(self, method: str, per_rank_args: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
+        if self.closed:
+            raise WorkerFailure(f"cannot run {method!r}: the worker group has shut down", phase=method)
+        refs = [
+            a.call.remote(method, tuple(per_rank_args[r]) if per_rank_args else (), kwargs)
+            for r, a in enumerate(self.actors)
+        ]
+        try:
+            return self._gather(method, refs, self.deadline_s)
+        except KeyboardInterrupt:
+            self.shutdown()
+            raise
+
+    def _gather(self, phase: str, refs: list, deadline_s: float) -> list[Any]:
+        """Results in rank order; the first failure (after a short grace) stops everything and raises."""
+        ray = self.ray
+        rank_of = {ref: r for r, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        failures: list[tuple[str, int, str, str | None]] = []
+        pending, start, first_failure = list(refs), time.monotonic(), None
+        while pending:
+            limit = start + deadline_s if first_failure is None else first_failure + FAILURE_GRACE_S
+            if time.monotonic() >= limit:
+                break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, limit - time.monotonic()))
+            for ref in ready:
+                r = rank_of[ref]
+                try:
+                    results[r] = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    where = f"pid {self.info[r][2]} on {self.info[r][0]}" if r < len(self.info) else "not started"
+                    failures.append(("died", r, f"worker rank {r} died during {phase!r} (Ray actor {where})", None))
+                except ray.exceptions.RayTaskError as e:
+                    cause = getattr(e, "cause", None)
+                    summary = error_summary(cause) if cause is not None else str(e).strip().splitlines()[-1]
+                    failures.append(("raised", r, raised_message(r, phase, summary), str(e)))
+            if failures and first_failure is None:
+                first_failure = time.monotonic()
+        if failures:
+            self._fail(phase, failures)
+        if pending:
+            ranks = sorted(rank_of[p] for p in pending)
+            self._fail(phase, [("timeout", ranks[0], timeout_message(ranks, phase, time.monotonic() - start, self.timeout_s), None)])
+        return [results[r] for r in range(len(refs))]
+
+    def _fail(self, phase: str, failures: list[tuple[str, int, str, str | None]]) -> None:
+        order = {"died": 0, "raised": 1, "timeout": 2}
+        kind, rank, message, tb = min(failures, key=lambda f: order[f[0]])
+        if tb:
+            log.error("worker rank %d traceback:\n%s", rank, tb.rstrip())
+        for f in failures:
+            if f[1] != rank:
+                log.warning("also: %s", f[2])
+        self.failed = True
+        self.shutdown()
+        raise WorkerFailure(message, rank=rank, phase=phase)
+
+    # -- teardown ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the workers, kill the actors, remove the placement group; stop Ray if we started it."""
+        if self.closed:
+            return
+        self.closed = True
+        ray = self.ray
+        if not self.failed and self.actors:
+            try:  # leave the process group cleanly; a stuck worker is killed below anyway
+                ray.wait([a.shutdown.remote() for a in self.actors], num_returns=len(self.actors), timeout=30.0)
+            except Exception:  # noqa: BLE001
+                pass
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.started_ray:
+            ray.shutdown()
+            if self.temp_dir and not self.failed:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+            elif self.temp_dir:
+                log.info("Ray's logs are kept in %s", self.temp_dir)
