@@ -88,6 +88,9 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the given tensors (names and layout per `weight_layout_style`) into the engine."""
 
+    def finish_weight_update(self) -> None:
+        """Called once after the last `load_weights` of a sync (engines with update sessions close them here)."""
+
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The engine's current weights by name, for verification; engines that cannot expose
         them (a remote process) raise NotImplementedError."""

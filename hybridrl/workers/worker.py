@@ -128,6 +128,7 @@ class HybridWorker:
         t0 = time.perf_counter()
         self.engine.wake_up(["weights"])
         stats = self.resharder.sync(self.trainer.model).metrics()
+        self.engine.finish_weight_update()
         stats["reshard/seconds"] = time.perf_counter() - t0
         self._record("reshard")
         return stats

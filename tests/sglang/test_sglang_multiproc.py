@@ -1,0 +1,155 @@
+"""SglangEngine's rank choreography on CPU (gloo): 2 ranks at TP 2, 4 ranks at TP 4 and at TP 2 (two groups).
+
+A stand-in engine on each TP leader records every call. Checked: every rank gets exactly its own completions;
+identical calls of a group are generated once; the leader receives one weight payload per TP rank per push, in
+TP-rank order; the engine sees sleep/wake/session calls in the documented order; no rank leaves sleep before the
+leader's release finished, and the leader resumes only after every rank entered wake_up.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import runpy
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+WORLDS = [(2, 2), (4, 4), (4, 2)]
+
+LEADER_CALLS = [
+    "__init__",
+    "generate",
+    "generate",
+    "release_memory_occupation",
+    "resume_memory_occupation",
+    "begin_weight_update",
+    "update_weights_from_tensor",
+    "update_weights_from_tensor",
+    "end_weight_update",
+    "flush_cache",
+    "resume_memory_occupation",
+    "generate",
+    "release_memory_occupation",
+    "resume_memory_occupation",
+    "begin_weight_update",
+    "update_weights_from_tensor",
+    "end_weight_update",  # refused push, session closed
+    "begin_weight_update",
+    "update_weights_from_tensor",
+    "end_weight_update",
+    "flush_cache",
+    "resume_memory_occupation",
+    "generate",
+    "shutdown",
+]
+
+
+def _run_world(world: int, tp: int, tmp: Path, timeout: float = 120.0) -> dict[int, dict]:
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    args = dict(
+        world=world,
+        tp=tp,
+        store_path=str(tmp / "store"),
+        out_dir=str(tmp),
+        model_dir=str(tmp / "model"),
+        paths=[str(HERE), str(REPO)],
+    )
+    procs = [
+        ctx.Process(
+            target=runpy.run_path,
+            kwargs=dict(
+                path_name=str(HERE / "_sglang_dist_worker.py"),
+                init_globals={"ARGS": {**args, "rank": rank}},
+                run_name="__sglang_worker__",
+            ),
+        )
+        for rank in range(world)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:
+        procs[r].kill()
+        procs[r].join(5)
+    results = {
+        r: json.loads((tmp / f"rank{r}.json").read_text()) if (tmp / f"rank{r}.json").exists() else {}
+        for r in range(world)
+    }
+    fatal = {r: res["__fatal__"] for r, res in results.items() if "__fatal__" in res}
+    if hung or fatal:
+        pytest.fail(f"world {world} tp {tp}: ranks {hung} hung past {timeout:.0f}s; fatal errors: {fatal}")
+    return results
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=[f"world{w}-tp{t}" for w, t in WORLDS])
+def world(request, tmp_path_factory):
+    w, tp = request.param
+    return w, tp, _run_world(w, tp, tmp_path_factory.mktemp(f"w{w}tp{tp}"))
+
+
+def test_every_rank_gets_its_own_outputs(world):
+    _, _, results = world
+    bad = [msg for res in results.values() for msg in res["checks"].values() if msg != "ok"]
+    assert not bad, "\n".join(bad)
+    assert all(
+        set(res["checks"]) == {"distinct", "identical", "after_sync", "refused", "final", "leader"}
+        for res in results.values()
+    )
+
+
+def test_leader_call_order_and_request_counts(world):
+    w, tp, results = world
+    for leader in range(0, w, tp):
+        calls = results[leader]["calls"]
+        assert [c[0] for c in calls] == LEADER_CALLS
+        kwargs = calls[0][1]
+        assert kwargs["tp_size"] == tp and kwargs["skip_tokenizer_init"] is True
+        gens = [len(c[1]["input_ids"]) for c in calls if c[0] == "generate"]
+        assert gens == [tp * 2 * 2, 2 * 3, tp * 2, tp * 2]  # the identical call is generated once, not tp times
+        tags = [c[1]["tags"] for c in calls if c[0].endswith("memory_occupation")]
+        assert tags == [None, ["weights"], ["kv_cache", "cuda_graph"], None, ["weights"], ["kv_cache", "cuda_graph"]]
+        pushes = [c[1] for c in calls if c[0] == "update_weights_from_tensor"]
+        assert all(
+            p == {"named_tensors": f"{tp} payloads", "load_format": "flattened_bucket", "flush_cache": False}
+            for p in pushes
+        )
+    for r in range(w):
+        if r % tp:
+            assert "calls" not in results[r]  # only leaders own an engine
+
+
+def test_one_payload_per_tp_rank_in_rank_order(world):
+    w, tp, results = world
+    for leader in range(0, w, tp):
+        pushes = results[leader]["pushes"]
+        assert len(pushes) == 4
+        q, k = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+        assert pushes[0] == [
+            [[q, "torch.float32", [4, 3], float(leader + r)], [k, "torch.bfloat16", [2, 3], float(leader + r)]]
+            for r in range(tp)
+        ]
+        assert pushes[1] == [[["model.norm.weight", "torch.float32", [3], leader + r + 0.5]] for r in range(tp)]
+        assert pushes[3] == [[["model.norm.weight", "torch.float32", [3], leader + r + 0.25]] for r in range(tp)]
+
+
+def test_sleep_and_wake_wait_for_the_group(world):
+    w, tp, results = world
+    for leader in range(0, w, tp):
+        calls = results[leader]["calls"]
+        release_end = next(c[3] for c in calls if c[0] == "release_memory_occupation")
+        resume_start = next(c[2] for c in calls if c[0] == "resume_memory_occupation")
+        group = range(leader, leader + tp)
+        assert min(results[r]["sleep_returned"] for r in group) >= release_end
+        assert resume_start >= max(results[r]["wake_entered"] for r in group)
