@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridrl.errors import ConfigError
 
 ENGINE_NAMES = ("native", "vllm", "sglang")
+NATIVE_IMPLS = ("auto", "fused", "hf")
 
 
 @dataclass
@@ -45,6 +47,12 @@ class SglangOptions:
     """Use torch_memory_saver so release/resume_memory_occupation really frees memory."""
     base_gpu_id: int = -1
     """First GPU of this engine's TP group; -1 = derive from the worker's local rank."""
+    enable_weights_cpu_backup: bool = False
+    """Keep a host copy of the weights on release, so sleep(level=1) frees weight memory and keeps the contents."""
+    enable_deterministic_inference: bool = False
+    """Batch-invariant kernels; needed for SGLang to honour per-sample seeds (slower decode)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra sglang.Engine (ServerArgs) keyword arguments, e.g. {context_length: 4096, attention_backend: fa3}."""
 
 
 @dataclass
@@ -71,6 +79,16 @@ class EngineConfig:
     """Level for sleep after generation: 1 keeps weights in host memory, 2 drops them (the reshard refills)."""
     max_batch_size: int = 256
     """Native engine: most sequences decoded at once (larger batches are split)."""
+    impl: str = "auto"
+    """Native engine: fused (our decoder for llama/qwen2/qwen3, TP-sharded), hf (the transformers model),
+    or auto (fused when the architecture is supported, else hf)."""
+    cuda_graphs: bool = True
+    """Native fused engine: run decode steps as CUDA graphs (one per batch/length bucket) on GPU."""
+    max_model_len: int = 0
+    """Native fused engine: prompt + completion tokens each KV-cache slot holds, allocated at wake-up;
+    0 sizes the cache at the first generate (longest prompt + max_new_tokens) and grows it when needed."""
+    prefill_tokens: int = 16384
+    """Native fused engine: most (padded) prompt tokens prefilled in one forward; bounds activation memory."""
     vllm: VllmOptions = field(default_factory=VllmOptions)
     """vLLM-only options."""
     sglang: SglangOptions = field(default_factory=SglangOptions)
@@ -95,3 +113,9 @@ class EngineConfig:
             raise ConfigError(f"engine.sleep_level must be 1 or 2, got {self.sleep_level}")
         if self.max_batch_size < 1:
             raise ConfigError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.impl not in NATIVE_IMPLS:
+            raise ConfigError(f"engine.impl must be one of {', '.join(NATIVE_IMPLS)}, got {self.impl!r}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"engine.max_model_len must be >= 0 (0 = sized at the first generate), got {self.max_model_len}")
+        if self.prefill_tokens < 1:
+            raise ConfigError(f"engine.prefill_tokens must be >= 1, got {self.prefill_tokens}")
