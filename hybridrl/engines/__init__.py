@@ -28,14 +28,26 @@ def build_engine(
     tp_rank: int = 0,
     tp_size: int = 1,
     seed: int = 0,
+    tp_group=None,
 ) -> RolloutEngine:
-    """The engine `engine.name` names, loaded from the same checkpoint as the trainer."""
+    """The engine `engine.name` names, loaded from the same checkpoint as the trainer. `tp_group` is this rank's
+    engine TP group (`engines.fused.groups.engine_tp_group`); the native fused engine shards over it."""
     if cfg.name == "native":
-        from hybridrl.engines.native import NativeEngine
+        from hybridrl.engines.native import NativeEngine, native_impl
         from hybridrl.models.loading import load_causal_lm
 
-        model = load_causal_lm(model_path, model_cfg, engine_dtype(cfg, device), device)
-        return NativeEngine(model, eos_ids(tokenizer, model), tokenizer.pad_token_id, cfg.max_batch_size)
+        dtype = engine_dtype(cfg, device)
+        model = load_causal_lm(model_path, model_cfg, dtype, device)
+        eos = eos_ids(tokenizer, model)
+        if native_impl(cfg, model.config, tp_size, tp_group) == "hf":
+            return NativeEngine(model, eos, tokenizer.pad_token_id, cfg.max_batch_size)
+        engine = NativeEngine.fused(model.config, eos, tokenizer.pad_token_id, device=device, dtype=dtype, cfg=cfg,
+                                    tp_group=tp_group, seed=seed)
+        engine.load_from(model)  # this rank's fused shards, cut by the resharder from the full model
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return engine
     if cfg.name == "vllm":
         from hybridrl.engines.vllm_engine import VllmEngine
 

@@ -1,6 +1,10 @@
-"""The built-in rollout engine: a transformers model with a KV cache and batched sampling.
+"""The built-in rollout engine, two implementations behind one class:
 
-Generation for one chunk of prompts::
+- fused (`NativeEngine.fused`, engines/fused/): our decoder for llama/qwen2/qwen3 with fused, TP-sharded
+  weights (the resharder's "fused" layout), a preallocated KV cache and CUDA-graphed decode steps;
+- hf (`NativeEngine(model, ...)`, this file): any transformers causal LM with a DynamicCache, the fallback.
+
+`native_impl` picks one for `engine.impl`. The hf path's generation for one chunk of prompts::
 
     prefill each distinct prompt once  →  repeat its KV cache n times
     loop: sample (temperature/top-k/top-p) → drop finished rows from the batch and the cache
@@ -17,14 +21,35 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
+from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sampling import sample_tokens, stream_key
-from hybridrl.errors import HybridRLError
+from hybridrl.errors import ConfigError, HybridRLError
 
 log = logging.getLogger(__name__)
 
 
+def native_impl(cfg: EngineConfig, hf_config, tp_size: int = 1, tp_group=None) -> str:
+    """'fused' or 'hf' for `engine.impl` and this model: auto takes fused when it can (saying why not, once, when
+    it cannot); impl=fused that cannot run raises ConfigError."""
+    if cfg.impl == "hf":
+        return "hf"
+    from hybridrl.engines.fused.rope import UnsupportedModel, check_supported
+
+    try:
+        check_supported(hf_config)
+        if tp_size > 1 and tp_group is None:
+            raise UnsupportedModel(f"engine.tp_size={tp_size} without an engine TP process group")
+    except UnsupportedModel as e:
+        if cfg.impl == "fused":
+            raise ConfigError(f"engine.impl=fused cannot run this model: {e}") from None
+        log.info("native engine: transformers path (fused decoder unsupported: %s)", e)
+        return "hf"
+    return "fused"
+
+
 class NativeEngine(RolloutEngine):
-    """Rollout engine over a Hugging Face causal LM in this process."""
+    """Rollout engine in this process: over a Hugging Face causal LM (this constructor), or over our fused
+    decoder (`NativeEngine.fused`, a `FusedEngine`)."""
 
     weight_layout_style = "hf"
 
@@ -42,6 +67,17 @@ class NativeEngine(RolloutEngine):
         self._host_copy: dict[str, torch.Tensor] = {}
         self._asleep: set[str] = set()
         self._generator = torch.Generator(device=self.device)
+
+    @classmethod
+    def fused(cls, hf_config, eos_token_ids: Sequence[int], pad_token_id: int | None, *,
+              device: torch.device | str, dtype: torch.dtype, cfg: EngineConfig | None = None,
+              tp_group=None, seed: int = 0) -> NativeEngine:
+        """The native engine on our fused decoder (llama/qwen2/qwen3), TP-sharded over `tp_group`. Its weights
+        start uninitialized: fill them with `load_weights` (fused names, e.g. by the resharder) or `load_from`."""
+        from hybridrl.engines.fused.engine import FusedEngine
+
+        return FusedEngine(hf_config, eos_token_ids, pad_token_id, device=device, dtype=dtype, cfg=cfg,
+                           tp_group=tp_group, seed=seed)
 
     # -- generation -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -90,7 +126,8 @@ class NativeEngine(RolloutEngine):
         tokens_out: list[list[int]] = [[] for _ in range(rows)]
         logps_out: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
-        stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=dev)
+        stop_set = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))  # may be empty: no stops
+        stop_ids = torch.tensor(stop_set, dtype=torch.long, device=dev)
 
         for step in range(params.max_new_tokens):
             tok, lp = sample_tokens(

@@ -17,6 +17,7 @@ import torch
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
+from hybridrl.engines.fused.groups import engine_tp_group
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
 from hybridrl.reshard import Resharder
@@ -51,9 +52,11 @@ class HybridWorker:
             self.model_path, cfg.model, cfg.trainer, cfg.algorithm, self.device,
             self.tokenizer.pad_token_id, cfg.engine.temperature, cfg.trainer.steps * steps_per_iter,
         )
+        # Collective: every rank creates every engine TP group, in the same order.
+        self.tp_group = engine_tp_group(self.tp_size)
         self.engine = build_engine(
             cfg.engine, cfg.model, self.model_path, self.tokenizer, self.device,
-            tp_rank=self.tp_rank, tp_size=self.tp_size, seed=cfg.trainer.seed,
+            tp_rank=self.tp_rank, tp_size=self.tp_size, seed=cfg.trainer.seed, tp_group=self.tp_group,
         )
         self.resharder = Resharder(
             cfg.reshard, self.engine, self.trainer.model.config, tp_rank=self.tp_rank, tp_size=self.tp_size

@@ -1,0 +1,66 @@
+"""Engine tensor-parallel groups, and the collectives the fused decoder runs over one.
+
+Every rank must call `engine_tp_group` at the same point (it creates every TP group of the world, in the same
+order on all ranks, as `dist.new_group` requires); each rank keeps the group it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.errors import ConfigError
+
+
+def engine_tp_group(tp_size: int) -> dist.ProcessGroup | None:
+    """This rank's engine TP group: ranks [0..tp-1], [tp..2tp-1], …; None when tp_size == 1 (no collectives)."""
+    if tp_size == 1:
+        return None
+    if not dist.is_initialized():
+        raise ConfigError(f"engine.tp_size={tp_size} needs torch.distributed initialized before the engine")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % tp_size:
+        raise ConfigError(f"engine.tp_size={tp_size} must divide the number of workers ({world})")
+    mine = None
+    for start in range(0, world, tp_size):
+        group = dist.new_group(list(range(start, start + tp_size)))  # collective: all ranks, every group
+        if start <= rank < start + tp_size:
+            mine = group
+    return mine
+
+
+# torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; 2.11 has only the former.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass
+class TensorParallel:
+    """One engine TP group as the decoder sees it: its rank, size and the two collectives it needs."""
+
+    group: dist.ProcessGroup | None = None
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def of(cls, group: dist.ProcessGroup | None) -> TensorParallel:
+        """The TP view of `group` (None: a single rank)."""
+        if group is None:
+            return cls()
+        return cls(group, dist.get_rank(group), dist.get_world_size(group))
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the group, in place (row-parallel outputs, vocab-parallel embedding lookups)."""
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's `x` [N, R] along the last dim → [N, size * R] (vocab-parallel logits)."""
+        if self.size == 1:
+            return x
+        n, r = x.shape
+        out = x.new_empty(self.size * n, r)  # rank-major along dim 0, the shape gloo and NCCL both take
+        _all_gather(out, x.contiguous(), group=self.group)
+        return out.view(self.size, n, r).permute(1, 0, 2).reshape(n, self.size * r)

@@ -1,0 +1,233 @@
+"""Native engine, fused path: parity with a transformers forward (Llama, Qwen2 bias, Qwen3 q/k norm), sampling
+controls, compaction, sleep/wake, weight loading through the resharder, and how the implementation is chosen.
+
+Runs on CPU; HYBRIDRL_TEST_DEVICE=cuda runs the same tests on a GPU (plus the CUDA-graph ones).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import transformers
+
+from hybridrl.engines import build_engine
+from hybridrl.engines.base import SamplingParams
+from hybridrl.engines.config import EngineConfig
+from hybridrl.engines.fused.engine import FusedEngine
+from hybridrl.engines.fused.graphs import batch_buckets
+from hybridrl.engines.native import NativeEngine, native_impl
+from hybridrl.errors import ConfigError, HybridRLError
+from hybridrl.models.config import ModelConfig
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.reshard import ReshardConfig, Resharder
+from tests.fused._fused_models import KINDS, PROMPTS, reference_last_logits, reference_logprobs, tiny_model
+
+DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
+TOL = 1e-5 if DEVICE.type == "cpu" else 5e-5  # GPU kernels differ by shape between the two forwards
+EOS, PAD = 0, 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Tiny matmuls gain nothing from a second thread, and on a loaded 2-core machine OpenMP's waiting makes
+    # them ~100x slower; restored afterwards for the rest of the session.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def fused_engine(model, **cfg) -> FusedEngine:
+    cfg = EngineConfig(**{"max_batch_size": 8, **cfg})
+    engine = NativeEngine.fused(model.config, [EOS], PAD, device=DEVICE, dtype=torch.float32, cfg=cfg, seed=0)
+    engine.load_from(model)
+    return engine
+
+
+@pytest.fixture(scope="module", params=[*KINDS, "tiny"])
+def model(request, tiny_path):
+    if request.param == "tiny":  # the project's own tiny Qwen2 (real checkpoint loading path)
+        return load_causal_lm(tiny_path, ModelConfig(), torch.float32, DEVICE).eval()
+    return tiny_model(request.param).to(DEVICE)
+
+
+def test_prefill_logits_match_transformers(model):
+    engine = fused_engine(model)
+    diff = (engine.last_logits(PROMPTS).cpu() - reference_last_logits(model, PROMPTS)).abs().max().item()
+    assert diff < TOL, diff
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_logprobs_match_full_forward(model, temperature):
+    engine = fused_engine(model)
+    outs = engine.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_new_tokens=8, seed=0))
+    assert [o.prompt_index for o in outs] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for o in outs:
+        want = reference_logprobs(model, PROMPTS[o.prompt_index], o.token_ids, temperature)
+        assert (torch.tensor(o.logprobs) - want).abs().max().item() < TOL
+
+
+def test_same_samples_as_the_transformers_path(model):
+    """Same seed, same logits (to rounding) → the same tokens as the HF path, stops and compaction included."""
+    params = SamplingParams(n=3, max_new_tokens=10, seed=5, stop_token_ids=[3, 7, 11])
+    fused = fused_engine(model).generate(PROMPTS, params)
+    hf = NativeEngine(model, [EOS], PAD, max_batch_size=8).generate(PROMPTS, params)
+    assert [o.token_ids for o in fused] == [o.token_ids for o in hf]
+    assert [o.finish_reason for o in fused] == [o.finish_reason for o in hf]
+
+
+def test_gpu_bucketing_and_delayed_checks_give_the_same_samples(model):
+    """The GPU schedule (finished rows read every 4 steps, batch compacted to buckets with finished fillers,
+    attended length rounded up) must not change any sample."""
+    params = SamplingParams(n=4, max_new_tokens=12, seed=2, stop_token_ids=list(range(2, 40)))
+    want = fused_engine(model).generate(PROMPTS, params)
+    engine = fused_engine(model, max_batch_size=16)
+    engine._check_every = 4
+    engine.runner.batch_target = lambda alive: next(b for b in batch_buckets(12) if b >= alive)
+    engine.runner.length_for = lambda need: engine.cache.max_len
+    got = engine.generate(PROMPTS, params)
+    assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in want]
+    assert any(o.finish_reason == "stop" for o in got) and any(len(o.token_ids) > 4 for o in got)
+    for o, w in zip(got, want):
+        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+
+
+def test_chunking_and_prompt_offset_keep_samples():
+    model = tiny_model("qwen2").to(DEVICE)
+    params = SamplingParams(n=2, max_new_tokens=5, seed=9)
+    together = [o.token_ids for o in fused_engine(model, max_batch_size=4).generate(PROMPTS, params)]  # 2 chunks
+    one_by_one = []
+    engine = fused_engine(model, prefill_tokens=4)  # prefill split into single prompts too
+    for i, p in enumerate(PROMPTS):
+        shifted = SamplingParams(**{**params.__dict__, "prompt_offset": i})
+        one_by_one += [o.token_ids for o in engine.generate([p], shifted)]
+    assert together == one_by_one
+
+
+def test_max_new_tokens_stop_ids_and_greedy():
+    model = tiny_model("llama").to(DEVICE)
+    engine = fused_engine(model)
+    outs = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=4, seed=0))
+    assert all(len(o.token_ids) <= 4 for o in outs)
+    assert all(o.finish_reason == "length" for o in outs if EOS not in o.token_ids)
+    outs = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=4, stop_token_ids=list(range(99)), seed=0))
+    assert all(len(o.token_ids) == 1 and o.finish_reason == "stop" for o in outs)
+    out = engine.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_new_tokens=5))[0]
+    seq = list(PROMPTS[0])
+    for tok in out.token_ids:
+        assert tok == reference_last_logits(model, [seq])[0].argmax().item()
+        seq.append(tok)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_wake_round_trip(level):
+    model = tiny_model("qwen3").to(DEVICE)
+    engine = fused_engine(model)
+    params = SamplingParams(n=2, max_new_tokens=5, seed=3)
+    before = [o.token_ids for o in engine.generate(PROMPTS, params)]
+    assert engine.memory_stats()["engine_kv_cache_gb"] > 0
+    engine.sleep(level)
+    assert engine.cache is None and engine.memory_stats()["engine_kv_cache_gb"] == 0
+    with pytest.raises(HybridRLError, match="asleep"):
+        engine.generate(PROMPTS, params)
+    if level == 2:
+        assert all(p.numel() == 0 for _, p in engine.named_weights())
+        with pytest.raises(HybridRLError, match="asleep"):
+            engine.load_weights([("model.norm.weight", torch.ones(34))])
+    engine.wake_up(["weights"])
+    if level == 2:  # contents are stale: the resharder refills every tensor (and checks it did)
+        Resharder(ReshardConfig(verify=True), engine, model.config).sync(model)
+    engine.wake_up(["kv_cache"])
+    assert engine.cache is not None  # reallocated at its last size, before the next generate
+    assert [o.token_ids for o in engine.generate(PROMPTS, params)] == before
+
+
+def test_resharder_fills_the_engine_from_fsdp(process_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny_model("llama")
+    ref = tiny_model("llama").to(DEVICE)
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    engine = NativeEngine.fused(ref.config, [EOS], PAD, device=DEVICE, dtype=torch.float32)
+    assert engine.weight_layout_style == "fused"
+    Resharder(ReshardConfig(verify=True), engine, model.config).sync(model)
+    assert (engine.last_logits(PROMPTS).cpu() - reference_last_logits(ref, PROMPTS)).abs().max().item() < TOL
+
+
+def test_load_weights_rejects_unknown_names_and_shapes():
+    engine = fused_engine(tiny_model("qwen2").to(DEVICE))
+    with pytest.raises(HybridRLError, match="no parameter named"):
+        engine.load_weights([("model.layers.0.self_attn.q_proj.weight", torch.zeros(1))])
+    with pytest.raises(HybridRLError, match="shape"):
+        engine.load_weights([("model.norm.weight", torch.zeros(3))])
+    assert "lm_head.weight" not in dict(engine.named_weights())  # tied: the embedding serves as lm_head
+
+
+def test_max_model_len_preallocates_and_bounds_the_cache():
+    engine = fused_engine(tiny_model("qwen2").to(DEVICE), max_model_len=16)
+    engine.sleep(1)
+    engine.wake_up()
+    assert engine.cache is not None and engine.cache.max_len == 16
+    with pytest.raises(HybridRLError, match="max_model_len"):
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=8))
+
+
+def test_llama_with_attention_and_mlp_biases():
+    """o_proj/down_proj biases are added once, after the row-parallel sum; gate_up gets a fused bias."""
+    model = tiny_model("llama", attention_bias=True, mlp_bias=True).to(DEVICE)
+    engine = fused_engine(model)
+    assert (engine.last_logits(PROMPTS).cpu() - reference_last_logits(model, PROMPTS)).abs().max().item() < TOL
+    for o in engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=5, seed=0)):
+        want = reference_logprobs(model, PROMPTS[o.prompt_index], o.token_ids)
+        assert (torch.tensor(o.logprobs) - want).abs().max().item() < TOL
+
+
+def test_rope_scaling_and_unsupported_features():
+    model = tiny_model("llama", rope_scaling={"rope_type": "linear", "factor": 2.0}).to(DEVICE)
+    diff = (fused_engine(model).last_logits(PROMPTS).cpu() - reference_last_logits(model, PROMPTS)).abs().max()
+    assert diff.item() < TOL
+    dynamic = transformers.LlamaConfig(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert native_impl(EngineConfig(), dynamic) == "hf"
+    with pytest.raises(ConfigError, match="rope_type 'dynamic'"):
+        native_impl(EngineConfig(impl="fused"), dynamic)
+    assert native_impl(EngineConfig(), transformers.GPT2Config()) == "hf"
+    assert native_impl(EngineConfig(), transformers.Qwen2Config(), tp_size=2) == "hf"  # no TP group given
+    assert native_impl(EngineConfig(impl="hf"), transformers.Qwen2Config()) == "hf"
+    assert native_impl(EngineConfig(), transformers.Qwen3Config()) == "fused"
+
+
+def test_build_engine_picks_the_implementation(tiny_path, tokenizer):
+    fused = build_engine(EngineConfig(), ModelConfig(), tiny_path, tokenizer, DEVICE)
+    assert isinstance(fused, FusedEngine) and fused.weight_layout_style == "fused"
+    hf = build_engine(EngineConfig(impl="hf"), ModelConfig(), tiny_path, tokenizer, DEVICE)
+    assert not isinstance(hf, FusedEngine) and hf.weight_layout_style == "hf"
+    params = SamplingParams(n=2, max_new_tokens=6, seed=1)
+    assert [o.token_ids for o in fused.generate(PROMPTS, params)] == [o.token_ids for o in hf.generate(PROMPTS, params)]
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_cuda_graphs_match_eager_and_survive_sleep():
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=4, max_new_tokens=40, seed=4, stop_token_ids=list(range(2, 12)))
+    eager = fused_engine(model, cuda_graphs=False).generate(PROMPTS, params)
+    engine = fused_engine(model)
+    for _ in range(2):
+        got = engine.generate(PROMPTS, params)
+        assert engine.runner.use_graphs and engine.runner.graphs, "no graph was captured"
+        assert [o.token_ids for o in got] == [o.token_ids for o in eager]
+        for o, w in zip(got, eager):
+            assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+        held = sum(engine.memory_stats().values()) * 2**30
+        before = torch.cuda.memory_allocated(DEVICE)
+        engine.sleep(2)
+        assert not engine.runner.graphs
+        assert before - torch.cuda.memory_allocated(DEVICE) >= 0.9 * held  # weights and KV cache really freed
+        engine.wake_up(["weights"])
+        engine.load_from(model)
+        engine.wake_up(["kv_cache"])
