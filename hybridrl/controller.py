@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hybridrl.algorithms import apply_kl_to_rewards, grpo_advantages, mismatch_metrics
+from hybridrl.algorithms import apply_kl_to_rewards, grpo_advantages, masked_mean, mismatch_metrics
 from hybridrl.batch import Batch
 from hybridrl.checkpoints import CheckpointDir, read_meta
 from hybridrl.config import RunConfig
@@ -204,6 +204,8 @@ class Controller:
         groups = rewards.view(-1, algo.group_size)
         metrics["reward/solve_none_frac"] = (groups.max(-1).values <= 0).float().mean().item()
         metrics["reward/zero_std_frac"] = (groups.std(-1) == 0).float().mean().item()
+        if "entropy" in batch:  # of the rollout policy on its own samples (computed in the logprob pass)
+            metrics["actor/entropy"] = masked_mean(batch["entropy"], mask).item()
         mm = mismatch_metrics(batch["engine_logprobs"], batch["old_logprobs"], mask)
         metrics.update({k: float(v) for k, v in mm.items()})
         return metrics

@@ -57,8 +57,10 @@ class Timer:
         self.device, self.times, self.memory = device, {}, {}
 
     def sync(self) -> None:
+        # The current stream only: work a phase leaves running on a side stream (the optimizer's onload
+        # behind the log-prob pass) is not the caller's wait, and is charged where it is joined.
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
     @contextmanager
     def __call__(self, name: str):

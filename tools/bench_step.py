@@ -125,12 +125,16 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--micro", type=int, default=8, help="trainer micro-batch (sequences)")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up steps")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed steps first: the first update creates Adam state, whose pinned host buffers "
+                         "are allocated at the following offload")
     ap.add_argument("--tp-batch", type=int, default=8, help="throughput test: sequences")
     ap.add_argument("--tp-seq", type=int, default=1024, help="throughput test: tokens per sequence")
     ap.add_argument("--tp-iters", type=int, default=3)
     ap.add_argument("--impl", default="auto", help="native engine implementation (auto | fused | hf)")
     ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--offload", default="params,optimizer", help="trainer.offload on GPU (none to keep all resident)")
     args = ap.parse_args()
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
@@ -139,7 +143,7 @@ def main() -> None:
     tok = load_tokenizer(path)
     mcfg = ModelConfig(name="hf", path=path)
     n_rows = args.prompts * args.group
-    tcfg = TrainerConfig(lr=1e-6, micro_batch_size=args.micro, offload="params,optimizer" if device.type == "cuda" else "none")
+    tcfg = TrainerConfig(lr=1e-6, micro_batch_size=args.micro, offload=args.offload if device.type == "cuda" else "none")
     acfg = AlgorithmConfig(group_size=args.group)
     trainer = Trainer(path, mcfg, tcfg, acfg, device, tok.pad_token_id, 1.0, total_optimizer_steps=100)
     ecfg = EngineConfig(max_new_tokens=args.new_tokens, max_batch_size=max(256, n_rows), impl=args.impl)
@@ -150,12 +154,12 @@ def main() -> None:
     n_params = sum(p.numel() for p in trainer.model.parameters())
 
     steps = []
-    for step in range(args.steps + 1):
+    for step in range(args.warmup + args.steps):
         t = Timer(device)
         t0 = time.perf_counter()
         info = grpo_step(step, trainer, engine, resharder, prompts, args, t)
         total = time.perf_counter() - t0
-        if step:  # step 0 warms up allocators, graphs and kernels
+        if step >= args.warmup:  # warm-up: allocators, CUDA graphs, kernels, pinned offload buffers
             steps.append({"total_s": total, "phases_s": dict(t.times), "memory_after": dict(t.memory), **info})
     med = {p: statistics.median(s["phases_s"][p] for s in steps) for p in steps[0]["phases_s"]}
     total = statistics.median(s["total_s"] for s in steps)
@@ -179,9 +183,11 @@ def main() -> None:
     peak = gpu_peak_flops()
     result = {
         "shape": args.shape, "device": str(device), "params": n_params, "engine": type(engine).__name__,
+        "trainer_offload": tcfg.offload,
         "engine_impl": getattr(engine, "impl", args.impl),
         "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
         "step_s_median": total, "phases_s_median": med,
+        "per_step_phases_s": [s["phases_s"] for s in steps],
         "switching_s": switching, "switching_share": switching / total,
         "rollout_tokens_per_s": resp_tokens / med["generate"],
         "reshard_gb_per_s": steps[-1]["reshard_bytes"] / med["reshard"] / 1e9 if med["reshard"] else None,
@@ -196,7 +202,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
-        Path(out, f"bench_step_{args.shape}.json").write_text(json.dumps(result, indent=2))
+        Path(out, f"bench_step_{args.shape}_offload-{tcfg.offload.replace(',', '+')}.json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
 

@@ -38,8 +38,9 @@ class HostOffloader:
     ) -> None:
         self.collect, self.device = collect, device
         self.enabled = device.type == "cuda" if enabled is None else enabled
-        self._host: dict[int, torch.Tensor] = {}  # keyed by id() of the tensor: the objects persist
-        self._offloaded: list[torch.Tensor] = []
+        self._host: dict[int, torch.Tensor] = {}  # pinned buffers, kept across offloads
+        self._offloaded: list[tuple[int, torch.Tensor]] = []
+        self._pending = False
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _side_stream(self):
@@ -52,15 +53,18 @@ class HostOffloader:
     def offloaded(self) -> bool:
         return bool(self._offloaded)
 
-    def _unique(self) -> list[torch.Tensor]:
+    def _unique(self) -> list[tuple[int, torch.Tensor]]:
+        """(key, local tensor) per distinct storage. The key is the id of the collected tensor (a parameter
+        or optimizer state, which persist), not of its local view (a new object on every `to_local()`),
+        so each pinned buffer is found again at the next offload instead of being allocated anew."""
         seen, out = set(), []
         for t in self.collect():
             loc = local_tensor(t)
-            key = loc.untyped_storage().data_ptr()
-            if loc.device != self.device or key in seen or loc.untyped_storage().nbytes() == 0:
+            ptr = loc.untyped_storage().data_ptr()
+            if loc.device != self.device or ptr in seen or loc.untyped_storage().nbytes() == 0:
                 continue
-            seen.add(key)
-            out.append(loc)
+            seen.add(ptr)
+            out.append((id(t), loc))
         return out
 
     @torch.no_grad()
@@ -72,34 +76,42 @@ class HostOffloader:
         moved = 0
         pin = self.device.type == "cuda"
         with self._side_stream():
-            for t in tensors:
+            for key, t in tensors:
                 nbytes = t.untyped_storage().nbytes()
-                host = self._host.get(id(t))
+                host = self._host.get(key)
                 if host is None or host.numel() != nbytes:
                     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-                    self._host[id(t)] = host
+                    self._host[key] = host
                 host.copy_(_bytes_view(t), non_blocking=pin)
                 moved += nbytes
         if self._stream is not None:
             self._stream.synchronize()  # the bytes must be on the host before the storage goes
-        for t in tensors:
+        for _, t in tensors:
             t.untyped_storage().resize_(0)
         self._offloaded = tensors
         return moved
 
     @torch.no_grad()
-    def onload(self) -> int:
-        """Bring everything back to the device; returns the bytes moved."""
+    def onload(self, wait: bool = True) -> int:
+        """Bring everything back to the device; returns the bytes moved. With wait=False the copies
+        run on the side stream while the caller goes on; `wait()` joins them before first use."""
         if not self._offloaded:
             return 0
         moved = 0
         with self._side_stream():
-            for t in self._offloaded:
-                host = self._host[id(t)]
+            for key, t in self._offloaded:
+                host = self._host[key]
                 t.untyped_storage().resize_(host.numel())
                 _bytes_view(t).copy_(host, non_blocking=self._stream is not None)
                 moved += host.numel()
-        if self._stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._stream)
         self._offloaded = []
+        self._pending = True
+        if wait:
+            self.wait()
         return moved
+
+    def wait(self) -> None:
+        """Make the current stream wait for an onload started with wait=False."""
+        if self._stream is not None and self._pending:
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        self._pending = False

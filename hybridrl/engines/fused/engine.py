@@ -51,6 +51,7 @@ class FusedEngine(NativeEngine):
         self._unique = self._params  # no tied duplicates: a tied lm_head is the embedding itself
         self._shapes = {n: (p.shape, p.dtype) for n, p in self._params.items()}
         self._host_copy: dict[str, torch.Tensor] = {}
+        self._restore_weights = False  # set by sleep(1): wake_up copies the weights back from the host
         self._asleep: set[str] = set()
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self.cache: KVCache | None = None
@@ -187,11 +188,16 @@ class FusedEngine(NativeEngine):
         if "weights" not in self._asleep and (level == 2 or on_accel):
             for name, p in self._params.items():
                 if level == 1:
-                    host = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+                    # Pinned buffers are kept from one sleep to the next: allocating pinned memory
+                    # costs far more than the copy itself (seen: 1.5 s vs 0.06 s for 3 GB).
+                    host = self._host_copy.get(name)
+                    if host is None or host.shape != p.shape or host.dtype != p.dtype:
+                        host = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+                        self._host_copy[name] = host
                     host.copy_(p.data, non_blocking=True)
-                    self._host_copy[name] = host
                 p.data = torch.empty(0, dtype=p.dtype, device=self.device)
             self._asleep.add("weights")
+            self._restore_weights = level == 1
         if on_accel:
             torch.cuda.synchronize(self.device)  # the host copies must land before the memory is reused
             torch.cuda.empty_cache()
@@ -207,9 +213,8 @@ class FusedEngine(NativeEngine):
             for name, p in self._params.items():
                 shape, dtype = self._shapes[name]
                 p.data = torch.empty(shape, dtype=dtype, device=self.device)
-                host = self._host_copy.pop(name, None)
-                if host is not None:
-                    p.data.copy_(host, non_blocking=True)
+                if self._restore_weights:
+                    p.data.copy_(self._host_copy[name], non_blocking=True)
             self._asleep.discard("weights")
         if "kv_cache" in tags and "kv_cache" in self._asleep:
             self._asleep.discard("kv_cache")
