@@ -22,7 +22,7 @@ from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.reshard import ReshardConfig, Resharder
-from tests.fused._fused_models import KINDS, PROMPTS, reference_last_logits, reference_logprobs, tiny_model
+from tests.tiny_models import KINDS, PROMPTS, reference_last_logits, reference_logprobs, tiny_model
 
 DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
 TOL = 1e-5 if DEVICE.type == "cpu" else 5e-5  # GPU kernels differ by shape between the two forwards

@@ -20,7 +20,7 @@ TOL = 1e-5
 def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     import torch
     import torch.distributed as dist
-    from _fused_models import PROMPTS, reference_last_logits, reference_logprobs, tiny_model
+    from tests.tiny_models import PROMPTS, reference_last_logits, reference_logprobs, tiny_model
     from torch.distributed.fsdp import fully_shard
 
     from hybridrl.engines.base import SamplingParams
@@ -96,5 +96,5 @@ def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict]
     os._exit(0)
 
 
-if __name__ == "__fused_worker__":
+if __name__ == "__dist_worker__":  # run by tests/dist_harness.py
     main(**ARGS)  # noqa: F821  (ARGS comes from runpy's init_globals)

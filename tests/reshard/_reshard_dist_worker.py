@@ -15,7 +15,7 @@ import traceback
 
 def run_case(case: dict, rank: int, world: int, meshes: dict, groups: dict) -> str:
     import torch
-    from _reshard_models import tiny_config, tiny_model
+    from tests.tiny_models import tiny_config, tiny_model
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
@@ -89,5 +89,5 @@ def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict]
     os._exit(0)
 
 
-if __name__ == "__reshard_worker__":
+if __name__ == "__dist_worker__":  # run by tests/dist_harness.py
     main(**ARGS)  # noqa: F821  (ARGS comes from runpy's init_globals)

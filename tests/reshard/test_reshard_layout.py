@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _reshard_models import KINDS, tiny_config, tiny_model
+from tests.tiny_models import KINDS, tiny_config, tiny_model
 
 from hybridrl.errors import ConfigError
 from hybridrl.reshard import build_layout, reference_shard

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from _reshard_models import KINDS, tiny_config, tiny_model
+from tests.tiny_models import KINDS, tiny_config, tiny_model
 
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.reshard import ReshardConfig, Resharder, build_layout, iter_full_layers, reference_shard

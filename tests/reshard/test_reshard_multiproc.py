@@ -7,22 +7,16 @@ interpreters costs ~10 s of CPU per rank on these 2 cores.
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import runpy
-import time
 from pathlib import Path
 
 import pytest
-from _reshard_models import KINDS
+from tests.tiny_models import KINDS
+
+from tests.dist_harness import results_by_case, run_world
 
 pytestmark = pytest.mark.multiproc
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-PRELOAD = ["torch", "torch.distributed.fsdp", "torch.distributed.tensor", "transformers",
-           "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
-           "transformers.models.qwen3.modeling_qwen3"]
 
 
 def _cases(world: int) -> list[dict]:
@@ -50,33 +44,8 @@ def _cases(world: int) -> list[dict]:
 
 def _run_world(world: int, tmp: Path, timeout: float = 150.0) -> dict[str, list[str]]:
     """Run all cases of one world; returns {case id: [result per rank]}."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
     cases = _cases(world)
-    args = dict(world=world, store_path=str(tmp / "store"), out_dir=str(tmp), cases=cases, paths=[str(HERE), str(REPO)])
-    procs = [
-        ctx.Process(target=runpy.run_path, kwargs=dict(
-            path_name=str(HERE / "_reshard_dist_worker.py"),
-            init_globals={"ARGS": {**args, "rank": rank}}, run_name="__reshard_worker__"))
-        for rank in range(world)
-    ]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for r in hung:
-        procs[r].kill()
-        procs[r].join(5)
-    results = {}
-    for rank in range(world):
-        path = tmp / f"rank{rank}.json"
-        results[rank] = json.loads(path.read_text()) if path.exists() else {}
-    fatal = {r: res["__fatal__"] for r, res in results.items() if "__fatal__" in res}
-    if hung or fatal:
-        pytest.fail(f"world {world}: ranks {hung} hung past {timeout:.0f}s; fatal errors: {fatal}; results: {results}")
-    return {c["id"]: [results[r].get(c["id"], "missing") for r in range(world)] for c in cases}
+    return results_by_case(run_world(HERE / "_reshard_dist_worker.py", world, tmp, dict(cases=cases), timeout), cases)
 
 
 @pytest.fixture(scope="module")

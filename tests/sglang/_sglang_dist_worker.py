@@ -120,5 +120,5 @@ def main(rank: int, world: int, tp: int, store_path: str, out_dir: str, model_di
     os._exit(0)
 
 
-if __name__ == "__sglang_worker__":
+if __name__ == "__dist_worker__":  # run by tests/dist_harness.py
     main(**ARGS)  # noqa: F821  (ARGS comes from runpy's init_globals)

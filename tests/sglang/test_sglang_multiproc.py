@@ -9,17 +9,15 @@ leader's release finished, and the leader resumes only after every rank entered 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import runpy
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.dist_harness import run_world
+
 pytestmark = pytest.mark.multiproc
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 WORLDS = [(2, 2), (4, 4), (4, 2)]
 
 LEADER_CALLS = [
@@ -53,44 +51,8 @@ LEADER_CALLS = [
 def _run_world(world: int, tp: int, tmp: Path, timeout: float = 120.0) -> dict[int, dict]:
     (tmp / "model").mkdir()
     (tmp / "model" / "config.json").write_text(json.dumps({"eos_token_id": 2}))
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
-    args = dict(
-        world=world,
-        tp=tp,
-        store_path=str(tmp / "store"),
-        out_dir=str(tmp),
-        model_dir=str(tmp / "model"),
-        paths=[str(HERE), str(REPO)],
-    )
-    procs = [
-        ctx.Process(
-            target=runpy.run_path,
-            kwargs=dict(
-                path_name=str(HERE / "_sglang_dist_worker.py"),
-                init_globals={"ARGS": {**args, "rank": rank}},
-                run_name="__sglang_worker__",
-            ),
-        )
-        for rank in range(world)
-    ]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for r in hung:
-        procs[r].kill()
-        procs[r].join(5)
-    results = {
-        r: json.loads((tmp / f"rank{r}.json").read_text()) if (tmp / f"rank{r}.json").exists() else {}
-        for r in range(world)
-    }
-    fatal = {r: res["__fatal__"] for r, res in results.items() if "__fatal__" in res}
-    if hung or fatal:
-        pytest.fail(f"world {world} tp {tp}: ranks {hung} hung past {timeout:.0f}s; fatal errors: {fatal}")
-    return results
+    args = dict(tp=tp, model_dir=str(tmp / "model"))
+    return run_world(HERE / "_sglang_dist_worker.py", world, tmp, args, timeout, preload=["torch", "torch.distributed"])
 
 
 @pytest.fixture(scope="module", params=WORLDS, ids=[f"world{w}-tp{t}" for w, t in WORLDS])

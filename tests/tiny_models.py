@@ -1,4 +1,4 @@
-"""Tiny Llama / Qwen2 / Qwen3 models for the fused-engine tests (shared by single- and multi-process tests)."""
+"""Tiny Llama / Qwen2 / Qwen3 models at the weight layout's corner cases, for the reshard and fused-engine tests."""
 
 from __future__ import annotations
 
