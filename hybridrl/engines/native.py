@@ -22,6 +22,7 @@ import torch
 
 from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
+from hybridrl.engines.weight_parking import WeightParking
 from hybridrl.engines.sampling import sample_tokens, stream_key
 from hybridrl.errors import ConfigError, HybridRLError
 
@@ -63,8 +64,7 @@ class NativeEngine(RolloutEngine):
         # either name lands in the one tensor.
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._unique = dict(model.named_parameters())
-        self._shapes = {n: (p.shape, p.dtype) for n, p in self._unique.items()}
-        self._host_copy: dict[str, torch.Tensor] = {}
+        self._parking = WeightParking(self._unique, self.device)
         self._asleep: set[str] = set()
         self._generator = torch.Generator(device=self.device)
 
@@ -168,22 +168,10 @@ class NativeEngine(RolloutEngine):
         """The KV cache lives only inside `generate`, so it is already free; weights follow `level`."""
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
-        if "weights" in self._asleep:
-            return
-        on_accel = self.device.type != "cpu"
-        for name, p in self._unique.items():
-            if level == 1 and on_accel:
-                host = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
-                host.copy_(p.data, non_blocking=True)
-                self._host_copy[name] = host
-            if level == 2 or on_accel:
-                # Level 2 drops the weights outright: the next reshard rewrites every one of them.
-                p.data = torch.empty(0, dtype=p.dtype, device=self.device)
-        if on_accel:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-        if level == 2 or on_accel:
+        if self._parking.park(level):
             self._asleep.add("weights")
+        if self.device.type != "cpu":
+            torch.cuda.empty_cache()
         self._asleep.add("kv_cache")
 
     def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
@@ -191,12 +179,7 @@ class NativeEngine(RolloutEngine):
         if unknown:
             raise ValueError(f"unknown wake_up tags {sorted(unknown)}; valid: {WAKE_TAGS}")
         if "weights" in tags and "weights" in self._asleep:
-            for name, p in self._unique.items():
-                shape, dtype = self._shapes[name]
-                host = self._host_copy.pop(name, None)
-                p.data = torch.empty(shape, dtype=dtype, device=self.device)
-                if host is not None:
-                    p.data.copy_(host, non_blocking=True)
+            self._parking.restore()
             self._asleep.discard("weights")
         if "kv_cache" in tags:
             self._asleep.discard("kv_cache")
@@ -224,5 +207,5 @@ class NativeEngine(RolloutEngine):
     def shutdown(self) -> None:
         self._params.clear()
         self._unique.clear()
-        self._host_copy.clear()
+        self._parking.clear()
         del self.model
