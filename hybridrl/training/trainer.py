@@ -137,6 +137,8 @@ class Trainer:
 
     def onload_optimizer(self) -> dict[str, float]:
         """Optimizer state on the device before the update (joins the copy `onload_params` started)."""
+        if not self.optim_offload.enabled:
+            return {}
         t0 = time.perf_counter()
         moved = self.optim_offload.onload()  # nothing left unless onload_params was skipped
         self.optim_offload.wait()
