@@ -37,7 +37,7 @@ from hybridrl.models.config import ModelConfig  # noqa: E402
 from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
 from hybridrl.training.config import TrainerConfig  # noqa: E402
-from hybridrl.training.trainer import Trainer, shard_model  # noqa: E402
+from hybridrl.training.trainer import Trainer  # noqa: E402
 
 SWITCH = ("offload", "wake", "sleep", "onload_params", "onload_optim", "reshard")
 

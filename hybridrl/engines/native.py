@@ -165,9 +165,11 @@ class NativeEngine(RolloutEngine):
 
     # -- memory lifecycle ----------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
-        """The KV cache lives only inside `generate`, so it is already free; weights follow `level`."""
+        """Free the KV cache; level 1 parks weights in pinned host memory (GPU; on CPU they stay where they
+        are), level 2 drops them (the next reshard rewrites every one)."""
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        self._free_cache()
         if self._parking.park(level):
             self._asleep.add("weights")
         if self.device.type != "cpu":
@@ -175,14 +177,23 @@ class NativeEngine(RolloutEngine):
         self._asleep.add("kv_cache")
 
     def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
+        """Reallocate weights (restored from host after level 1, stale after level 2 until load_weights)
+        and/or the KV cache."""
         unknown = set(tags) - set(WAKE_TAGS)
         if unknown:
             raise ValueError(f"unknown wake_up tags {sorted(unknown)}; valid: {WAKE_TAGS}")
         if "weights" in tags and "weights" in self._asleep:
             self._parking.restore()
             self._asleep.discard("weights")
-        if "kv_cache" in tags:
+        if "kv_cache" in tags and "kv_cache" in self._asleep:
             self._asleep.discard("kv_cache")
+            self._allocate_cache()
+
+    def _free_cache(self) -> None:
+        """Release the KV cache (the HF path's cache lives only inside `generate`: nothing to do)."""
+
+    def _allocate_cache(self) -> None:
+        """Reallocate the KV cache after a sleep (the HF path allocates per `generate`: nothing to do)."""
 
     # -- weights --------------------------------------------------------------------------
     @torch.no_grad()

@@ -93,7 +93,7 @@ class RayWorkerGroup(WorkerGroup):
 
     def __init__(self, cfg) -> None:
         super().__init__(world_size=cfg.cluster.world_size, tp_size=cfg.engine.tp_size)
-        ray = self.ray = import_ray()
+        self.ray = import_ray()
         self.timeout_s = cfg.cluster.collective_timeout_s
         self.deadline_s = phase_deadline_s(self.timeout_s)
         self.actors: list[Any] = []

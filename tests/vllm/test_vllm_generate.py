@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch.distributed as dist
-from vllm_helpers import TOL, hf_greedy, hf_logprobs, make_engine, max_logprob_error
+from vllm_helpers import TOL, hf_greedy, make_engine, max_logprob_error
 
 from hybridrl.engines.base import SamplingParams
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hybridrl.engines.base import WAKE_TAGS, Completion, SamplingParams
+from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.fused.graphs import LENGTH_BUCKET, DecodeRunner
 from hybridrl.engines.fused.groups import TensorParallel
@@ -177,33 +177,12 @@ class FusedEngine(NativeEngine):
         return out
 
     # -- memory lifecycle -----------------------------------------------------------------------------
-    def sleep(self, level: int = 1) -> None:
-        """Free the KV cache (and graphs); level 1 parks weights in pinned host memory (GPU; on CPU they stay),
-        level 2 drops them (the next reshard rewrites every one)."""
-        if level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 or 2, got {level}")
-        self._free_cache()
-        if self._parking.park(level):
-            self._asleep.add("weights")
-        if self.device.type != "cpu":
-            torch.cuda.empty_cache()
-        self._asleep.add("kv_cache")
-
-    def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
-        """Reallocate weights (restored from host at level 1, stale at level 2 until load_weights) and/or the
-        KV cache (at engine.max_model_len, or the last size; else at the first generate)."""
-        unknown = set(tags) - set(WAKE_TAGS)
-        if unknown:
-            raise ValueError(f"unknown wake_up tags {sorted(unknown)}; valid: {WAKE_TAGS}")
-        if "weights" in tags and "weights" in self._asleep:
-            self._parking.restore()
-            self._asleep.discard("weights")
-        if "kv_cache" in tags and "kv_cache" in self._asleep:
-            self._asleep.discard("kv_cache")
-            if self.cfg.max_model_len:
-                self._allocate(max(self.max_batch_size, (self._cache_dims or (0, 0))[0]), self.cfg.max_model_len)
-            elif self._cache_dims:
-                self._allocate(*self._cache_dims)
+    def _allocate_cache(self) -> None:
+        """The KV cache at engine.max_model_len, or at its last size; else it is sized at the first generate."""
+        if self.cfg.max_model_len:
+            self._allocate(max(self.max_batch_size, (self._cache_dims or (0, 0))[0]), self.cfg.max_model_len)
+        elif self._cache_dims:
+            self._allocate(*self._cache_dims)
 
     def memory_stats(self) -> dict[str, float]:
         weights = sum(p.numel() * p.element_size() for p in self._params.values())
