@@ -32,7 +32,7 @@ log = logging.getLogger("hybridrl")
 PHASES = ("wake", "generate", "sleep", "logprob", "reward", "advantages", "update", "reshard")
 
 
-def completions_to_batch(prompts: list[Prompt], comps: list[Completion], group_size: int) -> Batch:
+def completions_to_batch(prompts: list[Prompt], comps: list[Completion]) -> Batch:
     """Response-aligned tensors (responses, mask, engine log-probs) for every completion."""
     width = max(1, max(len(c.token_ids) for c in comps))
     resp = torch.zeros((len(comps), width), dtype=torch.long)
@@ -148,7 +148,7 @@ class Controller:
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One iteration of the phase sequence; returns its metrics."""
-        cfg, group = self.cfg, self.group
+        group = self.group
         self.times = {}
         t_step = time.perf_counter()
         prompts = self.loader.next_batch()
@@ -158,7 +158,7 @@ class Controller:
             comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
         with self.phase("sleep"):
             group.run_all("sleep")
-        batch = completions_to_batch(prompts, comps, cfg.algorithm.group_size)
+        batch = completions_to_batch(prompts, comps)
         with self.phase("logprob"):
             parts = group.run_scattered("logprob", batch)
             for key in parts[0]:
@@ -261,7 +261,7 @@ class Controller:
     def _score_val(self, params: SamplingParams, step: int) -> tuple[list[float], list[bool], Batch]:
         """Scores and exact-correctness of held-out completions (`correct` component, else score >= 1)."""
         comps = self.group.generate([p.token_ids for p in self.val_prompts], step, params)
-        batch = completions_to_batch(self.val_prompts, comps, params.n)
+        batch = completions_to_batch(self.val_prompts, comps)
         pad = (-len(batch)) % self.group.world_size  # repeat the last rows so every rank gets an equal share
         padded = Batch.concat([batch, batch.select([len(batch) - 1] * pad)]) if pad else batch
         scores, extras = self._gather_rewards(self.group.run_scattered("reward", padded))

@@ -37,7 +37,7 @@ def setup(tiny_path, tokenizer, process_group):
 
 def rollout(engine, prompts, temperature=1.0):
     comps = engine.generate([p.token_ids for p in prompts], SamplingParams(n=4, temperature=temperature, max_new_tokens=6, seed=0))
-    return completions_to_batch(prompts, comps, 4)
+    return completions_to_batch(prompts, comps)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
@@ -73,7 +73,7 @@ def test_update_changes_policy_and_reshard_makes_engine_follow(setup, tiny_path,
     engine.wake_up(["weights"])
     Resharder(ReshardConfig(verify=True), engine, trainer.model.config).sync(trainer.model)
     engine.wake_up(["kv_cache"])
-    new_batch = completions_to_batch(prompts, engine.generate([p.token_ids for p in prompts], greedy), 1)
+    new_batch = completions_to_batch(prompts, engine.generate([p.token_ids for p in prompts], greedy))
     # After the sync the engine's log-probs are the updated trainer's.
     lp = trainer.compute_logprobs(new_batch)["old_logprobs"]
     mask = new_batch["response_mask"].bool()

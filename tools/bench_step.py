@@ -52,7 +52,7 @@ def grpo_step(step: int, trainer, engine, resharder, prompts, args, t: Timer) ->
             n=args.group, temperature=1.0, max_new_tokens=args.new_tokens, seed=step))
     with t("sleep"):
         engine.sleep(2)
-    batch = completions_to_batch(prompts, comps, args.group)
+    batch = completions_to_batch(prompts, comps)
     with t("onload_params"):
         trainer.onload_params()
     with t("logprob"):

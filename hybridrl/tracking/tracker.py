@@ -92,12 +92,6 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.log(row, step=step)
 
-    def log_validation(self, step: int, metrics: dict[str, Any]) -> None:
-        """Validation metrics ride on the step's row (already written), so they get a line of their own."""
-        log.info("val step %d: %s", step, " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
-
     def plot(self) -> Path | None:
         """plots.png from metrics.jsonl (when enabled and there is something to draw)."""
         if not self.cfg.plot or not self.metrics_path.exists():

@@ -44,7 +44,7 @@ class HybridWorker:
         init_process_group(rank, world_size, self.device, cfg.cluster.collective_timeout_s)
         torch.manual_seed(cfg.trainer.seed)
         self.tp_size = cfg.engine.tp_size
-        self.tp_rank, self.engine_dp_rank = rank % self.tp_size, rank // self.tp_size
+        self.tp_rank = rank % self.tp_size
         self.model_path = resolve_model_path(cfg.model)
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
         steps_per_iter = cfg.trainer.ppo_epochs * self._minibatches_per_step()
