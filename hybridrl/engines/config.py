@@ -84,6 +84,8 @@ class EngineConfig:
     or auto (fused when the architecture is supported, else hf)."""
     cuda_graphs: bool = True
     """Native fused engine: run decode steps as CUDA graphs (one per batch/length bucket) on GPU."""
+    sampler_kernel: bool = True
+    """Native engine on GPU: sample plain-temperature, seeded rows with the fused Triton kernel."""
     max_model_len: int = 0
     """Native fused engine: prompt + completion tokens each KV-cache slot holds, allocated at wake-up;
     0 sizes the cache at the first generate (longest prompt + max_new_tokens) and grows it when needed."""

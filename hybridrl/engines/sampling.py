@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.engines import sampling_triton
 
 _M1 = 0xBF58476D1CE4E5B9 - 2**64  # splitmix64 constants as signed int64
 _M2 = 0x94D049BB133111EB - 2**64
@@ -34,16 +35,21 @@ def stream_key(seed: int, prompt_index: int, sample_index: int) -> int:
     return x - 2**64 if x >= 2**63 else x
 
 
+def step_key(step: int) -> int:
+    """The signed int64 that a decode step's index contributes to every row's noise."""
+    k = _mix_int((step + 1) * (_GOLDEN & _MASK64))
+    return k - 2**64 if k >= 2**63 else k
+
+
 def counter_exponential(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
     """Exp(1) noise [len(keys), vocab] that is a pure function of (key, step, token id).
 
     Counter-based, like Philox: a row's noise never depends on which other rows share the batch,
     so sampling is reproducible across worker counts, chunking and finished-row removal.
+    `sampling_triton` computes the same bits inside its kernel.
     """
     cols = torch.arange(vocab, device=keys.device, dtype=torch.int64)
-    step_key = _mix_int((step + 1) * (_GOLDEN & _MASK64))
-    step_key = step_key - 2**64 if step_key >= 2**63 else step_key
-    x = _mix(keys[:, None] ^ step_key) + cols[None, :] * _GOLDEN
+    x = _mix(keys[:, None] ^ step_key(step)) + cols[None, :] * _GOLDEN
     bits = (_mix(x) >> 40) & ((1 << 24) - 1)  # 24 random bits -> uniform in (0, 1)
     u = (bits.to(torch.float32) + 0.5) / float(1 << 24)
     return -torch.log(u)
@@ -57,19 +63,23 @@ def sample_tokens(
     generator: torch.Generator | None = None,
     keys: torch.Tensor | None = None,
     step: int = 0,
+    kernel: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` [B, V]; returns (tokens [B], logprobs [B]).
 
     The log-prob is log_softmax(logits / temperature) at the sampled token, taken before
     top-k/top-p filtering, so it equals what the trainer computes for the same token.
     temperature == 0 is greedy, with the log-prob at temperature 1. With `keys` (one int64 stream
-    key per row) the noise comes from `counter_exponential(keys, step, V)`, else from `generator`.
+    key per row) the noise comes from `counter_exponential(keys, step, V)`, else from `generator`;
+    `kernel` lets such rows go to the fused GPU kernel (`sampling_triton`) when top-k/top-p are off.
     """
-    logits = logits.float()
     if temperature == 0:
+        logits = logits.float()
         tokens = logits.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits / temperature
+    if kernel and keys is not None and top_k <= 0 and top_p >= 1.0 and sampling_triton.available(logits):
+        return sampling_triton.sample_counter(logits, temperature, keys, step_key(step))
+    scaled = logits.float() / temperature
     logprobs = torch.log_softmax(scaled, dim=-1)
     filtered = scaled
     if top_k > 0 and top_k < scaled.shape[-1]:
@@ -82,11 +92,11 @@ def sample_tokens(
         # Drop a token when the mass before it already reaches top_p (the top token always stays).
         drop = (probs.cumsum(-1) - probs) >= top_p
         filtered = filtered.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(filtered, dim=-1)
-    # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, without a CDF search.
+    # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, without a CDF search; in logs,
+    # argmax(filtered - log E) (the softmax's normalizer is the same for every column of a row).
     if keys is not None:
-        noise = counter_exponential(keys, step, probs.shape[-1])
+        noise = counter_exponential(keys, step, filtered.shape[-1])
     else:
-        noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    tokens = (probs / noise).argmax(dim=-1)
+        noise = torch.empty_like(filtered).exponential_(1.0, generator=generator)
+    tokens = (filtered - noise.log()).argmax(dim=-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
