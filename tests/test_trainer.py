@@ -160,3 +160,61 @@ def test_offload_and_onload_keep_the_trainer_intact(setup, tiny_path, tokenizer)
     optim.offload()
     assert all(optim._host[k] is b for k, b in buffers.items())
     optim.onload()
+
+
+def test_offload_in_flight_is_completed_or_cancelled():
+    """offload(wait=False) keeps the device storage until `finish`/`complete`; an onload before that cancels it."""
+    from hybridrl.training.offload import HostOffloader
+
+    tensors = [torch.arange(6, dtype=torch.float32), torch.ones(3, 2)]
+    off = HostOffloader(lambda: tensors, torch.device("cpu"), enabled=True)
+    assert off.offload(wait=False) == 6 * 4 + 6 * 4
+    assert all(t.untyped_storage().nbytes() > 0 for t in tensors)  # still whole while the copy runs
+    assert off.onload() == 0  # cancelled: nothing was freed, nothing comes back
+    tensors[0].add_(1)  # a change after the cancel must survive the next round trip
+    assert off.offload(wait=False) == 48
+    assert off.complete() == 48
+    assert all(t.untyped_storage().nbytes() == 0 for t in tensors)
+    assert off.complete() == 0  # nothing left to do
+    assert off.onload() == 48
+    assert torch.equal(tensors[0], torch.arange(1, 7, dtype=torch.float32))
+    assert torch.equal(tensors[1], torch.ones(3, 2))
+
+
+def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenizer):
+    """Two iterations of the worker's order (offload → onload_params → logprobs → onload_optimizer → update),
+    with every offloader on (the reference leaves early, in flight behind the update), equal a trainer
+    that never offloads."""
+    engine, prompts = setup
+    batch = rollout(engine, prompts)
+    runs = []
+    for offload in (True, False):
+        torch.manual_seed(0)
+        trainer = make_trainer(tiny_path, tokenizer, grad_clip=0.0)
+        for off in (trainer.param_offload, trainer.ref_offload, trainer.optim_offload):
+            off.enabled = offload
+        logs = []
+        for _ in range(2):
+            trainer.offload()
+            trainer.onload_params()
+            b = batch.select(range(len(batch)))
+            for k, v in trainer.compute_logprobs(b).items():
+                b[k] = v
+            logs.append(b["ref_logprobs"])
+            logs.append(b["old_logprobs"])
+            if offload:
+                assert trainer.ref_offload._freeing  # on its way out behind the update
+            b["advantages"] = torch.linspace(-1, 1, len(b))
+            trainer.onload_optimizer()
+            trainer.update(b)
+        trainer.offload()
+        if offload:
+            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.ref.parameters())
+            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.model.parameters())
+        trainer.onload_params()
+        trainer.onload_optimizer()
+        params = {n: p.full_tensor().clone() for n, p in trainer.model.named_parameters()}
+        runs.append((logs, params))
+    (logs_a, params_a), (logs_b, params_b) = runs
+    assert all(torch.equal(a, b) for a, b in zip(logs_a, logs_b))
+    assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)

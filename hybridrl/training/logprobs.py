@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.training import logprob_kernel
+from hybridrl.training.chunked_logprobs import logprob_head
+from hybridrl.training.logprob_kernel import fused_token_logprobs
+
 
 def pack_sequences(prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int):
     """Right-padded prompt+response token ids [B, L], attention mask, and each row's prompt length.
@@ -24,13 +28,16 @@ def pack_sequences(prompts: list[list[int]], responses: torch.Tensor, response_m
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, kernel: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / T)[target] and the entropy, per position, in float32.
 
     Written as logit[target] - logsumexp(logits) so no [.., V] log-softmax tensor is kept besides
-    the logits themselves.
+    the logits themselves. With `kernel`, GPU logits go through the fused Triton pass (`logprob_kernel`).
     """
+    if kernel and logprob_kernel.available(logits):
+        lp, ent = fused_token_logprobs(logits, targets, temperature)
+        return lp, (ent if with_entropy else None)
     scaled = logits.float()
     if temperature not in (0.0, 1.0):
         scaled = scaled / temperature
@@ -51,12 +58,15 @@ def response_logprobs(
     temperature: float,
     pad_id: int,
     with_entropy: bool = False,
+    chunk_size: int = 0,
+    kernel: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / temperature) at each response token, response-aligned [B, R].
 
     The same definition every engine uses for the sampled token, so ratios compare like with like.
     Logits are computed only from the shortest prompt's end onwards (`logits_to_keep`): the prompt
-    part of the sequence never needs the vocabulary projection.
+    part of the sequence never needs the vocabulary projection. With `chunk_size` > 0 the log-probs come
+    from `chunked_logprobs` (no [tokens, vocab] float32 logits kept for the backward).
     """
     device = responses.device
     ids, attn, plens = pack_sequences(prompts, responses, response_mask, pad_id)
@@ -65,10 +75,15 @@ def response_logprobs(
     L = ids.shape[1]
     start = min(plens) - 1  # first position whose logits predict a response token
     keep = L - start
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits  # [B, keep, V]
     # Targets of kept position k are the tokens at start + k + 1 (the last position has none).
     targets = torch.cat([ids[:, start + 1 :], ids.new_full((B, 1), pad_id)], dim=1)
-    lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
+    if chunk_size > 0:
+        with logprob_head(model, targets, temperature, chunk_size, with_entropy):
+            out = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits
+        lp, ent = out[..., 0], (out[..., 1] if with_entropy else None)
+    else:
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits  # [B, keep, V]
+        lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy, kernel)
     # Response token j of row i is predicted at position plen_i - 1 + j, i.e. kept index plen_i - 1 + j - start.
     idx = torch.tensor(plens, device=device)[:, None] - 1 - start + torch.arange(R, device=device)[None, :]
     idx = idx.clamp(max=keep - 1)

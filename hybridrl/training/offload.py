@@ -40,7 +40,8 @@ class HostOffloader:
         self.enabled = device.type == "cuda" if enabled is None else enabled
         self._host: dict[int, torch.Tensor] = {}  # pinned buffers, kept across offloads
         self._offloaded: list[tuple[int, torch.Tensor]] = []
-        self._pending = False
+        self._pending = False  # an onload's copies may still be running
+        self._freeing = False  # an offload's copies may still be running; the storage is not freed yet
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _side_stream(self):
@@ -68,8 +69,10 @@ class HostOffloader:
         return out
 
     @torch.no_grad()
-    def offload(self) -> int:
-        """Copy to host and free device memory; returns the bytes moved."""
+    def offload(self, wait: bool = True) -> int:
+        """Copy to host and free device memory; returns the bytes moved. With wait=False the copies run on
+        the side stream while the caller goes on, and the device memory is freed by `finish()` (or by the
+        next offload/onload), once the bytes are on the host."""
         if not self.enabled or self._offloaded:
             return 0
         tensors = self._unique()
@@ -84,18 +87,40 @@ class HostOffloader:
                     self._host[key] = host
                 host.copy_(_bytes_view(t), non_blocking=pin)
                 moved += nbytes
+        self._offloaded = tensors
+        self._freeing = True
+        if wait:
+            self.finish()
+        return moved
+
+    def finish(self) -> int:
+        """Complete an offload started with wait=False: wait for its copies, then free the device storage.
+        Returns the bytes that offload moved (0 when none was in flight)."""
+        if not self._freeing:
+            return 0
         if self._stream is not None:
             self._stream.synchronize()  # the bytes must be on the host before the storage goes
-        for _, t in tensors:
+        moved = 0
+        for _, t in self._offloaded:
+            moved += t.untyped_storage().nbytes()
             t.untyped_storage().resize_(0)
-        self._offloaded = tensors
+        self._freeing = False
         return moved
+
+    def complete(self) -> int:
+        """Offload now, or complete the offload already in flight; returns the bytes moved."""
+        return self.offload() or self.finish()
 
     @torch.no_grad()
     def onload(self, wait: bool = True) -> int:
         """Bring everything back to the device; returns the bytes moved. With wait=False the copies
         run on the side stream while the caller goes on; `wait()` joins them before first use."""
         if not self._offloaded:
+            return 0
+        if self._freeing:  # an offload not yet finished: the tensors are still whole on the device
+            if self._stream is not None:
+                self._stream.synchronize()
+            self._offloaded, self._freeing = [], False
             return 0
         moved = 0
         with self._side_stream():
