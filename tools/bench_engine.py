@@ -86,6 +86,52 @@ def parity(model, prompts: list[list[int]], outs, rows: int) -> dict:
     return {"rows": len(diffs), "tokens": d.numel(), "mean_abs": d.mean().item(), "max_abs": d.max().item()}
 
 
+def cuda_ms(fn, device: torch.device, reps: int = 50) -> float:
+    """Mean milliseconds per call of `fn` (CUDA events; after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / reps
+
+
+def step_breakdown(engine, batch: int, attend: int, device: torch.device) -> dict:
+    """What one decode step costs, part by part, at `batch` rows attending `attend` positions: the (graphed)
+    forward, and the sampler as a fused kernel and on the torch path; plus kernel-vs-torch agreement."""
+    from hybridrl.engines.sampling import sample_tokens
+
+    run = engine.runner
+    length = run.length_for(attend)
+    logits = run.step(batch, length)[:, : engine.vocab].clone()
+    keys = torch.arange(batch, device=device, dtype=torch.int64) * 7919 + 11
+    out = {"batch": batch, "attended": length,
+           "forward_ms": cuda_ms(lambda: run.step(batch, length), device),
+           "sampler_kernel_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3), device),
+           "sampler_torch_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False), device)}
+    same, lp_diff, rows = 0, 0.0, 0
+    for step in range(20):
+        tk, lk = sample_tokens(logits, 1.0, keys=keys, step=step)
+        tt, lt = sample_tokens(logits, 1.0, keys=keys, step=step, kernel=False)
+        same += int((tk == tt).sum())
+        rows += batch
+        lp_diff = max(lp_diff, float((lk - lt).abs().max()))
+    out["kernel_vs_torch"] = {"draws": rows, "same_token": same / rows, "max_abs_logprob_diff": lp_diff}
+    return out
+
+
+def profile_table(fn, device: torch.device, rows: int = 30) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
@@ -98,6 +144,9 @@ def main() -> None:
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
     ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--torch-sampler", action="store_true",
+                    help="also time generation with the sampler on the torch path (no fused kernel), side by side")
+    ap.add_argument("--profile", help="GPU: write profiler tables (one warm generate; step parts) to this file")
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -132,6 +181,14 @@ def main() -> None:
         result["error"] = f"engine produced {produced} tokens, expected {total}"
     if device.type == "cuda":
         result["engine"]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        result["step_parts"] = step_breakdown(engine, args.batch, args.prompt_len + args.new_tokens, device)
+        if args.profile:
+            Path(args.profile).write_text(profile_table(lambda: engine.generate(prompts, params), device))
+    if args.torch_sampler:
+        engine.cfg.sampler_kernel = False
+        t_torch, _ = timed(lambda: engine.generate(prompts, params), device)
+        engine.cfg.sampler_kernel = True
+        result["engine_torch_sampler"] = {"seconds_warm": t_torch, "tokens_per_s": total / t_torch}
     engine.sleep(2)
     if not args.skip_hf:
         result["hf_generate"] = bench_hf(model, prompts_t.to(device), args.new_tokens, device)

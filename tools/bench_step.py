@@ -26,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bench_common import Timer, gpu_peak_flops, init_single_process, make_model_dir, random_prompts  # noqa: E402
+from bench_trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
 from hybridrl.algorithms import AlgorithmConfig, grpo_advantages  # noqa: E402
-from hybridrl.batch import Batch  # noqa: E402
 from hybridrl.controller import completions_to_batch  # noqa: E402
 from hybridrl.data.prompts import Prompt  # noqa: E402
 from hybridrl.engines import build_engine  # noqa: E402
 from hybridrl.engines.base import SamplingParams  # noqa: E402
 from hybridrl.engines.config import EngineConfig  # noqa: E402
 from hybridrl.models.config import ModelConfig  # noqa: E402
-from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from hybridrl.models.loading import load_tokenizer  # noqa: E402
 from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
 from hybridrl.training.config import TrainerConfig  # noqa: E402
 from hybridrl.training.trainer import Trainer  # noqa: E402
@@ -67,53 +67,6 @@ def grpo_step(step: int, trainer, engine, resharder, prompts, args, t: Timer) ->
         engine.wake_up(["weights"])
         stats = resharder.sync(trainer.model)
     return {"response_tokens": int(batch["response_mask"].sum()), "reshard_bytes": stats.bytes_moved}
-
-
-def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
-    """`batch` rows of `seq` tokens: `prompt` of prompt, the rest response, all trained on."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(300, vocab, (batch, seq), generator=g)
-    b = Batch([r[:prompt].tolist() for r in ids], {
-        "responses": ids[:, prompt:].clone(),
-        "response_mask": torch.ones(batch, seq - prompt),
-        "engine_logprobs": torch.full((batch, seq - prompt), -11.0),
-    })
-    b["old_logprobs"] = torch.full((batch, seq - prompt), -11.0)
-    b["ref_logprobs"] = torch.full((batch, seq - prompt), -11.0)
-    b["advantages"] = torch.linspace(-1, 1, batch)
-    return b
-
-
-def plain_fsdp_tok_s(path: str, device, batch: int, seq: int, vocab: int, iters: int) -> float:
-    """The baseline: HF model, fully_shard + bf16 mixed precision, HF's own loss, AdamW."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    model = load_causal_lm(path, ModelConfig(name="hf", path=path), torch.float32, device)
-    mesh = init_device_mesh(device.type, (1,))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else None
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp) if mp else fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh, mp_policy=mp) if mp else fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    ids = torch.randint(300, vocab, (batch, seq), device=device)
-    times = []
-    for i in range(iters + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - t0)
-    del model, opt
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return batch * seq / statistics.median(times)
 
 
 def main() -> None:
@@ -202,7 +155,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
-        Path(out, f"bench_step_{args.shape}_offload-{tcfg.offload.replace(',', '+')}.json").write_text(json.dumps(result, indent=2))
+        Path(out, f"bench_step_{args.shape}_p{args.prompts}_n{args.new_tokens}_offload-{tcfg.offload.replace(',', '-')}.json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
 

@@ -1,0 +1,221 @@
+"""Trainer throughput: our FSDP2 update (in several configurations) against a plain FSDP2 step, one process; JSON.
+
+    python tools/bench_trainer.py --shape 1.5b --variants default,eager,eager+unfused_logprobs,eager+foreach,chunk
+    python tools/bench_trainer.py --shape tiny --device cpu --batch 2 --seq 64 --variants default,chunk
+
+Every variant trains on the same batch × seq tokens (prompt-len of prompt, the rest response, all trained on)
+and is timed over --iters updates after --warmup ones (median). The plain baseline — HF model, fully_shard per
+layer + root, bf16 mixed precision, HF's own loss, AdamW — runs first and again last, so drift shows; the ratio
+is against the median of its runs. --profile DIR also writes torch.profiler tables (top kernels by device time)
+of one update of the baseline and of each variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from bench_common import gpu_peak_flops, init_single_process, make_model_dir  # noqa: E402
+from hybridrl.algorithms import AlgorithmConfig  # noqa: E402
+from hybridrl.batch import Batch  # noqa: E402
+from hybridrl.models.config import ModelConfig  # noqa: E402
+from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from hybridrl.training.config import TrainerConfig  # noqa: E402
+from hybridrl.training.trainer import Trainer  # noqa: E402
+
+# Named trainer configurations (TrainerConfig overrides); "a+b" combines them.
+VARIANTS = {
+    "default": {},
+    "foreach": {"fused_optimizer": False},
+    "unfused_logprobs": {"fused_logprobs": False},
+    "chunk": {"logprob_chunk_size": 2048},
+    "eager": {"compile": False},
+}
+
+
+def variant_overrides(name: str) -> dict:
+    out: dict = {}
+    for part in name.split("+"):
+        if part not in VARIANTS:
+            raise SystemExit(f"unknown variant {part!r}; known: {sorted(VARIANTS)}")
+        out.update(VARIANTS[part])
+    return out
+
+
+def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
+    """`batch` rows of `seq` tokens: `prompt` of prompt, the rest response, all trained on."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(300, vocab, (batch, seq), generator=g)
+    b = Batch([r[:prompt].tolist() for r in ids], {
+        "responses": ids[:, prompt:].clone(),
+        "response_mask": torch.ones(batch, seq - prompt),
+        "engine_logprobs": torch.full((batch, seq - prompt), -11.0),
+    })
+    b["old_logprobs"] = torch.full((batch, seq - prompt), -11.0)
+    b["ref_logprobs"] = torch.full((batch, seq - prompt), -11.0)
+    b["advantages"] = torch.linspace(-1, 1, batch)
+    return b
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_runs(step, device: torch.device, warmup: int, iters: int) -> list[float]:
+    times = []
+    for i in range(warmup + iters):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def _profile_table(step, device: torch.device, rows: int = 30) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step()
+        _sync(device)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def plain_fsdp_step(path: str, device: torch.device, batch: int, seq: int, vocab: int):
+    """The baseline's step function (HF model, fully_shard + bf16 mixed precision, HF loss, AdamW) and its parts."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = load_causal_lm(path, ModelConfig(name="hf", path=path), torch.float32, device)
+    mesh = init_device_mesh(device.type, (1,))
+    kw = {"mesh": mesh}
+    if device.type == "cuda":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    ids = torch.randint(300, vocab, (batch, seq), device=device)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step, (model, opt)
+
+
+def plain_fsdp_tok_s(path: str, device: torch.device, batch: int, seq: int, vocab: int, iters: int) -> float:
+    """Tokens/s of the plain FSDP2 baseline (median of `iters` steps after one warm-up)."""
+    step, keep = plain_fsdp_step(path, device, batch, seq, vocab)
+    times = _timed_runs(step, device, 1, iters)
+    del step, keep
+    _free(device)
+    return batch * seq / statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="1.5b")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per update (one micro-batch)")
+    ap.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--variants", default="default,eager,eager+unfused_logprobs,eager+foreach,chunk")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--profile", default=None, help="folder for profiler tables")
+    args = ap.parse_args()
+
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    init_single_process(device)
+    path = make_model_dir(args.shape, device, args.model_dir)
+    tok = load_tokenizer(path)
+    tokens = args.batch * args.seq
+    profiles: dict[str, str] = {}
+
+    def run_plain(tag: str) -> float:
+        step, keep = plain_fsdp_step(path, device, args.batch, args.seq, vocab)
+        times = _timed_runs(step, device, 1, args.iters)
+        if args.profile and tag == "first":
+            profiles["plain"] = _profile_table(step, device)
+        del step, keep
+        _free(device)
+        return tokens / statistics.median(times)
+
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    plain = [run_plain("first")]
+    results = {}
+    n_params = None
+    for name in args.variants.split(","):
+        cfg = TrainerConfig(lr=1e-6, micro_batch_size=args.batch, **variant_overrides(name))
+        t_build = time.perf_counter()
+        trainer = Trainer(path, ModelConfig(name="hf", path=path), cfg, AlgorithmConfig(), device,
+                          tok.pad_token_id, 1.0, total_optimizer_steps=1000)
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        batch = throughput_batch(args.batch, args.seq, args.prompt_len, vocab)
+        t_first = time.perf_counter()
+        times = _timed_runs(lambda: trainer.update(batch), device, args.warmup, args.iters)
+        warm_s = time.perf_counter() - t_first - sum(times)
+        results[name] = {"overrides": variant_overrides(name), "tok_s": tokens / statistics.median(times),
+                         "step_s_median": statistics.median(times), "steps_s": times,
+                         "build_s": t_first - t_build, "warmup_s": warm_s}
+        if device.type == "cuda":
+            results[name]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+            torch.cuda.reset_peak_memory_stats(device)
+        print(f"variant {name}: {results[name]['tok_s']:.0f} tok/s (plain first run {plain[0]:.0f}), "
+              f"warm-up {warm_s:.1f} s", flush=True)
+        if args.profile:
+            profiles[name] = _profile_table(lambda: trainer.update(batch), device)
+        del trainer
+        _free(device)
+    plain.append(run_plain("last"))
+    base = statistics.median(plain)
+    peak = gpu_peak_flops()
+    for r in results.values():
+        r["ratio_vs_plain"] = r["tok_s"] / base
+        if device.type == "cuda":
+            r["mfu"] = 6 * n_params * r["tok_s"] / peak
+    out = {
+        "shape": args.shape, "device": str(device), "params": n_params, "batch": args.batch, "seq": args.seq,
+        "plain_fsdp2_tok_s": plain, "plain_median_tok_s": base, "variants": results,
+        "torch": torch.__version__,
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"bench_trainer_{args.shape}.json").write_text(text)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        Path(args.profile, f"profile_trainer_{args.shape}.txt").write_text(
+            "\n\n".join(f"===== {k} =====\n{v}" for k, v in profiles.items()))
+    sys.stdout.flush()
+    os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
+
+
+if __name__ == "__main__":
+    main()
