@@ -81,7 +81,11 @@ def compile_layers(model: torch.nn.Module) -> None:
 
     Only the layer's own computation is compiled: FSDP2's gather/free hooks run around it in eager mode.
     All layers share one code object, so they share the compiled graphs (parameters are graph inputs).
+    If compiling fails on this machine (no compiler, an unsupported op), PyTorch warns and runs eagerly.
     """
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True
     for layer in decoder_layers(model):
         layer.forward = torch.compile(layer.forward, dynamic=None)
 
@@ -170,7 +174,7 @@ class Trainer:
             moved = offloader.onload(wait=False)
             if moved:
                 stats[f"trainer/onload_{name}_gb"] = moved / 1e9
-        stats["trainer/onload_async_issue_s"] = time.perf_counter() - t0
+                stats["trainer/onload_async_issue_s"] = time.perf_counter() - t0
         return stats
 
     def onload_optimizer(self) -> dict[str, float]:
