@@ -126,10 +126,14 @@ def plain_fsdp_step(path: str, device: torch.device, batch: int, seq: int, vocab
     return step, (model, opt)
 
 
-def plain_fsdp_tok_s(path: str, device: torch.device, batch: int, seq: int, vocab: int, iters: int) -> float:
-    """Tokens/s of the plain FSDP2 baseline (median of `iters` steps after one warm-up)."""
+def plain_fsdp_tok_s(path: str, device: torch.device, batch: int, seq: int, vocab: int, iters: int,
+                     profiles: dict[str, str] | None = None) -> float:
+    """Tokens/s of the plain FSDP2 baseline (median of `iters` steps after one warm-up); with `profiles`,
+    also its profiler table under "plain"."""
     step, keep = plain_fsdp_step(path, device, batch, seq, vocab)
     times = _timed_runs(step, device, 1, iters)
+    if profiles is not None:
+        profiles["plain"] = _profile_table(step, device)
     del step, keep
     _free(device)
     return batch * seq / statistics.median(times)
@@ -155,20 +159,11 @@ def main() -> None:
     tok = load_tokenizer(path)
     tokens = args.batch * args.seq
     profiles: dict[str, str] = {}
-
-    def run_plain(tag: str) -> float:
-        step, keep = plain_fsdp_step(path, device, args.batch, args.seq, vocab)
-        times = _timed_runs(step, device, 1, args.iters)
-        if args.profile and tag == "first":
-            profiles["plain"] = _profile_table(step, device)
-        del step, keep
-        _free(device)
-        return tokens / statistics.median(times)
-
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(path).vocab_size
-    plain = [run_plain("first")]
+    plain = [plain_fsdp_tok_s(path, device, args.batch, args.seq, vocab, args.iters,
+                              profiles if args.profile else None)]
     results = {}
     n_params = None
     for name in args.variants.split(","):
@@ -193,7 +188,7 @@ def main() -> None:
             profiles[name] = _profile_table(lambda: trainer.update(batch), device)
         del trainer
         _free(device)
-    plain.append(run_plain("last"))
+    plain.append(plain_fsdp_tok_s(path, device, args.batch, args.seq, vocab, args.iters))
     base = statistics.median(plain)
     peak = gpu_peak_flops()
     for r in results.values():

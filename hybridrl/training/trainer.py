@@ -207,29 +207,31 @@ class Trainer:
         policy's per-token entropy (the `actor/entropy` metric)."""
         out: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.model.eval()
-        chunks = batch.chunks(self.cfg.micro_batch_size)
+        # Device copies of each micro-batch's tokens, shared by the policy and reference passes.
+        micro = [(mb, mb["responses"].to(self.device), mb["response_mask"].to(self.device))
+                 for mb in batch.chunks(self.cfg.micro_batch_size)]
         # All policy passes first: the reference's onload runs behind them.
-        for mb in chunks:
-            resp, mask = mb["responses"].to(self.device), mb["response_mask"].to(self.device)
-            lp, ent = response_logprobs(
-                self.model, mb.prompts, resp, mask, self.temperature, self.pad_token_id, with_entropy=True,
-                chunk_size=self.cfg.logprob_chunk_size, kernel=self.cfg.fused_logprobs,
-            )
+        for mb, resp, mask in micro:
+            lp, ent = self._logprobs(self.model, mb, resp, mask, with_entropy=True)
             out["old_logprobs"].append(lp.cpu())
             out["entropy"].append(ent.cpu())
         if self.ref is not None:
             self.ref_offload.onload()  # a no-op after onload_params, except to cancel an unfinished offload
             self.ref_offload.wait()
-            for mb in chunks:
-                resp, mask = mb["responses"].to(self.device), mb["response_mask"].to(self.device)
-                rlp, _ = response_logprobs(self.ref, mb.prompts, resp, mask, self.temperature, self.pad_token_id,
-                                           chunk_size=self.cfg.logprob_chunk_size, kernel=self.cfg.fused_logprobs)
-                out["ref_logprobs"].append(rlp.cpu())
+            for mb, resp, mask in micro:
+                out["ref_logprobs"].append(self._logprobs(self.ref, mb, resp, mask)[0].cpu())
             if self.ref_offload.enabled:
                 # Out again at once, behind the update; `offload` frees its memory once the copy is done.
                 reshard_units(self.ref)
                 self.ref_offload.offload(wait=False)
         return {k: torch.cat(v) for k, v in out.items()}
+
+    def _logprobs(self, model: torch.nn.Module, mb: Batch, resp: torch.Tensor, mask: torch.Tensor,
+                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`response_logprobs` of one micro-batch with this trainer's temperature, padding and kernels."""
+        return response_logprobs(model, mb.prompts, resp, mask, self.temperature, self.pad_token_id,
+                                 with_entropy=with_entropy, chunk_size=self.cfg.logprob_chunk_size,
+                                 kernel=self.cfg.fused_logprobs)
 
     # -- update ---------------------------------------------------------------------------
     def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
@@ -274,10 +276,7 @@ class Trainer:
         # The entropy needs a full softmax over the vocabulary: in the graph only when it is in the loss;
         # as a metric it comes from the no-grad log-prob pass (`compute_logprobs`).
         with_entropy = algo.entropy_coef > 0
-        logp, entropy = response_logprobs(
-            self.model, mb.prompts, resp, mask, self.temperature, self.pad_token_id, with_entropy=with_entropy,
-            chunk_size=self.cfg.logprob_chunk_size, kernel=self.cfg.fused_logprobs,
-        )
+        logp, entropy = self._logprobs(self.model, mb, resp, mask, with_entropy=with_entropy)
         old = mb["old_logprobs"].to(self.device)
         adv = broadcast_to_tokens(mb["advantages"].to(self.device), mask)
         is_w = None

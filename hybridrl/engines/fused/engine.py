@@ -75,12 +75,10 @@ class FusedEngine(NativeEngine):
         self.runner.bind(self.cache)
 
     def _free_cache(self) -> None:
+        # Blocks go back to the caching allocator; `sleep` hands them to the device. Emptying the cache here
+        # too made every wake-up give the trainer's just-offloaded memory to the driver and take it back.
         self.runner.release()  # graphs first: they hold the cache's addresses
-        had_cache, self.cache = self.cache is not None, None
-        # Return the blocks to the device (sleep's promise). Not when there was none: at wake-up that would
-        # hand the trainer's just-offloaded, cached memory to the driver only to take it back (~0.05 s at 1.5B).
-        if had_cache and self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.cache = None
 
     def _ensure_cache(self, rows: int, length: int) -> KVCache:
         fixed = self.cfg.max_model_len
@@ -91,6 +89,9 @@ class FusedEngine(NativeEngine):
             old = self._cache_dims or (0, 0)
             slots = max(rows, self.max_batch_size, old[0])
             max_len = fixed or -(-max(length, old[1]) // LENGTH_BUCKET) * LENGTH_BUCKET
+            if self.cache is not None and self.device.type == "cuda":
+                self._free_cache()
+                torch.cuda.empty_cache()  # the old cache's blocks are too small for the new one: release them
             self._allocate(slots, max_len)
         return self.cache
 
@@ -196,3 +197,5 @@ class FusedEngine(NativeEngine):
         self._params.clear()
         self._parking.clear()
         del self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
