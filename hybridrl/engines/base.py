@@ -46,6 +46,23 @@ class SamplingParams:
 
 
 @dataclass
+class GenerationRequest:
+    """One sample to generate: the request-level form of `generate` (continuous batching, agent turns).
+
+    `generate(prompts, params)` is `generate_requests` over `GenerationRequest(prompts[i], params.prompt_offset + i, j)`
+    for every prompt i and sample j < params.n: the random stream of a request is keyed by
+    (params.seed, prompt_index, sample_index) alone, so the same request draws the same tokens however it is batched.
+    """
+
+    prompt_ids: list[int]
+    """The whole context to continue (prompt, and for later agent turns every token since)."""
+    prompt_index: int
+    """Global index of the prompt this sample belongs to (a key of its random stream)."""
+    sample_index: int = 0
+    """Which of the prompt's samples this is (the other key of its random stream)."""
+
+
+@dataclass
 class Completion:
     """One generated sample."""
 
