@@ -21,7 +21,8 @@ from hybridrl.models.config import ModelConfig
 from hybridrl.reshard.config import ReshardConfig
 from hybridrl.rewards.config import RewardConfig
 from hybridrl.tracking.config import LoggerConfig
-from hybridrl.training.config import TrainerConfig
+from hybridrl.topology import Topology
+from hybridrl.training.config import ReferenceConfig, TrainerConfig
 from hybridrl.workers.config import ClusterConfig
 
 
@@ -34,7 +35,9 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     """The rollout engine."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    """The FSDP2 trainer and the run's schedule."""
+    """The FSDP2 trainer (the actor) and the run's schedule."""
+    ref: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """The frozen reference policy."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantage estimator and loss."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -49,23 +52,11 @@ class RunConfig:
     """Process layout."""
 
     def __post_init__(self) -> None:
-        world, tp = self.cluster.world_size, self.engine.tp_size
-        if world % tp:
-            raise ConfigError(f"engine.tp_size={tp} must divide the number of workers ({world})")
-        rows = self.data.train_batch_size * self.algorithm.group_size
-        if rows % world:
-            raise ConfigError(
-                f"data.train_batch_size * algorithm.group_size = {rows} samples must divide evenly over {world} workers"
-            )
-        if self.data.train_batch_size % (world // tp):
-            raise ConfigError(
-                f"data.train_batch_size={self.data.train_batch_size} must divide over the {world // tp} engine groups"
-            )
-        if self.trainer.mini_batch_size and (rows % self.trainer.mini_batch_size or self.trainer.mini_batch_size % world):
-            raise ConfigError(
-                f"trainer.mini_batch_size={self.trainer.mini_batch_size} must divide the {rows} samples per step "
-                f"and be a multiple of the {world} workers"
-            )
+        self.topology().check_batch(self.data.train_batch_size, self.algorithm.group_size, self.trainer.mini_batch_size)
+
+    def topology(self, rank: int = 0) -> Topology:
+        """The process layout this config asks for, seen from `rank`."""
+        return Topology(self.cluster.world_size, self.engine.tp_size, rank)
 
 
 def register_configs() -> None:

@@ -1,6 +1,6 @@
 """The single controller: owns the loop, the data, advantages, metrics; drives workers by phase.
 
-One iteration, as issued to the WorkerGroup::
+One iteration, as issued to the WorkerGroup (`hybridrl.phases.Phase`)::
 
     wake → generate → sleep → logprob → reward → advantages (here) → update → reshard
 """
@@ -25,12 +25,11 @@ from hybridrl.data.prompts import Prompt, PromptLoader, load_prompts
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
 from hybridrl.tracking.tracker import Tracker
-from hybridrl.workers.group import WorkerGroup, build_worker_group
+from hybridrl.phases import TIMED_PHASES, Phase
+from hybridrl.workers.backends import build_worker_group
+from hybridrl.workers.group import WorkerGroup
 
 log = logging.getLogger("hybridrl")
-
-PHASES = ("wake", "generate", "sleep", "logprob", "reward", "advantages", "update", "reshard")
-
 
 def completions_to_batch(prompts: list[Prompt], comps: list[Completion]) -> Batch:
     """Response-aligned tensors (responses, mask, engine log-probs) for every completion."""
@@ -74,11 +73,16 @@ class Controller:
         self.times: dict[str, float] = {}
 
     # -- setup ----------------------------------------------------------------------------
-    def setup(self) -> None:
-        """Data first (cheap, and bad files fail before any model loads), then workers, then tracking."""
+    def setup(self, prompts: list[Prompt] | None = None) -> None:
+        """Data first (cheap, and bad files fail before any model loads), then workers, then tracking.
+
+        `prompts` replaces the configured data (benchmarks feed token ids of a chosen length this way)."""
         cfg = self.cfg
-        tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
-        self.train_prompts, self.val_prompts = load_prompts(cfg.data, tokenizer)
+        if prompts is None:
+            tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
+            self.train_prompts, self.val_prompts = load_prompts(cfg.data, tokenizer)
+        else:
+            self.train_prompts, self.val_prompts = prompts, []
         self.loader = PromptLoader(self.train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
         stop = list(cfg.engine.stop_token_ids)
         self.sampling = SamplingParams(
@@ -102,8 +106,8 @@ class Controller:
                 log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.checkpoints.root)
             return
         meta = read_meta(path)
-        self.group.run_all("load_checkpoint", str(path))
-        self.group.run_all("reshard")  # the engine must generate from the restored weights
+        self.group.run_all(Phase.LOAD_CHECKPOINT, str(path))
+        self.group.run_all(Phase.RESHARD)  # the engine must generate from the restored weights
         self.loader.load_state_dict(meta["loader"])
         self.start_step = int(meta["step"])
         self.tracker.resume_at(self.start_step)
@@ -112,15 +116,16 @@ class Controller:
     def save_checkpoint(self, step: int) -> Path:
         """An atomic checkpoint of every rank's trainer state plus the controller's own."""
         tmp = self.checkpoints.staging(step)
-        self.group.run_all("save_checkpoint", str(tmp))
+        self.group.run_all(Phase.SAVE_CHECKPOINT, str(tmp))
         path = self.checkpoints.publish(tmp, step, {"loader": self.loader.state_dict(), "config": self.full_config})
         self.tracker.plot()
         log.info("checkpoint %s", path)
         return path
 
     @contextmanager
-    def phase(self, name: str):
-        t0 = time.perf_counter()
+    def timed(self, phase: Phase | str):
+        """Add the wall time of the block to `time/<phase>`."""
+        name, t0 = str(phase), time.perf_counter()
         yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
@@ -152,26 +157,26 @@ class Controller:
         self.times = {}
         t_step = time.perf_counter()
         prompts = self.loader.next_batch()
-        with self.phase("wake"):
-            wake_stats = mean_over_ranks([s or {} for s in group.run_all("wake")])
-        with self.phase("generate"):
+        with self.timed(Phase.WAKE):
+            wake_stats = mean_over_ranks([s or {} for s in group.run_all(Phase.WAKE)])
+        with self.timed(Phase.GENERATE):
             comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
-        with self.phase("sleep"):
-            group.run_all("sleep")
+        with self.timed(Phase.SLEEP):
+            group.run_all(Phase.SLEEP)
         batch = completions_to_batch(prompts, comps)
-        with self.phase("logprob"):
-            parts = group.run_scattered("logprob", batch)
+        with self.timed(Phase.LOGPROB):
+            parts = group.run_scattered(Phase.LOGPROB, batch)
             for key in parts[0]:
                 batch[key] = torch.cat([p[key] for p in parts])
-        with self.phase("reward"):
-            scores, extras = self._gather_rewards(group.run_scattered("reward", batch))
-        with self.phase("advantages"):
+        with self.timed(Phase.REWARD):
+            scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
+        with self.timed("advantages"):
             metrics = self._advantages(batch, scores, extras)
         metrics.update(wake_stats)
-        with self.phase("update"):
-            metrics.update(mean_over_ranks(group.run_scattered("update", batch)))
-        with self.phase("reshard"):
-            metrics.update(mean_over_ranks(group.run_all("reshard")))
+        with self.timed(Phase.UPDATE):
+            metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE, batch)))
+        with self.timed(Phase.RESHARD):
+            metrics.update(mean_over_ranks(group.run_all(Phase.RESHARD)))
         step_time = time.perf_counter() - t_step
         metrics.update(self._step_metrics(batch, step_time))
         return metrics
@@ -214,14 +219,16 @@ class Controller:
         lengths = batch["response_mask"].sum(-1)
         prompt_tokens = sum(len(p) for p in batch.prompts)
         response_tokens = lengths.sum().item()
-        m: dict[str, Any] = {f"time/{p}": self.times.get(p, 0.0) for p in PHASES}
+        # Every phase of the loop that ran, and the core ones always (0 when they took no time).
+        m: dict[str, Any] = {f"time/{p}": self.times.get(p, 0.0) for p in TIMED_PHASES
+                             if p in self.times or p not in ("values", "update_critic")}
         m["time/step"] = step_time
         m["response/length_mean"] = lengths.mean().item()
         m["response/length_max"] = lengths.max().item()
         m["response/clip_frac"] = sum(r == "length" for r in batch.meta["finish_reason"]) / len(batch)
         m["perf/tokens_per_s"] = (prompt_tokens + response_tokens) / step_time
         m["perf/rollout_tokens_per_s"] = response_tokens / max(self.times.get("generate", 0.0), 1e-9)
-        for rank_mem in self.group.run_all("memory_report")[:1]:
+        for rank_mem in self.group.run_all(Phase.MEMORY_REPORT)[:1]:
             for phase, stats in rank_mem.items():
                 for k, v in stats.items():
                     m[f"memory/{phase}/{k}"] = v
@@ -240,7 +247,7 @@ class Controller:
         """Generation on the held-out prompts through the same engines: greedy `val/*` metrics, and with
         `trainer.eval_samples=k` also k samples per prompt (`val/pass@k`, `val/mean@k`)."""
         cfg = self.cfg
-        self.group.run_all("wake")
+        self.group.run_all(Phase.WAKE)
         greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.engine.max_new_tokens,
                                 stop_token_ids=list(cfg.engine.stop_token_ids))
         scores, correct, batch = self._score_val(greedy, step)
@@ -262,9 +269,9 @@ class Controller:
         """Scores and exact-correctness of held-out completions (`correct` component, else score >= 1)."""
         comps = self.group.generate([p.token_ids for p in self.val_prompts], step, params)
         batch = completions_to_batch(self.val_prompts, comps)
-        pad = (-len(batch)) % self.group.world_size  # repeat the last rows so every rank gets an equal share
+        pad = self.group.topology.padding_rows(len(batch))  # repeat the last rows so every rank gets an equal share
         padded = Batch.concat([batch, batch.select([len(batch) - 1] * pad)]) if pad else batch
-        scores, extras = self._gather_rewards(self.group.run_scattered("reward", padded))
+        scores, extras = self._gather_rewards(self.group.run_scattered(Phase.REWARD, padded))
         scores = scores[: len(batch)]
         exact = extras.get("correct") or extras.get("exact")
         correct = [c >= 1.0 for c in exact[: len(batch)]] if exact else [s >= 1.0 for s in scores]

@@ -100,13 +100,13 @@ def test_export_hf_writes_the_trained_weights(tmp_path, tiny_path, tokenizer, pr
     from omegaconf import OmegaConf
 
     from hybridrl.config import RunConfig
-    from hybridrl.training.config import TrainerConfig
-    from hybridrl.training.trainer import Trainer
+    from hybridrl.models.config import ModelConfig
+    from hybridrl.workers.build import build_components
     from tools.export_hf import main as export_main
     from transformers import AutoModelForCausalLM
 
-    cfg = RunConfig()
-    trainer = Trainer(tiny_path, cfg.model, TrainerConfig(), cfg.algorithm, torch.device("cpu"), tokenizer.pad_token_id, 1.0, 10)
+    cfg = RunConfig(model=ModelConfig(name="hf", path=tiny_path))
+    trainer = build_components(cfg, cfg.topology(), torch.device("cpu")).actor
     with torch.no_grad():
         for p in trainer.model.parameters():
             p.add_(0.5)  # stands in for training: the export must carry these weights, not the base ones

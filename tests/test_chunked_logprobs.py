@@ -57,20 +57,20 @@ def test_trainer_with_chunks_equals_trainer_without(tiny_path, tokenizer, proces
     for chunk in (0, 7):
         torch.manual_seed(0)
         trainer = make_trainer(tiny_path, tokenizer, temperature=0.8, logprob_chunk_size=chunk)
-        out = trainer.compute_logprobs(batch)
+        out = trainer.logprob(batch)
         b = batch.select(range(len(batch)))
         for k, v in out.items():
             b[k] = v
         b["advantages"] = torch.linspace(-1, 1, len(b))
         grads = {}
-        real_step = trainer.optimizer.step
+        real_step = trainer.roles.actor.optimizer.step
 
         def spy(*a, _real=real_step, _trainer=trainer, _grads=grads, **kw):
-            _grads.update({n: p.grad.full_tensor().clone() for n, p in _trainer.model.named_parameters()})
+            _grads.update({n: p.grad.full_tensor().clone() for n, p in _trainer.roles.actor.model.named_parameters()})
             return _real(*a, **kw)
 
-        trainer.optimizer.step = spy
-        metrics = trainer.update(b)
+        trainer.roles.actor.optimizer.step = spy
+        metrics = trainer.roles.actor.update(b)
         results.append((out, metrics, grads))
     (o0, m0, p0), (o1, m1, p1) = results
     for k in o0:

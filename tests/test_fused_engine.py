@@ -22,6 +22,7 @@ from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.reshard import ReshardConfig, Resharder
+from hybridrl.topology import Topology
 from tests.tiny_models import KINDS, PROMPTS, reference_last_logits, reference_logprobs, tiny_model
 
 DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
@@ -197,15 +198,16 @@ def test_rope_scaling_and_unsupported_features():
     with pytest.raises(ConfigError, match="rope_type 'dynamic'"):
         native_impl(EngineConfig(impl="fused"), dynamic)
     assert native_impl(EngineConfig(), transformers.GPT2Config()) == "hf"
-    assert native_impl(EngineConfig(), transformers.Qwen2Config(), tp_size=2) == "hf"  # no TP group given
+    assert native_impl(EngineConfig(), transformers.Qwen2Config(), tp_size=2) == "fused"  # the topology gives the group
     assert native_impl(EngineConfig(impl="hf"), transformers.Qwen2Config()) == "hf"
     assert native_impl(EngineConfig(), transformers.Qwen3Config()) == "fused"
 
 
 def test_build_engine_picks_the_implementation(tiny_path, tokenizer):
-    fused = build_engine(EngineConfig(), ModelConfig(), tiny_path, tokenizer, DEVICE)
-    assert isinstance(fused, FusedEngine) and fused.weight_layout_style == "fused"
-    hf = build_engine(EngineConfig(impl="hf"), ModelConfig(), tiny_path, tokenizer, DEVICE)
+    fused = build_engine(EngineConfig(), ModelConfig(), tiny_path, tokenizer, DEVICE, Topology(1))
+    assert isinstance(fused, FusedEngine) and fused.weight_layout_style == "fused" and fused.starts_empty
+    fused.load_from(load_causal_lm(tiny_path, ModelConfig(), torch.float32, DEVICE))  # what the builder's first sync does
+    hf = build_engine(EngineConfig(impl="hf"), ModelConfig(), tiny_path, tokenizer, DEVICE, Topology(1))
     assert not isinstance(hf, FusedEngine) and hf.weight_layout_style == "hf"
     params = SamplingParams(n=2, max_new_tokens=6, seed=1)
     assert [o.token_ids for o in fused.generate(PROMPTS, params)] == [o.token_ids for o in hf.generate(PROMPTS, params)]

@@ -1,4 +1,7 @@
-"""FSDP2 trainer (world size 1, gloo): log-prob parity with the engine, updates, weight sync."""
+"""FSDP2 trainer roles (world size 1, gloo): log-prob parity with the engine, updates, weight sync, offload.
+
+The roles come from the one builder (`build_components`) inside a real `HybridWorker`, whose phase methods the
+tests call: what a run executes, not a copy of it."""
 
 from __future__ import annotations
 
@@ -7,25 +10,35 @@ import torch
 
 from hybridrl.algorithms import AlgorithmConfig
 from hybridrl.batch import Batch
+from hybridrl.config import RunConfig
 from hybridrl.controller import completions_to_batch
+from hybridrl.data.config import DataConfig
 from hybridrl.data.prompts import Prompt
 from hybridrl.engines.base import SamplingParams
+from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.native import NativeEngine
 from hybridrl.errors import HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.reshard import ReshardConfig, Resharder
 from hybridrl.training.config import TrainerConfig
-from hybridrl.training.trainer import Trainer
+from hybridrl.workers.worker import HybridWorker
 from tests.conftest import chat_prompt
 
 
-def make_trainer(tiny_path, tokenizer, temperature=1.0, **overrides):
-    cfg = TrainerConfig(lr=1e-2, micro_batch_size=4, **overrides)
-    return Trainer(
-        tiny_path, ModelConfig(), cfg, AlgorithmConfig(group_size=4), torch.device("cpu"),
-        tokenizer.pad_token_id, temperature, total_optimizer_steps=10,
+def make_trainer(tiny_path, tokenizer, temperature=1.0, **overrides) -> HybridWorker:
+    """A worker with the tiny model (its actor, reference and engine); trainer options from `overrides`."""
+    cfg = RunConfig(
+        model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig(lr=1e-2, micro_batch_size=4, **overrides),
+        algorithm=AlgorithmConfig(group_size=4), engine=EngineConfig(temperature=temperature),
+        data=DataConfig(train_batch_size=2),
     )
+    return HybridWorker(cfg)
+
+
+def full_params(worker: HybridWorker) -> dict[str, torch.Tensor]:
+    """The actor's parameters, gathered from their FSDP shards."""
+    return {n: t.clone() for n, t in worker.roles.actor.iter_full_params()}
 
 
 @pytest.fixture()
@@ -45,7 +58,7 @@ def test_trainer_logprobs_equal_engine_logprobs(setup, tiny_path, tokenizer, tem
     engine, prompts = setup
     trainer = make_trainer(tiny_path, tokenizer, temperature)
     batch = rollout(engine, prompts, temperature)
-    out = trainer.compute_logprobs(batch)
+    out = trainer.logprob(batch)
     mask = batch["response_mask"].bool()
     diff = (out["old_logprobs"] - batch["engine_logprobs"]).abs()[mask]
     assert diff.max().item() < 1e-4, diff.max()
@@ -57,25 +70,25 @@ def test_update_changes_policy_and_reshard_makes_engine_follow(setup, tiny_path,
     engine, prompts = setup
     trainer = make_trainer(tiny_path, tokenizer)
     batch = rollout(engine, prompts)
-    for k, v in trainer.compute_logprobs(batch).items():
+    for k, v in trainer.logprob(batch).items():
         batch[k] = v
     batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
-    before = {n: t.clone() for n, t in trainer.iter_full_params()}
-    metrics = trainer.update(batch)
+    before = full_params(trainer)
+    metrics = trainer.roles.actor.update(batch)
     for key in ("actor/pg_loss", "actor/kl", "actor/clip_frac", "actor/grad_norm", "actor/lr"):
         assert key in metrics
-    after = dict(trainer.iter_full_params())
+    after = dict(trainer.roles.actor.iter_full_params())
     assert any(not torch.equal(before[n], after[n]) for n in before)
 
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
     old_out = engine.generate([p.token_ids for p in prompts], greedy)
     engine.sleep(2)
     engine.wake_up(["weights"])
-    Resharder(ReshardConfig(verify=True), engine, trainer.model.config).sync(trainer.model)
+    Resharder(ReshardConfig(verify=True), engine, trainer.roles.actor.model.config).sync(trainer.roles.actor.model)
     engine.wake_up(["kv_cache"])
     new_batch = completions_to_batch(prompts, engine.generate([p.token_ids for p in prompts], greedy))
     # After the sync the engine's log-probs are the updated trainer's.
-    lp = trainer.compute_logprobs(new_batch)["old_logprobs"]
+    lp = trainer.logprob(new_batch)["old_logprobs"]
     mask = new_batch["response_mask"].bool()
     assert (lp - new_batch["engine_logprobs"]).abs()[mask].max().item() < 1e-4
     assert not torch.allclose(
@@ -94,10 +107,10 @@ def test_verify_catches_a_stale_engine_tensor(setup, tiny_path, tokenizer):
     forgetful = Forgetful.__new__(Forgetful)
     forgetful.__dict__.update(engine.__dict__)
     with torch.no_grad():
-        for _, p in trainer.model.named_parameters():
+        for _, p in trainer.roles.actor.model.named_parameters():
             p.add_(0.01)
     with pytest.raises(HybridRLError, match="layers.1.mlp.up_proj"):
-        Resharder(ReshardConfig(verify=True), forgetful, trainer.model.config).sync(trainer.model)
+        Resharder(ReshardConfig(verify=True), forgetful, trainer.roles.actor.model.config).sync(trainer.roles.actor.model)
 
 
 def test_gradient_accumulation_matches_one_big_batch(setup, tiny_path, tokenizer):
@@ -107,21 +120,21 @@ def test_gradient_accumulation_matches_one_big_batch(setup, tiny_path, tokenizer
     for micro in (8, 3):
         torch.manual_seed(0)
         trainer = make_trainer(tiny_path, tokenizer, grad_clip=0.0)
-        trainer.cfg.micro_batch_size = micro
+        trainer.roles.actor.cfg.micro_batch_size = micro
         b = Batch(batch.prompts, dict(batch.tensors), dict(batch.meta))
-        for k, v in trainer.compute_logprobs(b).items():
+        for k, v in trainer.logprob(b).items():
             b[k] = v
         b["advantages"] = torch.linspace(-1, 1, len(b))
         # Capture the accumulated gradient right before the optimizer step.
         captured = {}
-        real_step = trainer.optimizer.step
+        real_step = trainer.roles.actor.optimizer.step
 
         def spy(*a, **kw):
-            captured.update({n: p.grad.full_tensor().clone() for n, p in trainer.model.named_parameters()})
+            captured.update({n: p.grad.full_tensor().clone() for n, p in trainer.roles.actor.model.named_parameters()})
             return real_step(*a, **kw)
 
-        trainer.optimizer.step = spy
-        trainer.update(b)
+        trainer.roles.actor.optimizer.step = spy
+        trainer.roles.actor.update(b)
         grads.append(captured)
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
@@ -129,34 +142,35 @@ def test_gradient_accumulation_matches_one_big_batch(setup, tiny_path, tokenizer
 
 def test_offload_and_onload_keep_the_trainer_intact(setup, tiny_path, tokenizer):
     """The storage-resize offload on FSDP2 shards and Adam state (run on CPU here with enabled=True)."""
+    from hybridrl.training.fsdp import reshard_units
     from hybridrl.training.offload import HostOffloader
 
     engine, prompts = setup
     trainer = make_trainer(tiny_path, tokenizer)
     batch = rollout(engine, prompts)
-    for k, v in trainer.compute_logprobs(batch).items():
+    for k, v in trainer.logprob(batch).items():
         batch[k] = v
     batch["advantages"] = torch.linspace(-1, 1, len(batch))
-    trainer.update(batch)  # creates Adam state
-    params = HostOffloader(lambda: trainer.model.parameters(), torch.device("cpu"), enabled=True)
+    trainer.roles.actor.update(batch)  # creates Adam state
+    params = HostOffloader(lambda: trainer.roles.actor.model.parameters(), torch.device("cpu"), enabled=True)
     optim = HostOffloader(
-        lambda: [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v)],
+        lambda: [v for s in trainer.roles.actor.optimizer.state.values() for v in s.values() if torch.is_tensor(v)],
         torch.device("cpu"), enabled=True,
     )
-    before = trainer.compute_logprobs(batch)["old_logprobs"]
-    state_before = {k: v.full_tensor().clone() for k, v in next(iter(trainer.optimizer.state.values())).items() if k != "step"}
-    trainer.reshard_all()  # what Trainer.offload does first: only sharded storage is offloaded
+    before = trainer.logprob(batch)["old_logprobs"]
+    state_before = {k: v.full_tensor().clone() for k, v in next(iter(trainer.roles.actor.optimizer.state.values())).items() if k != "step"}
+    reshard_units(trainer.roles.actor.model)  # what the actor's offload does first: only sharded storage is offloaded
     moved = params.offload() + optim.offload()
     assert moved > 0
-    assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.model.parameters())
+    assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.roles.actor.model.parameters())
     assert params.onload() + optim.onload() == moved
-    assert torch.equal(trainer.compute_logprobs(batch)["old_logprobs"], before)
-    state_after = next(iter(trainer.optimizer.state.values()))
+    assert torch.equal(trainer.logprob(batch)["old_logprobs"], before)
+    state_after = next(iter(trainer.roles.actor.optimizer.state.values()))
     assert all(torch.equal(state_after[k].full_tensor(), v) for k, v in state_before.items())
-    trainer.update(batch)  # still trains after the round trip
+    trainer.roles.actor.update(batch)  # still trains after the round trip
     # Pinned buffers are found again by the next offload (a fresh allocation per switch cost seconds on GPU).
     buffers = dict(optim._host)
-    trainer.reshard_all()
+    reshard_units(trainer.roles.actor.model)
     optim.offload()
     assert all(optim._host[k] is b for k, b in buffers.items())
     optim.onload()
@@ -182,38 +196,37 @@ def test_offload_in_flight_is_completed_or_cancelled():
 
 
 def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenizer):
-    """Two iterations of the worker's order (offload → onload_params → logprobs → onload_optimizer → update),
-    with every offloader on (the reference leaves early, in flight behind the update), equal a trainer
-    that never offloads."""
+    """Two iterations of the worker's own phases (wake → logprob → update), with every offloader on (the reference
+    leaves early, in flight behind the update), equal a worker that never offloads."""
     engine, prompts = setup
     batch = rollout(engine, prompts)
     runs = []
     for offload in (True, False):
         torch.manual_seed(0)
-        trainer = make_trainer(tiny_path, tokenizer, grad_clip=0.0)
-        for off in (trainer.param_offload, trainer.ref_offload, trainer.optim_offload):
+        worker = make_trainer(tiny_path, tokenizer, grad_clip=0.0)
+        actor, ref = worker.roles.actor, worker.roles.ref
+        for off in (actor.param_offload, ref.offloader, actor.optim_offload):
             off.enabled = offload
         logs = []
         for _ in range(2):
-            trainer.offload()
-            trainer.onload_params()
+            worker.wake()
+            worker.sleep()
             b = batch.select(range(len(batch)))
-            for k, v in trainer.compute_logprobs(b).items():
+            for k, v in worker.logprob(b).items():
                 b[k] = v
             logs.append(b["ref_logprobs"])
             logs.append(b["old_logprobs"])
             if offload:
-                assert trainer.ref_offload._freeing  # on its way out behind the update
+                assert ref.offloader._freeing  # on its way out behind the update
             b["advantages"] = torch.linspace(-1, 1, len(b))
-            trainer.onload_optimizer()
-            trainer.update(b)
-        trainer.offload()
+            worker.update(b)
+        worker.wake()
         if offload:
-            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.ref.parameters())
-            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in trainer.model.parameters())
-        trainer.onload_params()
-        trainer.onload_optimizer()
-        params = {n: p.full_tensor().clone() for n, p in trainer.model.named_parameters()}
+            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in ref.model.parameters())
+            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in actor.model.parameters())
+        actor.onload_params()
+        actor.onload_optimizer()
+        params = {n: p.full_tensor().clone() for n, p in actor.model.named_parameters()}
         runs.append((logs, params))
     (logs_a, params_a), (logs_b, params_b) = runs
     assert all(torch.equal(a, b) for a, b in zip(logs_a, logs_b))

@@ -1,6 +1,9 @@
-"""Pieces the GPU benchmarks share: a random-init model folder of a real shape, the hybrid components, timers.
+"""What the benchmarks share: a random-init model folder of a real shape, the run config they measure, and the
+product's own builders (a benchmark measures exactly what a run executes).
 
-Used by tools/bench_step.py and tools/bench_lifecycle.py (run them from the repo root).
+    cfg = bench_config(model_dir, device, ["trainer.offload=[params,optimizer]", "engine.max_new_tokens=512"])
+    controller = bench_controller(cfg, prompts)    # a GRPO step is controller.train_step(step), as in a run
+    worker = bench_worker(cfg)                     # or one device's roles, to time their lifecycle calls
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from bench_reshard import SHAPES, build_model  # tools/ is on sys.path when a tools/ script runs
 
+from hybridrl.config import RunConfig, validate
+from hybridrl.data.prompts import Prompt
 from hybridrl.models.tiny import build_tokenizer
 
 
@@ -44,10 +50,37 @@ def make_model_dir(shape: str, device: torch.device, root: str | None = None) ->
     return str(root)
 
 
+def bench_config(model_dir: str, device: torch.device, overrides: list[str] = ()) -> RunConfig:
+    """The run config of `python -m hybridrl model=hf model.path=<model_dir> <overrides>`, checked as a run's is."""
+    base = [f"model.path={model_dir}", "model.name=hf", f"trainer.device={device.type}", "logger.progress_bar=false",
+            "trainer.eval_every=0"]
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.from_dotlist([*base, *overrides]))
+    return validate(cfg)
+
+
 def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     """Token ids away from the special ids, so no sample stops early by chance (EOS is id 2)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(300, vocab, (n, length), generator=g).tolist()
+
+
+def bench_controller(cfg: RunConfig, prompts: list[list[int]], run_dir: str | None = None):
+    """The run's own controller and worker group for `cfg`, fed `prompts` (token ids) instead of a data set."""
+    from hybridrl.controller import Controller
+
+    run_dir = run_dir or tempfile.mkdtemp(prefix="bench_run_")
+    controller = Controller(cfg, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), "bench")
+    controller.setup(prompts=[Prompt(ids, "", {}) for ids in prompts])
+    return controller
+
+
+def bench_worker(cfg: RunConfig, device: torch.device, with_engine: bool = True):
+    """One device's roles in this process, built by the run's builder (`roles.actor`, `.ref`, `.rollout`)."""
+    from hybridrl.workers.build import build_components
+
+    if not dist.is_initialized():
+        init_single_process(device)
+    return build_components(cfg, cfg.topology(), device, with_engine=with_engine)
 
 
 class Timer:
@@ -81,4 +114,5 @@ def gpu_peak_flops() -> float:
     return float(os.environ.get("BENCH_PEAK_TFLOPS", "989")) * 1e12
 
 
-__all__ = ["SHAPES", "Timer", "gpu_peak_flops", "init_single_process", "make_model_dir", "random_prompts"]
+__all__ = ["SHAPES", "Timer", "bench_config", "bench_controller", "bench_worker", "gpu_peak_flops",
+           "init_single_process", "make_model_dir", "random_prompts"]

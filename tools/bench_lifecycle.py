@@ -22,16 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_common import Timer, init_single_process, make_model_dir, random_prompts  # noqa: E402
-from hybridrl.algorithms import AlgorithmConfig  # noqa: E402
-from hybridrl.engines import build_engine  # noqa: E402
+from bench_common import Timer, bench_config, bench_worker, make_model_dir, random_prompts  # noqa: E402
 from hybridrl.engines.base import SamplingParams  # noqa: E402
-from hybridrl.engines.config import EngineConfig  # noqa: E402
-from hybridrl.models.config import ModelConfig  # noqa: E402
-from hybridrl.models.loading import load_tokenizer  # noqa: E402
-from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
-from hybridrl.training.config import TrainerConfig  # noqa: E402
-from hybridrl.training.trainer import Trainer  # noqa: E402
 
 
 def allocated(device) -> int:
@@ -49,21 +41,19 @@ def main() -> None:
     args = ap.parse_args()
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
-    init_single_process(device)
     path = make_model_dir(args.shape, device, args.model_dir)
-    tok = load_tokenizer(path)
-    mcfg = ModelConfig(name="hf", path=path)
-    trainer = Trainer(path, mcfg, TrainerConfig(offload="params,optimizer" if device.type == "cuda" else "none"),
-                      AlgorithmConfig(kl_coef=0.0), device, tok.pad_token_id, 1.0, 10)
+    offload = "params,optimizer" if device.type == "cuda" else "none"
+    cfg = bench_config(path, device, [f"trainer.offload={offload}", "algorithm.kl_coef=0",
+                                      f"engine.max_new_tokens={args.new_tokens}", f"engine.impl={args.impl}",
+                                      f"engine.max_batch_size={max(256, args.batch)}"])
+    roles = bench_worker(cfg, device)
+    trainer, engine, rollout = roles.actor, roles.rollout.engine, roles.rollout
     # Adam state exists only after a step: take one so the optimizer footprint is real.
     for p in trainer.model.parameters():
         p.grad = torch.zeros_like(p)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
-    base = allocated(device)
-    engine = build_engine(EngineConfig(max_new_tokens=args.new_tokens, max_batch_size=max(256, args.batch), impl=args.impl),
-                          mcfg, path, tok, device)
-    resharder = Resharder(ReshardConfig(dtype="bfloat16" if device.type == "cuda" else None), engine, trainer.model.config)
+    base = allocated(device) - sum(p.numel() * p.element_size() for _, p in engine.named_weights())
     prompts = random_prompts(args.batch, 128, trainer.model.config.vocab_size)
     params = SamplingParams(n=1, max_new_tokens=args.new_tokens, seed=0)
 
@@ -80,7 +70,7 @@ def main() -> None:
             engine.wake_up(["weights"])
         if level == 2:
             with t("reshard"):
-                stats = resharder.sync(trainer.model)
+                stats = rollout.resharder.sync(trainer.model)
         with t(f"wake_kv_after_sleep{level}"):
             engine.wake_up(["kv_cache"])
         out = {"engine_footprint_gb": footprint / 1e9, "freed_gb": freed / 1e9,

@@ -2,11 +2,14 @@
 
     python tools/bench_reshard.py --shape 0.5b --device cpu --style fused --tp-size 2 --repeat 3
     python tools/bench_reshard.py --shape 7b --device cuda --style hf
+    python tools/bench_reshard.py --shape 7b --device cuda --workers 2 --tp-size 2    # FSDP over 2 GPUs → TP 2
 
-The model (bf16) is built on the device (meta → to_empty → random init), wrapped with fully_shard at world size
-1 (per decoder layer + root), and synced into a stand-in engine that holds preallocated destination tensors on the
-same device. Baseline: `state_dict()`, `.full_tensor()` and `copy_` of every tensor into HF-named destinations.
-On CPU use --shape tiny or 0.5b.
+The model (bf16) is built on each device (meta → to_empty → random init, the same values on every rank), sharded
+the way the trainer shards it (`training.fsdp.shard_model` over the run's `Topology`: per decoder layer + root on
+several ranks, the root alone on one), and synced into a stand-in engine that holds this rank's preallocated
+destination tensors of its engine TP rank. With --workers 1 and --tp-size > 1 one rank plays TP rank --tp-rank
+(the layout cut only). Baseline: `state_dict()`, `.full_tensor()` and `copy_` of every tensor into HF-named
+destinations. On CPU use --shape tiny or 0.5b. Rank 0 prints the JSON (the slowest rank's seconds).
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import transformers
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hybridrl.reshard import ReshardConfig, Resharder, build_layout  # noqa: E402
 from hybridrl.reshard.testing import TensorDictEngine  # noqa: E402
+from hybridrl.topology import Topology  # noqa: E402
+from hybridrl.training.fsdp import shard_model  # noqa: E402
 
 # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab, tied)
 SHAPES = {
@@ -55,14 +58,6 @@ def build_model(shape: str, device: torch.device) -> torch.nn.Module:
         for p in model.parameters():
             p.uniform_(-0.05, 0.05)
     return model
-
-
-def wrap_fsdp(model: torch.nn.Module, device: torch.device) -> None:
-    """fully_shard per decoder layer + root on a 1-rank mesh."""
-    mesh = init_device_mesh(device.type, (1,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
 
 
 def sync_device(device: torch.device) -> None:
@@ -101,45 +96,69 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--style", choices=["hf", "fused"], default="fused")
+    ap.add_argument("--workers", type=int, default=1, help="ranks (processes), one device each on cuda")
     ap.add_argument("--tp-size", type=int, default=1)
-    ap.add_argument("--tp-rank", type=int, default=0)
+    ap.add_argument("--tp-rank", type=int, default=0, help="with --workers 1: which TP rank's shard to cut")
     ap.add_argument("--bucket-mb", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--verify", action="store_true", help="after timing, run one sync with verify=True")
     args = ap.parse_args()
+    store = tempfile.mktemp(prefix="bench_reshard_store_")
+    if args.workers == 1:
+        run_rank(0, args, store)
+    else:
+        import torch.multiprocessing as mp
 
-    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+        mp.spawn(run_rank, args=(args, store), nprocs=args.workers, join=True)
+    if os.path.exists(store):
+        os.unlink(store)
+    sys.stdout.flush()
+    os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
+
+
+def run_rank(rank: int, args, store: str) -> None:
+    """One rank: its shards of the model, its engine TP rank's destination tensors, the timed syncs."""
+    device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    store = tempfile.mktemp(prefix="bench_reshard_store_")
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.workers))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            store=dist.FileStore(store, 1), rank=0, world_size=1)
+                            store=dist.FileStore(store, args.workers), rank=rank, world_size=args.workers)
+    topology = Topology(args.workers, args.tp_size, rank)
+    tp_rank = topology.engine_tp_rank if args.workers > 1 else args.tp_rank
     t0 = time.perf_counter()
+    torch.manual_seed(0)  # the same random weights on every rank, as a checkpoint load would give
     model = build_model(args.shape, device)
     n_params = sum(p.numel() for p in model.parameters())
-    wrap_fsdp(model, device)
+    shard_model(model, topology.fsdp_mesh(device.type), None)
     build_s = time.perf_counter() - t0
 
     config = model.config
-    layout = build_layout(config, args.style, args.tp_rank, args.tp_size)
+    layout = build_layout(config, args.style, tp_rank, args.tp_size)
     engine = TensorDictEngine.from_layout(layout, dtype=torch.bfloat16, device=device, fill=0.0)
     resharder = Resharder(ReshardConfig(bucket_mb=args.bucket_mb), engine, config,
-                          tp_rank=args.tp_rank, tp_size=args.tp_size, style=args.style)
+                          tp_rank=tp_rank, tp_size=args.tp_size, style=args.style)
     hf_dst = {n: torch.zeros(s, dtype=torch.bfloat16, device=device) for n, s in layout.shape.hf_shapes().items()}
 
     resharder.sync(model)  # warm-up (allocator, first collective)
     baseline(model, hf_dst, device)
     runs, base_runs = [], []
     for _ in range(args.repeat):  # interleaved, so both see the same machine load
+        dist.barrier()
         runs.append(resharder.sync(model).as_dict())
         base_runs.append(baseline(model, hf_dst, device))
-    r, b = median_dict(runs), median_dict(base_runs)
+    slowest = [None] * args.workers
+    dist.all_gather_object(slowest, (median_dict(runs), median_dict(base_runs)))
+    r = max((x[0] for x in slowest), key=lambda d: d["total_s"])
+    b = max((x[1] for x in slowest), key=lambda d: d["seconds"])
     result = {
-        "shape": args.shape, "device": str(device), "style": args.style, "tp_size": args.tp_size,
-        "bucket_mb": args.bucket_mb, "dtype": "bfloat16", "params": n_params, "repeat": args.repeat,
-        "build_s": round(build_s, 2),
+        "shape": args.shape, "device": str(device), "style": args.style, "workers": args.workers,
+        "tp_size": args.tp_size, "bucket_mb": args.bucket_mb, "dtype": "bfloat16", "params": n_params,
+        "repeat": args.repeat, "build_s": round(build_s, 2),
         "reshard": {
-            "seconds": r["total_s"], "bytes_moved": r["bytes_moved"], "gb_per_s": r["bytes_moved"] / r["total_s"] / 1e9,
+            "seconds": r["total_s"], "bytes_moved_per_rank": r["bytes_moved"],
+            "gb_per_s_per_rank": r["bytes_moved"] / r["total_s"] / 1e9,
             "peak_extra_bytes": r["peak_extra_bytes"], "cuda_peak_delta_bytes": r["cuda_peak_delta_bytes"],
             "pushes": r["pushes"], "tensors": r["tensors"],
             "phases_s": {k: r[k] for k in ("gather_s", "fuse_split_s", "deliver_s")},
@@ -151,11 +170,13 @@ def main() -> None:
         resharder.config.verify = True
         result["verify_s"] = resharder.sync(model).verify_s
         result["verified"] = True
-    print(json.dumps(result, indent=2))
+    if rank == 0:
+        text = json.dumps(result, indent=2)
+        print(text)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], f"bench_reshard_{args.shape}_w{args.workers}_tp{args.tp_size}_{args.style}.json").write_text(text)
+    dist.barrier()
     dist.destroy_process_group()
-    os.unlink(store) if os.path.exists(store) else None
-    sys.stdout.flush()
-    os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
-"""A full GRPO step on one device with the phase breakdown, plus trainer throughput against plain FSDP2; JSON out.
+"""A full GRPO step through the run's own controller and workers, with the phase breakdown; trainer throughput
+against plain FSDP2 in the same process; JSON out.
 
     python tools/bench_step.py --shape 1.5b --device cuda            # the issue's case
     python tools/bench_step.py --shape tiny --device cpu --new-tokens 16 --prompts 4   # a quick check
+    python tools/bench_step.py --shape 1.5b --workers 2 --tp 2       # cluster=local, one process per GPU
 
-Step: offload trainer → wake engine → generate → sleep(2) → onload params → log-probs (policy + ref)
-→ onload optimizer → update → reshard. Switching = offload + wake + sleep + onload_* + reshard; its
-share of the step is reported. Throughput: our trainer's update on batch × seq tokens, and in the
-same run a plain FSDP2 step (fully_shard per layer + root, bf16 mixed precision, HF loss) on the
-same tokens; tokens/s, MFU (6·N·tokens/s over the dense bf16 peak) and the ratio.
+The step is `Controller.train_step` on random prompts (no sample stops early), exactly as `python -m hybridrl`
+runs it: wake (the trainer roles' offload, then the engine's wake) → generate → sleep → logprob (params back in
+first) → reward → advantages → update (optimizer state joined first) → reshard. Switching = wake + sleep +
+reshard + the parameter onload inside logprob + the optimizer-state wait inside update; its share of the step is
+reported. Throughput (inline only): our actor's update on batch × seq tokens and a plain FSDP2 step (fully_shard
+per layer + root, bf16 mixed precision, HF loss) on the same tokens; tokens/s, MFU (6·N·tokens/s over the dense
+bf16 peak) and the ratio.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,48 +28,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_common import Timer, gpu_peak_flops, init_single_process, make_model_dir, random_prompts  # noqa: E402
+from bench_common import Timer, bench_config, bench_controller, gpu_peak_flops, make_model_dir, random_prompts  # noqa: E402
 from bench_trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
-from hybridrl.algorithms import AlgorithmConfig, grpo_advantages  # noqa: E402
-from hybridrl.controller import completions_to_batch  # noqa: E402
-from hybridrl.data.prompts import Prompt  # noqa: E402
-from hybridrl.engines import build_engine  # noqa: E402
-from hybridrl.engines.base import SamplingParams  # noqa: E402
-from hybridrl.engines.config import EngineConfig  # noqa: E402
-from hybridrl.models.config import ModelConfig  # noqa: E402
-from hybridrl.models.loading import load_tokenizer  # noqa: E402
-from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
-from hybridrl.training.config import TrainerConfig  # noqa: E402
-from hybridrl.training.trainer import Trainer  # noqa: E402
 
-SWITCH = ("offload", "wake", "sleep", "onload_params", "onload_optim", "reshard")
+# Seconds of the step spent moving memory between the roles rather than computing.
+SWITCH_PHASES = ("time/wake", "time/sleep", "time/reshard")
+SWITCH_INSIDE = ("offload/actor/onload_params_s", "offload/actor/onload_optim_wait_s")
 
 
-def grpo_step(step: int, trainer, engine, resharder, prompts, args, t: Timer) -> dict:
-    with t("offload"):
-        trainer.offload()
-    with t("wake"):
-        engine.wake_up(["weights", "kv_cache"])
-    with t("generate"):
-        comps = engine.generate([p.token_ids for p in prompts], SamplingParams(
-            n=args.group, temperature=1.0, max_new_tokens=args.new_tokens, seed=step))
-    with t("sleep"):
-        engine.sleep(2)
-    batch = completions_to_batch(prompts, comps)
-    with t("onload_params"):
-        trainer.onload_params()
-    with t("logprob"):
-        for k, v in trainer.compute_logprobs(batch).items():
-            batch[k] = v
-    batch["advantages"] = grpo_advantages(torch.randn(len(batch), generator=torch.Generator().manual_seed(step)), args.group)
-    with t("onload_optim"):
-        trainer.onload_optimizer()
-    with t("update"):
-        trainer.update(batch)
-    with t("reshard"):
-        engine.wake_up(["weights"])
-        stats = resharder.sync(trainer.model)
-    return {"response_tokens": int(batch["response_mask"].sum()), "reshard_bytes": stats.bytes_moved}
+def switching_s(metrics: dict) -> float:
+    """Switching time of one step from its metrics."""
+    return sum(metrics.get(k, 0.0) for k in SWITCH_PHASES + SWITCH_INSIDE)
 
 
 def main() -> None:
@@ -82,82 +54,88 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2,
                     help="untimed steps first: the first update creates Adam state, whose pinned host buffers "
                          "are allocated at the following offload")
+    ap.add_argument("--workers", type=int, default=1, help="1: cluster=inline; more: cluster=local, one per GPU")
+    ap.add_argument("--tp", type=int, default=1, help="engine.tp_size")
     ap.add_argument("--tp-batch", type=int, default=8, help="throughput test: sequences")
     ap.add_argument("--tp-seq", type=int, default=1024, help="throughput test: tokens per sequence")
     ap.add_argument("--tp-iters", type=int, default=3)
-    ap.add_argument("--impl", default="auto", help="native engine implementation (auto | fused | hf)")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--offload", default="params,optimizer", help="trainer.offload on GPU (none to keep all resident)")
+    ap.add_argument("--set", action="append", default=[], help="any other config override, e.g. engine.native.impl=hf")
     args = ap.parse_args()
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
-    init_single_process(device)
     path = make_model_dir(args.shape, device, args.model_dir)
-    tok = load_tokenizer(path)
-    mcfg = ModelConfig(name="hf", path=path)
-    n_rows = args.prompts * args.group
-    tcfg = TrainerConfig(lr=1e-6, micro_batch_size=args.micro, offload=args.offload if device.type == "cuda" else "none")
-    acfg = AlgorithmConfig(group_size=args.group)
-    trainer = Trainer(path, mcfg, tcfg, acfg, device, tok.pad_token_id, 1.0, total_optimizer_steps=100)
-    ecfg = EngineConfig(max_new_tokens=args.new_tokens, max_batch_size=max(256, n_rows), impl=args.impl)
-    engine = build_engine(ecfg, mcfg, path, tok, device)
-    resharder = Resharder(ReshardConfig(dtype="bfloat16" if device.type == "cuda" else None), engine, trainer.model.config)
-    vocab = trainer.model.config.vocab_size
-    prompts = [Prompt(ids, "", {}) for ids in random_prompts(args.prompts, args.prompt_len, vocab)]
-    n_params = sum(p.numel() for p in trainer.model.parameters())
+    offload = args.offload if device.type == "cuda" else "none"
+    cluster = ["cluster.name=inline"] if args.workers == 1 else ["cluster.name=local", f"cluster.workers_per_node={args.workers}"]
+    cfg = bench_config(path, device, [
+        *cluster, f"engine.tp_size={args.tp}", f"data.train_batch_size={args.prompts}", f"algorithm.group_size={args.group}",
+        f"engine.max_new_tokens={args.new_tokens}", f"engine.max_batch_size={max(256, args.prompts * args.group)}",
+        f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}", "trainer.lr=1e-6",
+        f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *args.set,
+    ])
+    from transformers import AutoConfig
 
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    controller = bench_controller(cfg, random_prompts(args.prompts * 4, args.prompt_len, vocab))
     steps = []
-    for step in range(args.warmup + args.steps):
-        t = Timer(device)
-        t0 = time.perf_counter()
-        info = grpo_step(step, trainer, engine, resharder, prompts, args, t)
-        total = time.perf_counter() - t0
-        if step >= args.warmup:  # warm-up: allocators, CUDA graphs, kernels, pinned offload buffers
-            steps.append({"total_s": total, "phases_s": dict(t.times), "memory_after": dict(t.memory), **info})
-    med = {p: statistics.median(s["phases_s"][p] for s in steps) for p in steps[0]["phases_s"]}
-    total = statistics.median(s["total_s"] for s in steps)
-    switching = sum(med[p] for p in SWITCH)
-    resp_tokens = statistics.median(s["response_tokens"] for s in steps)
-
-    # Trainer throughput, ours vs plain FSDP2, same tokens, same process.
-    tb = throughput_batch(args.tp_batch, args.tp_seq, args.prompt_len, vocab)
-    trainer.cfg.micro_batch_size = args.tp_batch
-    tt = []
-    for i in range(args.tp_iters + 1):
-        t = Timer(device)
-        with t("u"):
-            trainer.update(tb)
-        if i:
-            tt.append(t.times["u"])
-    ours = args.tp_batch * args.tp_seq / statistics.median(tt)
-    trainer.offload()  # make room for the baseline's own copy
-    engine.sleep(2)
-    plain = plain_fsdp_tok_s(path, device, args.tp_batch, args.tp_seq, vocab, args.tp_iters)
-    peak = gpu_peak_flops()
+    for step in range(1, args.warmup + args.steps + 1):
+        metrics = controller.train_step(step)
+        if step > args.warmup:  # warm-up: allocators, CUDA graphs, compiles, pinned offload buffers
+            steps.append(metrics)
+    times = {k: statistics.median(m[k] for m in steps) for k in steps[0] if k.startswith("time/")}
+    total = times["time/step"]
+    switching = statistics.median(switching_s(m) for m in steps)
     result = {
-        "shape": args.shape, "device": str(device), "params": n_params, "engine": type(engine).__name__,
-        "trainer_offload": tcfg.offload,
-        "engine_impl": getattr(engine, "impl", args.impl),
+        "shape": args.shape, "device": str(device), "workers": args.workers, "engine_tp": args.tp,
+        "trainer_offload": offload, "overrides": args.set,
         "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
-        "step_s_median": total, "phases_s_median": med,
-        "per_step_phases_s": [s["phases_s"] for s in steps],
+        "step_s_median": total, "phases_s_median": times,
+        "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/"))} for m in steps],
         "switching_s": switching, "switching_share": switching / total,
-        "rollout_tokens_per_s": resp_tokens / med["generate"],
-        "reshard_gb_per_s": steps[-1]["reshard_bytes"] / med["reshard"] / 1e9 if med["reshard"] else None,
-        "memory_after_phase": steps[-1]["memory_after"],
-        "trainer_throughput": {
-            "batch": args.tp_batch, "seq": args.tp_seq,
-            "ours_tok_s": ours, "plain_fsdp2_tok_s": plain, "ratio": ours / plain,
-            "ours_mfu": 6 * n_params * ours / peak if device.type == "cuda" else None,
-            "plain_mfu": 6 * n_params * plain / peak if device.type == "cuda" else None,
-        },
+        "rollout_tokens_per_s": statistics.median(m["perf/rollout_tokens_per_s"] for m in steps),
+        "memory_after_phase": {k: v for k, v in steps[-1].items() if k.startswith("memory/")},
     }
+    if args.workers == 1:
+        result["trainer_throughput"] = trainer_throughput(controller, args, path, device, vocab)
+    controller.cleanup()
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
-        Path(out, f"bench_step_{args.shape}_p{args.prompts}_n{args.new_tokens}_offload-{tcfg.offload.replace(',', '-')}.json").write_text(json.dumps(result, indent=2))
+        name = f"bench_step_{args.shape}_w{args.workers}_tp{args.tp}_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}"
+        Path(out, name + ".json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
+
+
+def trainer_throughput(controller, args, path: str, device: torch.device, vocab: int) -> dict:
+    """The actor's update on `tp_batch × tp_seq` tokens against plain FSDP2 on the same tokens (inline worker)."""
+    roles = controller.group.worker.roles
+    actor = roles.actor
+    tb = throughput_batch(args.tp_batch, args.tp_seq, args.prompt_len, vocab)
+    actor.cfg.micro_batch_size = args.tp_batch
+    actor.onload_params()
+    actor.onload_optimizer()
+    times = []
+    for i in range(args.tp_iters + 1):
+        t = Timer(device)
+        with t("u"):
+            actor.update(tb)
+        if i:
+            times.append(t.times["u"])
+    ours = args.tp_batch * args.tp_seq / statistics.median(times)
+    actor.offload()  # make room for the baseline's own copy
+    if roles.ref is not None:
+        roles.ref.offload()
+    roles.rollout.sleep()
+    plain = plain_fsdp_tok_s(path, device, args.tp_batch, args.tp_seq, vocab, args.tp_iters)
+    n_params = sum(p.numel() for p in actor.model.parameters())
+    peak = gpu_peak_flops()
+    return {
+        "batch": args.tp_batch, "seq": args.tp_seq, "ours_tok_s": ours, "plain_fsdp2_tok_s": plain, "ratio": ours / plain,
+        "ours_mfu": 6 * n_params * ours / peak if device.type == "cuda" else None,
+        "plain_mfu": 6 * n_params * plain / peak if device.type == "cuda" else None,
+    }
 
 
 if __name__ == "__main__":

@@ -26,30 +26,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_common import gpu_peak_flops, init_single_process, make_model_dir  # noqa: E402
-from hybridrl.algorithms import AlgorithmConfig  # noqa: E402
+from bench_common import bench_config, bench_worker, gpu_peak_flops, init_single_process, make_model_dir  # noqa: E402
 from hybridrl.batch import Batch  # noqa: E402
 from hybridrl.models.config import ModelConfig  # noqa: E402
-from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from hybridrl.training.config import TrainerConfig  # noqa: E402
-from hybridrl.training.trainer import Trainer  # noqa: E402
+from hybridrl.models.loading import load_causal_lm  # noqa: E402
 
-# Named trainer configurations (TrainerConfig overrides); "a+b" combines them.
+# Named trainer configurations (config overrides, as on the command line); "a+b" combines them.
 VARIANTS = {
-    "default": {},
-    "foreach": {"fused_optimizer": False},
-    "unfused_logprobs": {"fused_logprobs": False},
-    "chunk": {"logprob_chunk_size": 2048},
-    "eager": {"compile": False},
+    "default": [],
+    "foreach": ["trainer.fused_optimizer=false"],
+    "unfused_logprobs": ["trainer.fused_logprobs=false"],
+    "chunk": ["trainer.logprob_chunk_size=2048"],
+    "eager": ["trainer.compile=false"],
 }
 
 
-def variant_overrides(name: str) -> dict:
-    out: dict = {}
+def variant_overrides(name: str) -> list[str]:
+    out: list[str] = []
     for part in name.split("+"):
         if part not in VARIANTS:
             raise SystemExit(f"unknown variant {part!r}; known: {sorted(VARIANTS)}")
-        out.update(VARIANTS[part])
+        out += VARIANTS[part]
     return out
 
 
@@ -156,7 +153,6 @@ def main() -> None:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     init_single_process(device)
     path = make_model_dir(args.shape, device, args.model_dir)
-    tok = load_tokenizer(path)
     tokens = args.batch * args.seq
     profiles: dict[str, str] = {}
     from transformers import AutoConfig
@@ -167,10 +163,10 @@ def main() -> None:
     results = {}
     n_params = None
     for name in args.variants.split(","):
-        cfg = TrainerConfig(lr=1e-6, micro_batch_size=args.batch, **variant_overrides(name))
+        cfg = bench_config(path, device, ["trainer.lr=1e-6", f"trainer.micro_batch_size={args.batch}",
+                                          "trainer.steps=1000", "data.train_batch_size=1", *variant_overrides(name)])
         t_build = time.perf_counter()
-        trainer = Trainer(path, ModelConfig(name="hf", path=path), cfg, AlgorithmConfig(), device,
-                          tok.pad_token_id, 1.0, total_optimizer_steps=1000)
+        trainer = bench_worker(cfg, device, with_engine=False).actor
         n_params = sum(p.numel() for p in trainer.model.parameters())
         batch = throughput_batch(args.batch, args.seq, args.prompt_len, vocab)
         t_first = time.perf_counter()

@@ -7,6 +7,7 @@ import torch
 from hybridrl.engines.base import Completion, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.models.config import ModelConfig
+from hybridrl.topology import Topology
 
 __all__ = ["Completion", "EngineConfig", "RolloutEngine", "SamplingParams", "build_engine", "engine_dtype"]
 
@@ -24,45 +25,56 @@ def build_engine(
     model_path: str,
     tokenizer,
     device: torch.device,
+    topology: Topology,
     *,
-    tp_rank: int = 0,
-    tp_size: int = 1,
     seed: int = 0,
-    tp_group=None,
 ) -> RolloutEngine:
-    """The engine `engine.name` names, loaded from the same checkpoint as the trainer. `tp_group` is this rank's
-    engine TP group (`engines.fused.groups.engine_tp_group`); the native fused engine shards over it."""
+    """The engine `engine.name` names, for this rank of `topology`; the only place an implementation is chosen.
+
+    vLLM, SGLang and the native engine's transformers path load the checkpoint themselves. The native fused
+    engine starts with empty weights (`RolloutEngine.starts_empty`): the caller fills them with the resharder,
+    exactly as every later weight sync does. TP process groups are made by the topology, and only for the
+    engines that run collectives of their own.
+    """
     if cfg.name == "native":
         from hybridrl.engines.native import NativeEngine, native_impl
-        from hybridrl.models.loading import load_causal_lm
+        from hybridrl.models.loading import load_causal_lm, load_hf_config
 
         dtype = engine_dtype(cfg, device)
-        model = load_causal_lm(model_path, model_cfg, dtype, device)
-        eos = eos_ids(tokenizer, model)
-        if native_impl(cfg, model.config, tp_size, tp_group) == "hf":
-            return NativeEngine(model, eos, tokenizer.pad_token_id, cfg.max_batch_size)
-        engine = NativeEngine.fused(model.config, eos, tokenizer.pad_token_id, device=device, dtype=dtype, cfg=cfg,
-                                    tp_group=tp_group, seed=seed)
-        engine.load_from(model)  # this rank's fused shards, cut by the resharder from the full model
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return engine
+        hf_config = load_hf_config(model_path, model_cfg.trust_remote_code)
+        if native_impl(cfg, hf_config, topology.engine_tp_size) == "hf":
+            model = load_causal_lm(model_path, model_cfg, dtype, device)
+            return NativeEngine(model, eos_ids(tokenizer, model), tokenizer.pad_token_id, cfg.max_batch_size)
+        from hybridrl.engines.fused.engine import FusedEngine
+
+        return FusedEngine(hf_config, eos_ids(tokenizer, generation_config=load_generation_config(model_path, hf_config)),
+                           tokenizer.pad_token_id, device=device, dtype=dtype, cfg=cfg,
+                           tp_group=topology.engine_tp_group(), seed=seed)
     if cfg.name == "vllm":
         from hybridrl.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, cfg, tp_rank=tp_rank, tp_size=tp_size, seed=seed, device=device.type)
+        return VllmEngine(model_path, cfg, topology=topology, seed=seed, device=device.type)
     if cfg.name == "sglang":
         from hybridrl.engines.sglang_engine import SglangEngine
 
-        return SglangEngine(model_path, cfg, tp_rank=tp_rank, tp_size=tp_size, seed=seed, device=device.type)
+        return SglangEngine(model_path, cfg, topology=topology, seed=seed, device=device.type)
     raise ValueError(f"unknown engine {cfg.name!r}")
 
 
-def eos_ids(tokenizer, model=None) -> list[int]:
+def load_generation_config(model_path: str, hf_config):
+    """The checkpoint's generation config (its EOS ids), as `from_pretrained` would attach it to the model."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path)
+    except OSError:  # no generation_config.json: transformers derives one from the model config
+        return GenerationConfig.from_model_config(hf_config)
+
+
+def eos_ids(tokenizer, model=None, generation_config=None) -> list[int]:
     """Every token id that ends a sample: the tokenizer's EOS and the model's generation-config EOS."""
     ids = {tokenizer.eos_token_id}
-    gen = getattr(model, "generation_config", None)
+    gen = generation_config if generation_config is not None else getattr(model, "generation_config", None)
     extra = getattr(gen, "eos_token_id", None)
     if isinstance(extra, int):
         ids.add(extra)

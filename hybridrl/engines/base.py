@@ -87,9 +87,18 @@ class RolloutEngine(abc.ABC):
     #: "fused" = the engine holds fused qkv/gate_up tensors sharded by its TP rank (native TP).
     weight_layout_style: str = "hf"
 
+    #: True for an engine built with uninitialized weights: its builder fills them with the resharder before the
+    #: first generate (the native fused engine); False when it loads the checkpoint itself.
+    starts_empty: bool = False
+
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample `params.n` completions per prompt; returns len(prompts) * n items, prompt-major."""
+
+    def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
+        """One completion per request, in order (`params.n` is ignored); the request form of `generate`, used by
+        agent loops and continuous batching."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate from requests")
 
     @abc.abstractmethod
     def sleep(self, level: int = 1) -> None:

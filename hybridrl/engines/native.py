@@ -29,7 +29,7 @@ from hybridrl.errors import ConfigError, HybridRLError
 log = logging.getLogger(__name__)
 
 
-def native_impl(cfg: EngineConfig, hf_config, tp_size: int = 1, tp_group=None) -> str:
+def native_impl(cfg: EngineConfig, hf_config, tp_size: int = 1) -> str:
     """'fused' or 'hf' for `engine.impl` and this model: auto takes fused when it can (saying why not, once, when
     it cannot); impl=fused that cannot run raises ConfigError."""
     if cfg.impl == "hf":
@@ -38,8 +38,6 @@ def native_impl(cfg: EngineConfig, hf_config, tp_size: int = 1, tp_group=None) -
 
     try:
         check_supported(hf_config)
-        if tp_size > 1 and tp_group is None:
-            raise UnsupportedModel(f"engine.tp_size={tp_size} without an engine TP process group")
     except UnsupportedModel as e:
         if cfg.impl == "fused":
             raise ConfigError(f"engine.impl=fused cannot run this model: {e}") from None

@@ -3,7 +3,7 @@
 How a worker drives it (every rank of the TP group makes the same calls in the same order; each is a collective
 of the group)::
 
-    eng = SglangEngine(path, cfg, tp_rank=r % tp, tp_size=tp, seed=seed, device="cuda")
+    eng = SglangEngine(path, cfg, topology=topology, seed=seed, device="cuda")
     eng.wake_up(["kv_cache"]); outs = eng.generate(prompts, params); eng.sleep(2)
     ...train...
     eng.wake_up(["weights"])                       # resume_memory_occupation(["weights"])
@@ -54,6 +54,7 @@ from hybridrl.engines.sglang import payload as wire
 from hybridrl.engines.sglang.requests import build_requests, params_key, parse_outputs
 from hybridrl.engines.sglang.tp import TpGroup
 from hybridrl.errors import ConfigError, HybridRLError
+from hybridrl.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,7 @@ class SglangEngine(RolloutEngine):
         model_path: str,
         cfg: EngineConfig,
         *,
-        tp_rank: int = 0,
-        tp_size: int = 1,
+        topology: Topology | None = None,
         seed: int = 0,
         device: str = "cuda",
         engine_factory: Callable[..., Any] | None = None,
@@ -91,9 +91,10 @@ class SglangEngine(RolloutEngine):
                 "compares log_softmax(logits / temperature) everywhere. Unset it."
             )
         self.cfg, self.device = cfg, torch.device(device)
-        self.tp_rank, self.tp_size = tp_rank, tp_size
+        topology = topology or Topology(1)
+        self.tp_rank, self.tp_size = topology.engine_tp_rank, topology.engine_tp_size
         factory = engine_factory if engine_factory is not None else _sglang_engine_class()
-        self.tp = TpGroup(tp_rank, tp_size)
+        self.tp = TpGroup(topology)
         self.stop_ids = _model_eos_ids(Path(model_path))
         self._backup = cfg.sglang.enable_weights_cpu_backup
         self._released: set[str] = set()  # SGLang tags released and not resumed yet
@@ -109,7 +110,7 @@ class SglangEngine(RolloutEngine):
             dtype = cfg.dtype
         self.engine_kwargs: dict[str, Any] = dict(
             model_path=str(model_path),
-            tp_size=tp_size,
+            tp_size=self.tp_size,
             base_gpu_id=self._base_gpu_id(),
             mem_fraction_static=opts.mem_fraction_static,
             enable_memory_saver=opts.enable_memory_saver,

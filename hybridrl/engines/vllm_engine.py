@@ -2,7 +2,7 @@
 
 How a worker drives it (see `hybridrl.engines.base`)::
 
-    eng = VllmEngine(path, cfg, tp_rank=r % tp, tp_size=tp, seed=seed + dp_rank, device="cuda")
+    eng = VllmEngine(path, cfg, topology=topology, seed=seed, device="cuda")
     eng.wake_up(["kv_cache"]); outs = eng.generate(prompts, params); eng.sleep(2)
     ...train...
     eng.wake_up(["weights"]); eng.load_weights(layer_0); eng.load_weights(layer_1); ...
@@ -70,6 +70,7 @@ import torch
 from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sampling import stream_key
+from hybridrl.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,7 @@ class VllmEngine(RolloutEngine):
         model_path: str,
         cfg: EngineConfig,
         *,
-        tp_rank: int = 0,
-        tp_size: int = 1,
+        topology: Topology | None = None,
         seed: int = 0,
         device: str = "cpu",
         cache_root: str | None = None,
@@ -114,6 +114,8 @@ class VllmEngine(RolloutEngine):
         if self.on_cpu:
             _check_cpu_head_dim(hf_config)
 
+        topology = topology or Topology(1)
+        tp_size = topology.engine_tp_size
         self.owns_process_group = not (dist.is_available() and dist.is_initialized())
         if self.owns_process_group:
             if tp_size != 1:
@@ -123,14 +125,10 @@ class VllmEngine(RolloutEngine):
                 )
             backend = "uni"
         else:
+            # external_launcher: vLLM builds its TP groups from RANK / WORLD_SIZE as consecutive ranks, the same
+            # groups as the run's Topology.
             backend = "external_launcher"
-            world, rank = dist.get_world_size(), dist.get_rank()
-            if world % tp_size or rank % tp_size != tp_rank:
-                raise RuntimeError(
-                    f"vLLM builds TP groups of {tp_size} consecutive ranks; rank {rank} of {world} "
-                    f"cannot be TP rank {tp_rank}"
-                )
-            os.environ["RANK"] = str(rank)
+            os.environ["RANK"] = str(topology.rank)
             os.environ["LOCAL_RANK"] = str(_local_device_index(self.device))
 
         self.llm_kwargs = _prepare_llm_kwargs(

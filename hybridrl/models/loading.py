@@ -48,6 +48,13 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tok
 
 
+def load_hf_config(path: str, trust_remote_code: bool = False):
+    """The model's config (config.json) alone, without loading any weight."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
 def load_causal_lm(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
     """A causal LM from `path` in `dtype` on `device`, with the configured attention kernel."""
     from transformers import AutoModelForCausalLM

@@ -2,7 +2,8 @@
 
 from hybridrl.reshard.config import ReshardConfig
 from hybridrl.reshard.gather import iter_full_layers
-from hybridrl.reshard.layout import ModelShape, TensorSpec, WeightLayout, build_layout
+from hybridrl.models.shape import ModelShape
+from hybridrl.reshard.layout import TensorSpec, WeightLayout, build_layout
 from hybridrl.reshard.manager import Resharder
 from hybridrl.reshard.reference import reference_shard
 from hybridrl.reshard.stats import ReshardStats

@@ -14,14 +14,15 @@ and delivers its own shard, so a trainer rank can feed engine ranks of another l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hybridrl.engines.base import RolloutEngine
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.reshard.broadcast import recv_bucket, send_bucket
 from hybridrl.reshard.config import ReshardConfig
@@ -29,6 +30,19 @@ from hybridrl.reshard.gather import iter_full_layers
 from hybridrl.reshard.layout import LayerGroup, TensorSpec, WeightLayout, build_layout
 from hybridrl.reshard.reference import reference_shard
 from hybridrl.reshard.stats import PeakTracker, PhaseClock, ReshardStats
+
+
+class WeightSink(Protocol):
+    """What the resharder delivers into: a rollout engine, or a plain tensor holder in tests and benchmarks."""
+
+    weight_layout_style: str
+    """The layout the sink holds ("hf" or "fused"; see reshard/layout.py)."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given tensors into the sink, by name."""
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The sink's current tensors by name (for `reshard.verify`); may raise NotImplementedError."""
 
 
 @dataclass
@@ -58,7 +72,7 @@ class Resharder:
     def __init__(
         self,
         config: ReshardConfig,
-        engine: RolloutEngine | None,
+        engine: WeightSink | None,
         hf_config,
         *,
         tp_rank: int = 0,

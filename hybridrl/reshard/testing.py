@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 
-from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
 from hybridrl.errors import HybridRLError
 from hybridrl.reshard.layout import WeightLayout
 
 
-class TensorDictEngine(RolloutEngine):
-    """Holds preallocated tensors by name; `load_weights` copies into them (casting dtype, moving device)."""
+class TensorDictEngine:
+    """A `WeightSink` holding preallocated tensors by name; `load_weights` copies into them (casting dtype, moving
+    device). It generates nothing."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], style: str = "fused") -> None:
         self.tensors = tensors
@@ -39,12 +39,5 @@ class TensorDictEngine(RolloutEngine):
         """The held tensors (live, not copies)."""
         return self.tensors.items()
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        """Not an engine that generates."""
-        raise NotImplementedError("TensorDictEngine holds weights only")
-
-    def sleep(self, level: int = 1) -> None:
-        """Nothing to release."""
-
-    def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
-        """Nothing to restore."""
+    def finish_weight_update(self) -> None:
+        """Nothing to close."""

@@ -97,3 +97,16 @@ class TrainerConfig:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         if self.keep_last < 1:
             raise ConfigError(f"trainer.keep_last must be >= 1, got {self.keep_last}")
+
+
+@dataclass
+class ReferenceConfig:
+    """The frozen reference policy (`ref.*`), loaded when the KL to it is used (`algorithm.kl_coef` > 0)."""
+
+    offload: Optional[bool] = None
+    """Move its parameters to host memory between its log-prob passes (GPU only); None follows whether
+    `trainer.offload` includes params."""
+
+    def resolve_offload(self, trainer: TrainerConfig) -> bool:
+        """The offload policy in effect."""
+        return "params" in trainer.offload_parts() if self.offload is None else self.offload

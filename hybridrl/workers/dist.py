@@ -18,14 +18,22 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+#: A rendezvous file shared by the workers of one node (`cluster=local`): a store that needs no TCP port.
+STORE_FILE_ENV = "HYBRIDRL_STORE_FILE"
+
+
 def init_process_group(rank: int, world_size: int, device: torch.device, timeout_s: float) -> None:
-    """Join the workers' default group; a lone worker uses an in-memory store (no port to pick)."""
+    """Join the workers' default group: through the file named by $HYBRIDRL_STORE_FILE (local workers), the
+    MASTER_ADDR/PORT rendezvous (Ray, torchrun), or an in-memory store for a lone worker (no port to pick)."""
     if dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    if world_size == 1 and "MASTER_ADDR" not in os.environ:
+    if os.environ.get(STORE_FILE_ENV):
+        store = dist.FileStore(os.environ[STORE_FILE_ENV], world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+    elif world_size == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
     else:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout, **kwargs)

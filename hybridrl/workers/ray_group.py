@@ -19,22 +19,15 @@ import os
 import shutil
 import socket
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from hybridrl.errors import HybridRLError
-from hybridrl.workers.errors import WorkerFailure, raised_message, timeout_message
+from hybridrl.phases import Phase
+from hybridrl.workers.errors import WorkerFailure, raised_message
+from hybridrl.workers.failures import STARTUP_S, Answers, Failure, error_summary, phase_deadline_s
 from hybridrl.workers.group import WorkerGroup
-from hybridrl.workers.local import (
-    FAILURE_GRACE_S,
-    STARTUP_S,
-    error_summary,
-    inject_test_fault,
-    phase_deadline_s,
-    prepare_worker_process,
-    reward_modules,
-)
+from hybridrl.workers.process import prepare_worker_process, reward_modules
 
 log = logging.getLogger("hybridrl")
 
@@ -53,8 +46,6 @@ class RayWorkerActor:
 
     def __init__(self) -> None:
         self.worker: Any = None
-        self.rank = -1
-        self.calls: Counter[str] = Counter()
 
     def node_info(self) -> tuple[str, int, int]:
         """(node IP, a free TCP port on this node, pid)."""
@@ -71,15 +62,11 @@ class RayWorkerActor:
         prepare_worker_process(modules, threads)
         from hybridrl.workers.worker import HybridWorker
 
-        self.rank = rank
-        inject_test_fault(rank, "init", 1)
         self.worker = HybridWorker(cfg, rank=rank, world_size=world_size, local_rank=0)
 
-    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+    def call(self, phase: str, args: tuple, kwargs: dict) -> Any:
         """One phase command."""
-        self.calls[method] += 1
-        inject_test_fault(self.rank, method, self.calls[method])
-        return getattr(self.worker, method)(*args, **kwargs)
+        return getattr(self.worker, Phase(phase).value)(*args, **kwargs)
 
     def shutdown(self) -> None:
         """Leave the process group; the controller then kills the actor."""
@@ -92,7 +79,7 @@ class RayWorkerGroup(WorkerGroup):
     """`cluster.nnodes × cluster.workers_per_node` HybridWorkers as Ray actors."""
 
     def __init__(self, cfg) -> None:
-        super().__init__(world_size=cfg.cluster.world_size, tp_size=cfg.engine.tp_size)
+        super().__init__(cfg.topology())
         self.ray = import_ray()
         self.timeout_s = cfg.cluster.collective_timeout_s
         self.deadline_s = phase_deadline_s(self.timeout_s)
@@ -179,62 +166,44 @@ class RayWorkerGroup(WorkerGroup):
         self._gather("init", refs, startup)
 
     # -- commands ---------------------------------------------------------------------------
-    def run(self, method: str, per_rank_args: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
+    def run(self, phase: Phase, per_rank_args: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
         if self.closed:
-            raise WorkerFailure(f"cannot run {method!r}: the worker group has shut down", phase=method)
+            raise WorkerFailure(f"cannot run {str(phase)!r}: the worker group has shut down", phase=str(phase))
         refs = [
-            a.call.remote(method, tuple(per_rank_args[r]) if per_rank_args else (), kwargs)
+            a.call.remote(Phase(phase).value, tuple(per_rank_args[r]) if per_rank_args else (), kwargs)
             for r, a in enumerate(self.actors)
         ]
         try:
-            return self._gather(method, refs, self.deadline_s)
+            return self._gather(str(phase), refs, self.deadline_s)
         except KeyboardInterrupt:
             self.shutdown()
             raise
 
     def _gather(self, phase: str, refs: list, deadline_s: float) -> list[Any]:
-        """Results in rank order; the first failure (after a short grace) stops everything and raises."""
+        """Results in rank order, through the shared failure path."""
         ray = self.ray
         rank_of = {ref: r for r, ref in enumerate(refs)}
-        results: dict[int, Any] = {}
-        failures: list[tuple[str, int, str, str | None]] = []
-        pending, start, first_failure = list(refs), time.monotonic(), None
-        while pending:
-            limit = start + deadline_s if first_failure is None else first_failure + FAILURE_GRACE_S
-            if time.monotonic() >= limit:
-                break
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, limit - time.monotonic()))
+        answers = Answers(phase, len(refs), deadline_s, self.timeout_s)
+        pending = list(refs)
+        while pending and answers.waiting():
+            ready, pending = ray.wait(pending, num_returns=1, timeout=answers.remaining())
             for ref in ready:
                 r = rank_of[ref]
                 try:
-                    results[r] = ray.get(ref)
+                    answers.ok(r, ray.get(ref))
                 except ray.exceptions.RayActorError:
                     where = f"pid {self.info[r][2]} on {self.info[r][0]}" if r < len(self.info) else "not started"
-                    failures.append(("died", r, f"worker rank {r} died during {phase!r} (Ray actor {where})", None))
+                    answers.failed(Failure("died", r, f"worker rank {r} died during {phase!r} (Ray actor {where})"))
                 except ray.exceptions.RayTaskError as e:
                     cause = getattr(e, "cause", None)
                     summary = error_summary(cause) if cause is not None else str(e).strip().splitlines()[-1]
-                    failures.append(("raised", r, raised_message(r, phase, summary), str(e)))
-            if failures and first_failure is None:
-                first_failure = time.monotonic()
-        if failures:
-            self._fail(phase, failures)
-        if pending:
-            ranks = sorted(rank_of[p] for p in pending)
-            self._fail(phase, [("timeout", ranks[0], timeout_message(ranks, phase, time.monotonic() - start, self.timeout_s), None)])
-        return [results[r] for r in range(len(refs))]
+                    answers.failed(Failure("raised", r, raised_message(r, phase, summary), str(e)))
 
-    def _fail(self, phase: str, failures: list[tuple[str, int, str, str | None]]) -> None:
-        order = {"died": 0, "raised": 1, "timeout": 2}
-        kind, rank, message, tb = min(failures, key=lambda f: order[f[0]])
-        if tb:
-            log.error("worker rank %d traceback:\n%s", rank, tb.rstrip())
-        for f in failures:
-            if f[1] != rank:
-                log.warning("also: %s", f[2])
-        self.failed = True
-        self.shutdown()
-        raise WorkerFailure(message, rank=rank, phase=phase)
+        def stop() -> None:
+            self.failed = True
+            self.shutdown()
+
+        return answers.results(on_failure=stop)
 
     # -- teardown ---------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,31 +1,25 @@
-"""HybridWorker: one device's trainer, rollout engine and weight sync; each phase is a method.
+"""HybridWorker: one device's roles (actor, ref, engine, ...) on the run's topology; each phase is a method.
 
-The controller calls these in order every iteration (on every worker, same order)::
+The controller sends the phases (`hybridrl.phases.Phase`) in order every iteration, on every worker::
 
     wake → generate → sleep → logprob → reward → [advantages on the controller] → update → reshard
+
+The worker decides no schedule: it dispatches each phase to the roles it concerns, and records memory after it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
 from collections.abc import Sequence
 
 import torch
 
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
-from hybridrl.engines import build_engine
-from hybridrl.engines.fused.groups import engine_tp_group
 from hybridrl.engines.base import Completion, SamplingParams
-from hybridrl.models.loading import load_tokenizer, resolve_model_path
-from hybridrl.reshard import Resharder
-from hybridrl.rewards import RewardInput, normalize_results, resolve_reward
-from hybridrl.training.trainer import Trainer
+from hybridrl.rewards.scoring import score_batch
+from hybridrl.workers.build import build_components
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
-
-log = logging.getLogger(__name__)
 
 
 def sampling_seed(base: int, step: int) -> int:
@@ -36,122 +30,111 @@ def sampling_seed(base: int, step: int) -> int:
 
 
 class HybridWorker:
-    """Trainer + engine on one device. Holds no schedule: the controller decides what runs when."""
+    """The roles of one device. Holds no schedule: the controller decides what runs when."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1, local_rank: int = 0) -> None:
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.cfg = cfg
+        self.topology = dataclasses.replace(cfg.topology(), rank=rank)
+        if self.topology.world_size != world_size:
+            raise ValueError(f"worker started in a world of {world_size}, the config asks for {self.topology.world_size}")
         self.device = pick_device(cfg.trainer.device, local_rank)
         init_process_group(rank, world_size, self.device, cfg.cluster.collective_timeout_s)
-        torch.manual_seed(cfg.trainer.seed)
-        self.tp_size = cfg.engine.tp_size
-        self.tp_rank = rank % self.tp_size
-        self.model_path = resolve_model_path(cfg.model)
-        self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
-        steps_per_iter = cfg.trainer.ppo_epochs * self._minibatches_per_step()
-        self.trainer = Trainer(
-            self.model_path, cfg.model, cfg.trainer, cfg.algorithm, self.device,
-            self.tokenizer.pad_token_id, cfg.engine.temperature, cfg.trainer.steps * steps_per_iter,
-        )
-        # Collective: every rank creates every engine TP group, in the same order.
-        self.tp_group = engine_tp_group(self.tp_size)
-        self.engine = build_engine(
-            cfg.engine, cfg.model, self.model_path, self.tokenizer, self.device,
-            tp_rank=self.tp_rank, tp_size=self.tp_size, seed=cfg.trainer.seed, tp_group=self.tp_group,
-        )
-        self.resharder = Resharder(
-            cfg.reshard, self.engine, self.trainer.model.config, tp_rank=self.tp_rank, tp_size=self.tp_size
-        )
-        self.reward_fn = resolve_reward(cfg.reward.spec)
+        self.roles = build_components(cfg, self.topology, self.device)
         self.memory: dict[str, dict[str, float]] = {}
-        self.phase_stats: dict[str, float] = {}  # offload figures, reported with the update's metrics
+        self.switch_stats: dict[str, float] = {}  # onload figures, reported with the update's metrics
         self._record("init")
 
-    def _minibatches_per_step(self) -> int:
-        rows = self.cfg.data.train_batch_size * self.cfg.algorithm.group_size
-        return 1 if self.cfg.trainer.mini_batch_size == 0 else rows // self.cfg.trainer.mini_batch_size
-
     def _record(self, phase: str) -> None:
+        """Memory after `phase`. The phase's device work is waited for first (the current stream only: copies left
+        on side streams on purpose keep running), so the controller's `time/<phase>` is the phase's real time."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
         self.memory[phase] = memory_snapshot(self.device)
 
     # -- phase commands -------------------------------------------------------------------
     def wake(self) -> dict[str, float]:
-        """Give the device to the engine: trainer state to host (per trainer.offload), engine fully awake."""
-        stats = self.trainer.offload()
-        self.engine.wake_up(["weights", "kv_cache"])
+        """Give the device to the engine: trainer roles to host (per their offload policies), engine awake."""
+        r = self.roles
+        stats = r.actor.offload()
+        if r.ref is not None:
+            stats.update(r.ref.offload())  # completes the copy started after its log-prob pass
+        r.rollout.wake()
         self._record("wake")
         return stats
 
     def generate(
         self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams, prompt_offset: int = 0
     ) -> list[Completion]:
-        """Sample completions for this worker's engine-DP share of the prompts (global index `prompt_offset` on)."""
+        """Sample completions for this worker's engine replica's prompts (global index `prompt_offset` on)."""
         params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset)
-        out = self.engine.generate(prompts, params)
+        out = self.roles.rollout.generate(prompts, params)
         self._record("generate")
         return out
 
     def sleep(self) -> None:
         """Free the engine's memory for training (level per engine.sleep_level)."""
-        self.engine.sleep(self.cfg.engine.sleep_level)
+        self.roles.rollout.sleep()
         self._record("sleep")
 
     def logprob(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Old-policy and reference log-probs of the sampled tokens."""
-        self.phase_stats.update(self.trainer.onload_params())
-        out = self.trainer.compute_logprobs(batch)
+        """Old-policy and reference log-probs of the sampled tokens. The reference and the optimizer state start
+        coming back on side streams, behind the actor's passes."""
+        r = self.roles
+        self.switch_stats.update(r.actor.onload_params())
+        if r.ref is not None:
+            self.switch_stats.update(r.ref.onload(wait=False))
+        self.switch_stats.update(r.actor.onload_optimizer(wait=False))
+        micro = r.actor.micro_batches(batch)
+        out = r.actor.compute_logprobs(micro)
+        if r.ref is not None:
+            out.update(r.ref.compute_logprobs(micro))
+            r.ref.offload(wait=False)  # out again at once, behind the update
         self._record("logprob")
         return out
 
     def reward(self, batch: Batch) -> tuple[list[float], dict[str, list[float]]]:
         """Score each completion with the configured reward function."""
-        lengths = batch["response_mask"].sum(-1).tolist()
-        items = [
-            RewardInput(
-                prompt=batch.meta["prompt_text"][i],
-                response=self.tokenizer.decode(batch["responses"][i, : int(n)].tolist(), skip_special_tokens=True),
-                sample=batch.meta["sample"][i],
-                finish_reason=batch.meta["finish_reason"][i],
-            )
-            for i, n in enumerate(lengths)
-        ]
-        out = normalize_results(self.reward_fn(items), expected=len(items))
+        out = score_batch(self.roles.reward_fn, batch, self.roles.tokenizer)
         self._record("reward")
         return out
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-clip update of the policy on this worker's shard."""
-        self.phase_stats.update(self.trainer.onload_optimizer())
-        out = {**self.trainer.update(batch), **self.phase_stats}
-        self.phase_stats = {}
+        actor = self.roles.actor
+        self.switch_stats.update(actor.onload_optimizer())
+        out = {**actor.update(batch), **self.switch_stats}
+        self.switch_stats = {}
         self._record("update")
         return out
 
     def reshard(self) -> dict[str, float]:
-        """Stream the updated weights into the engine (wakes the engine's weights first)."""
-        t0 = time.perf_counter()
-        self.engine.wake_up(["weights"])
-        stats = self.resharder.sync(self.trainer.model).metrics()
-        self.engine.finish_weight_update()
-        stats["reshard/seconds"] = time.perf_counter() - t0
+        """Stream the updated weights into the engine."""
+        stats = self.roles.rollout.sync(self.roles.actor.model)
         self._record("reshard")
         return stats
 
+    # -- housekeeping ---------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:
-        """Write this rank's trainer state into the checkpoint folder `path`."""
-        self.trainer.save(path)
+        """Write this rank's state of every stateful role into the checkpoint folder `path` (collective)."""
+        for name, role in self.roles.stateful().items():
+            role.save(self.roles.state_dir(path, name))
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore the trainer from `path`; the controller reshards afterwards so the engine follows."""
-        self.trainer.load(path)
+        """Restore every stateful role from `path`; the controller reshards afterwards so the engine follows."""
+        for name, role in self.roles.stateful().items():
+            role.load(self.roles.state_dir(path, name))
 
     def memory_report(self) -> dict[str, dict[str, float]]:
-        """Memory after each phase of the last iteration."""
-        return dict(self.memory)
+        """Memory after each phase of the last iteration, and each role's own figures (`roles/<name>`)."""
+        report = dict(self.memory)
+        for name, role in self.roles.roles().items():
+            report[f"roles/{name}"] = role.memory_stats()
+        return report
 
     def shutdown(self) -> None:
         """Release the engine and leave the process group."""
         import torch.distributed as dist
 
-        self.engine.shutdown()
+        self.roles.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -73,12 +73,12 @@ def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict]
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        from hybridrl.engines.fused.groups import engine_tp_group
+        from hybridrl.topology import Topology
 
         torch.set_num_threads(1)  # 2-4 ranks share 2 cores
         dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
         mesh = init_device_mesh("cpu", (world,))
-        groups = {tp: engine_tp_group(tp) for tp in (1, 2, 4) if tp <= world}  # every rank, same order
+        groups = {tp: Topology(world, tp, rank).engine_tp_group() for tp in (1, 2, 4) if tp <= world}  # every rank, same order
         for case in cases:
             try:
                 results[case["id"]] = check(case, rank, world, mesh, groups)

@@ -8,7 +8,7 @@ from tests.tiny_models import KINDS, tiny_config, tiny_model
 
 from hybridrl.errors import ConfigError
 from hybridrl.reshard import build_layout, reference_shard
-from hybridrl.reshard.layout import ModelShape, padded_vocab
+from hybridrl.models.shape import ModelShape, padded_vocab
 
 
 def _full(kind: str, **overrides) -> dict[str, torch.Tensor]:

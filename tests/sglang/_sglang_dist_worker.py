@@ -23,13 +23,14 @@ def scenario(rank: int, world: int, tp: int, model_dir: str, result: dict) -> No
     from hybridrl.engines.config import EngineConfig
     from hybridrl.engines.sglang_engine import SglangEngine
     from hybridrl.errors import HybridRLError
+    from hybridrl.topology import Topology
 
-    tp_rank, leader = rank % tp, rank - rank % tp
+    topology = Topology(world, tp, rank)
+    tp_rank, leader = topology.engine_tp_rank, topology.engine_tp_ranks[0]
     eng = SglangEngine(
         model_dir,
         EngineConfig(name="sglang", tp_size=tp),
-        tp_rank=tp_rank,
-        tp_size=tp,
+        topology=topology,
         seed=7,
         device="cpu",
         engine_factory=FakeSglangEngine,

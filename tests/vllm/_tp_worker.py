@@ -23,8 +23,9 @@ def main() -> None:
     from hybridrl.engines.base import SamplingParams
     from hybridrl.engines.config import EngineConfig
     from hybridrl.engines.vllm_engine import VllmEngine
+    from hybridrl.topology import Topology
 
-    eng = VllmEngine(model, EngineConfig(name="vllm", tp_size=world), tp_rank=rank, tp_size=world, seed=0,
+    eng = VllmEngine(model, EngineConfig(name="vllm", tp_size=world), topology=Topology(world, world, rank), seed=0,
                      cache_root=os.path.join(os.path.dirname(out_path), f"vllm-cache-{rank}"))
     prompts = json.loads(os.environ["TP_TEST_PROMPTS"])
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=3)

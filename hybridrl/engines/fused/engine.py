@@ -35,6 +35,7 @@ class FusedEngine(NativeEngine):
     """`NativeEngine` over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
 
     weight_layout_style = "fused"
+    starts_empty = True
 
     def __init__(self, hf_config, eos_token_ids: Sequence[int], pad_token_id: int | None, *,
                  device: torch.device | str, dtype: torch.dtype, cfg: EngineConfig | None = None,

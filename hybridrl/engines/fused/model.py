@@ -26,7 +26,8 @@ from hybridrl.engines.fused.groups import TensorParallel
 from hybridrl.engines.fused.kv_cache import KVCache
 from hybridrl.engines.fused.rope import check_supported, rope_tables
 from hybridrl.errors import HybridRLError
-from hybridrl.reshard.layout import ModelShape, build_layout, padded_vocab
+from hybridrl.models.shape import ModelShape, padded_vocab
+from hybridrl.reshard.layout import build_layout
 
 
 # Flash (prefill) and memory-efficient (masked decode) kernels: both capture in CUDA graphs and take strided K/V.

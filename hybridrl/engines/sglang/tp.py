@@ -1,6 +1,6 @@
 """The engine TP group seen from one worker: its CPU (gloo) process group and leader-centred collectives.
 
-Groups are `tp_size` consecutive ranks of the default group ([0..tp), [tp..2tp), ...). Only the leader (TP rank 0)
+The groups come from the run's `Topology` (`tp_size` consecutive ranks). Only the leader (TP rank 0)
 owns the SGLang Engine; the others send it their inputs (`gather`), wait for its verdict (`broadcast`) and take
 their share of the outputs (`scatter`). Small Python objects only travel here (token ids, base64 payloads of a few
 hundred bytes on a GPU), so a gloo group is used even when the default group is NCCL.
@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from hybridrl.errors import HybridRLError
+from hybridrl.topology import Topology
 
 T = TypeVar("T")
 
@@ -21,33 +22,20 @@ T = TypeVar("T")
 class TpGroup:
     """One engine TP group's CPU collectives (no-ops for a TP group of one)."""
 
-    def __init__(self, tp_rank: int, tp_size: int) -> None:
-        """Must run on every rank of the default group at the same time (`dist.new_group` is collective over it)."""
-        self.tp_rank, self.tp_size = tp_rank, tp_size
+    def __init__(self, topology: Topology) -> None:
+        """Must run on every rank at the same time: the topology creates the gloo TP groups on first use, which is
+        collective over the default group."""
+        self.tp_rank, self.tp_size = topology.engine_tp_rank, topology.engine_tp_size
+        self.ranks = topology.engine_tp_ranks
         self.group: dist.ProcessGroup | None = None
-        self.ranks = [0]
+        if self.tp_size == 1:
+            return
         if not (dist.is_available() and dist.is_initialized()):
-            if tp_size != 1:
-                raise HybridRLError(
-                    f"engine.tp_size={tp_size} needs torch.distributed initialized by the worker "
-                    "(one process per TP rank); none is"
-                )
-            return
-        world, rank = dist.get_world_size(), dist.get_rank()
-        if world % tp_size or rank % tp_size != tp_rank:
             raise HybridRLError(
-                f"SGLang engine TP groups are {tp_size} consecutive ranks; "
-                f"rank {rank} of {world} cannot be TP rank {tp_rank}"
+                f"engine.tp_size={self.tp_size} needs torch.distributed initialized by the worker "
+                "(one process per TP rank); none is"
             )
-        leader = rank - tp_rank
-        self.ranks = list(range(leader, leader + tp_size))
-        if tp_size == 1:
-            return
-        # Every rank creates every group, in the same order: new_group is a collective of the default group.
-        for start in range(0, world, tp_size):
-            group = dist.new_group(list(range(start, start + tp_size)), backend="gloo")
-            if start == leader:
-                self.group = group
+        self.group = topology.engine_tp_group(backend="gloo")
 
     @property
     def is_leader(self) -> bool:

@@ -1,0 +1,117 @@
+"""What every trained FSDP role shares: the sharded model, AdamW, the lr schedule, host offload and checkpoints.
+
+The actor (`training/trainer.py`) and a critic build on it; each adds its own forward and loss. A role's
+memory lifecycle inside one iteration::
+
+    learner.offload()            # before the rollout: parameter shards and/or Adam state to pinned host memory
+    learner.onload_params()      # before the forward passes
+    learner.onload_optimizer()   # before the update (started early with wait=False, joined here)
+    learner.optimizer_step()     # after the micro-batches' backward passes
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from hybridrl.training.checkpoint import load_trainer, save_trainer
+from hybridrl.training.fsdp import reshard_units
+from hybridrl.training.offload import HostOffloader, timed_moves
+from hybridrl.training.schedule import build_scheduler
+
+log = logging.getLogger(__name__)
+
+
+class FSDPLearner:
+    """An FSDP2 model with AdamW, a warmup/cosine schedule and per-part host offload.
+
+    `optim` is any config with the optimizer fields of `TrainerConfig` (lr, betas, eps, weight_decay,
+    warmup_steps, lr_schedule, min_lr_ratio, grad_clip, fused_optimizer); `offload_parts` says what goes to host
+    memory during the rollout ("params", "optimizer"), which only a GPU honours.
+    """
+
+    #: The role's name in metrics and checkpoints ("actor", "critic").
+    name = "learner"
+
+    def __init__(self, model: torch.nn.Module, optim, offload_parts: set[str], device: torch.device,
+                 total_optimizer_steps: int) -> None:
+        self.model, self.optim, self.device = model, optim, device
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
+            fused=True if optim.fused_optimizer and device.type == "cuda" else None,
+        )
+        self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps, total_optimizer_steps, optim.lr_schedule,
+                                         optim.min_lr_ratio)
+        on_gpu = device.type == "cuda"
+        self.param_offload = HostOffloader(lambda: list(self.model.parameters()), device,
+                                           enabled="params" in offload_parts and on_gpu)
+        self.optim_offload = HostOffloader(
+            lambda: [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)], device,
+            enabled="optimizer" in offload_parts and on_gpu,
+        )
+
+    # -- memory ---------------------------------------------------------------------------
+    def offload(self) -> dict[str, float]:
+        """Parameters and/or optimizer state to pinned host memory, per the offload policy (for the rollout)."""
+        reshard_units(self.model)  # offload moves shards, not the full copy a forward leaves at world size 1
+        return timed_moves(f"offload/{self.name}/offload", self.device, self.param_offload.offload, self.optim_offload.offload)
+
+    def onload_params(self) -> dict[str, float]:
+        """Parameters back on the device, before the forward passes."""
+        return timed_moves(f"offload/{self.name}/onload_params", self.device, self.param_offload.onload)
+
+    def onload_optimizer(self, wait: bool = True) -> dict[str, float]:
+        """Optimizer state back on the device. With wait=False the copy runs on a side stream behind the caller's
+        work; a later call with wait=True joins it before the update."""
+        if not self.optim_offload.enabled:
+            return {}
+        if not wait:
+            moved = self.optim_offload.onload(wait=False)
+            return {f"offload/{self.name}/onload_optim_gb": moved / 1e9} if moved else {}
+        t0 = time.perf_counter()
+        moved = self.optim_offload.onload()  # nothing left unless the early onload was skipped
+        self.optim_offload.wait()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        out = {f"offload/{self.name}/onload_optim_wait_s": time.perf_counter() - t0}
+        if moved:
+            out[f"offload/{self.name}/onload_optim_gb"] = moved / 1e9
+        return out
+
+    def memory_stats(self) -> dict[str, float]:
+        """GiB of this role's parameters and optimizer state on the device and in host memory."""
+        return {**self.param_offload.stats("params"), **self.optim_offload.stats("optimizer")}
+
+    # -- optimization ---------------------------------------------------------------------
+    def optimizer_step(self) -> float:
+        """Clip the gradient norm, step AdamW (skipped, with a warning, on a non-finite norm) and the schedule;
+        returns the norm before clipping."""
+        max_norm = self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        else:
+            log.warning("%s: non-finite gradient norm %s: optimizer step skipped", self.name, norm.item())
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm.item()
+
+    @torch.no_grad()
+    def iter_full_params(self):
+        """(HF name, full tensor) for every parameter, gathered from the FSDP shards one at a time (collective)."""
+        for name, p in self.model.named_parameters():
+            yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Model, optimizer, scheduler and RNG of this rank into `path` (collective)."""
+        save_trainer(self.model, self.optimizer, self.scheduler, path)
+
+    def load(self, path: str | Path) -> None:
+        """Restore everything `save` wrote (collective)."""
+        load_trainer(self.model, self.optimizer, self.scheduler, path)

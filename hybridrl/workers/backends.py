@@ -1,0 +1,20 @@
+"""The worker-group backend `cluster.name` selects: inline (in this process), local (processes), ray (actors)."""
+
+from __future__ import annotations
+
+from hybridrl.workers.group import WorkerGroup
+
+
+def build_worker_group(cfg) -> WorkerGroup:
+    """Start the workers of `cluster.name` for `cfg` (Ray is imported only when asked for)."""
+    if cfg.cluster.name == "inline":
+        from hybridrl.workers.inline import InlineWorkerGroup
+
+        return InlineWorkerGroup(cfg)
+    if cfg.cluster.name == "local":
+        from hybridrl.workers.local import LocalWorkerGroup
+
+        return LocalWorkerGroup(cfg)
+    from hybridrl.workers.ray_group import RayWorkerGroup
+
+    return RayWorkerGroup(cfg)
