@@ -147,6 +147,106 @@ def ppo_clip_loss(
     return loss, metrics
 
 
+# GSPO's sequence-level log-ratio is capped here before exp(), as verl does (exp(10) ~ 2.2e4).
+_MAX_SEQ_LOG_RATIO = 10.0
+
+
+def _token_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """[B] advantages broadcast to [B, T]; [B, T] passed through."""
+    if advantages.dim() == logp.dim() - 1:
+        return advantages.unsqueeze(-1).expand_as(logp)
+    return advantages
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    normalizer: float | torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO (Zheng et al. 2025): PPO-clip on the sequence-level importance ratio, GSPO-token form.
+
+    The sequence ratio is the geometric mean of the token ratios over the response,
+    s_i = exp(mean_t (logp - old_logp)). Each token carries s_i,t = sg[s_i] * pi / sg[pi], equal to
+    s_i in value, so the clip (at 1 - clip_low, 1 + clip_high; the paper uses 3e-4 and 4e-4) acts on
+    whole sequences, while the gradient flows per token: for an unclipped sequence,
+    d loss / d logp_t = -A_i * s_i / |y_i| (divided by the number of sequences), as in the paper.
+
+    Always aggregated as seq-mean-token-mean (GSPO's objective is a mean over sequences of the
+    sequence term; verl forces the same mode), so pass the seq-mean-token-mean `normalizer`. No dual
+    clip. `is_weights` multiply the per-token loss without gradient. Metrics as `ppo_clip_loss`
+    (`clip_frac` over tokens, so each sequence counts by its length, as in verl).
+    """
+    m = mask.to(logp.dtype)
+    advantages = _token_advantages(advantages, logp)
+    # where() first: garbage at padding must reach neither the sequence mean nor the gradient.
+    log_ratio = torch.where(m > 0, logp - old_logp, torch.zeros_like(logp))
+    seq_log_ratio = log_ratio.sum(-1) / m.sum(-1).clamp(min=1)
+    logp_resp = torch.where(m > 0, logp, torch.zeros_like(logp))
+    log_s = logp_resp - logp_resp.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(log_s.clamp(max=_MAX_SEQ_LOG_RATIO))
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_mat = torch.maximum(loss_unclipped, loss_clipped)
+    if is_weights is not None:
+        loss_mat = loss_mat * is_weights.detach()
+    loss = aggregate(loss_mat, mask, "seq-mean-token-mean", normalizer)
+
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": masked_mean((loss_clipped > loss_unclipped).float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
+def cispo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    agg_mode: str,
+    normalizer: float | torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, Chen et al. 2025): clipped, detached importance weights times the advantage
+    times the log-prob of every token:
+
+        loss_t = -sg[clamp(ratio_t, 1 - clip_low, 1 + clip_high)] * A_t * logp_t
+
+    Unlike PPO-clip no token is dropped from the gradient: the clip bounds the weight, and
+    d loss / d logp_t = -w_t * A_t (over the aggregation's denominator). The paper sets no lower
+    bound (a clip_low >= 1 does that; verl's example uses 10) and tunes only clip_high. The loss
+    value is not comparable to PPO's (it contains logp). `clip_frac`: tokens whose weight was clipped.
+    """
+    m = mask.to(logp.dtype)
+    advantages = _token_advantages(advantages, logp)
+    with torch.no_grad():
+        log_ratio = torch.where(m > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        ratio = torch.exp(log_ratio)
+        weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    logp_resp = torch.where(m > 0, logp, torch.zeros_like(logp))
+    loss_mat = -weight * advantages * logp_resp
+    if is_weights is not None:
+        loss_mat = loss_mat * is_weights.detach()
+    loss = aggregate(loss_mat, mask, agg_mode, normalizer)
+
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": masked_mean((weight != ratio).float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dim, as logsumexp(l) - sum(softmax(l) * l).
 
