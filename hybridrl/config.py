@@ -53,6 +53,18 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self.topology().check_batch(self.data.train_batch_size, self.algorithm.group_size, self.trainer.mini_batch_size)
+        algo = self.algorithm
+        if self.engine.temperature == 0 and algo.group_size > 1:
+            raise ConfigError(
+                f"engine.temperature=0 with algorithm.group_size={algo.group_size}: greedy decoding gives every sample "
+                "of a prompt the same tokens, so every advantage is 0; sample with engine.temperature > 0 "
+                "(validation is greedy on its own)"
+            )
+        if algo.needs_critic:
+            raise ConfigError("algorithm=ppo needs the critic role, which this build does not have yet; "
+                              "pick one of the critic-free algorithms (README: Algorithms)")
+        if algo.overlong_buffer:
+            algo.overlong_buffer_tokens(self.engine.max_new_tokens)  # a buffer longer than the responses fails here
 
     def topology(self, rank: int = 0) -> Topology:
         """The process layout this config asks for, seen from `rank`."""

@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
-from hybridrl.algorithms import apply_kl_to_rewards, grpo_advantages, masked_mean, mismatch_metrics
+from hybridrl.algorithms import GroupRefill
 from hybridrl.batch import Batch
 from hybridrl.checkpoints import CheckpointDir, read_meta
 from hybridrl.config import RunConfig
 from hybridrl.data.prompts import Prompt, PromptLoader, load_prompts
 from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.estimation import estimate, shaped_scores
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
 from hybridrl.tracking.tracker import Tracker
 from hybridrl.phases import TIMED_PHASES, Phase
@@ -156,23 +157,27 @@ class Controller:
         group = self.group
         self.times = {}
         t_step = time.perf_counter()
-        prompts = self.loader.next_batch()
         with self.timed(Phase.WAKE):
-            wake_stats = mean_over_ranks([s or {} for s in group.run_all(Phase.WAKE)])
-        with self.timed(Phase.GENERATE):
-            comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
-        with self.timed(Phase.SLEEP):
-            group.run_all(Phase.SLEEP)
-        batch = completions_to_batch(prompts, comps)
+            metrics = mean_over_ranks([s or {} for s in group.run_all(Phase.WAKE)])
+        if self.cfg.algorithm.filter_groups:
+            batch, scores, extras, filtered = self._filtered_rollout(step)
+            metrics.update(filtered)
+        else:
+            prompts = self.loader.next_batch()
+            with self.timed(Phase.GENERATE):
+                comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
+            with self.timed(Phase.SLEEP):
+                group.run_all(Phase.SLEEP)
+            batch = completions_to_batch(prompts, comps)
         with self.timed(Phase.LOGPROB):
             parts = group.run_scattered(Phase.LOGPROB, batch)
             for key in parts[0]:
                 batch[key] = torch.cat([p[key] for p in parts])
-        with self.timed(Phase.REWARD):
-            scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
+        if not self.cfg.algorithm.filter_groups:
+            with self.timed(Phase.REWARD):
+                scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
         with self.timed("advantages"):
-            metrics = self._advantages(batch, scores, extras)
-        metrics.update(wake_stats)
+            metrics.update(estimate(self.cfg.algorithm, batch, scores, extras, self.cfg.engine.max_new_tokens))
         with self.timed(Phase.UPDATE):
             metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE, batch)))
         with self.timed(Phase.RESHARD):
@@ -180,6 +185,40 @@ class Controller:
         step_time = time.perf_counter() - t_step
         metrics.update(self._step_metrics(batch, step_time))
         return metrics
+
+    def _filtered_rollout(self, step: int) -> tuple[Batch, list[float], dict[str, list[float]], dict[str, float]]:
+        """DAPO's dynamic sampling: generate and score rounds of new prompts until `data.train_batch_size` groups
+        whose rewards differ are collected (or `algorithm.max_resample_rounds` extra rounds are spent; then the
+        batch is filled with equal-reward groups, whose advantages are 0, so its size stays constant — logged).
+        The reward phase runs before the log-probs here: only the kept rows are scored by the models."""
+        algo, group = self.cfg.algorithm, self.group
+        refill = GroupRefill(self.cfg.data.train_batch_size, algo.group_size, algo.max_resample_rounds)
+        rounds: list[tuple[Batch, list[float], dict[str, list[float]]]] = []
+        first_index = 0
+        while refill.needs_more:
+            prompts = self.loader.next_batch()
+            with self.timed(Phase.GENERATE):
+                comps = group.generate([p.token_ids for p in prompts], step, self.sampling, first_index=first_index)
+            first_index += len(prompts)  # later rounds draw from streams of their own
+            batch = completions_to_batch(prompts, comps)
+            with self.timed(Phase.REWARD):
+                scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
+            raw = torch.tensor(scores, dtype=torch.float32)
+            refill.add(shaped_scores(algo, raw, batch["response_mask"], self.cfg.engine.max_new_tokens))
+            rounds.append((batch, scores, extras))
+        with self.timed(Phase.SLEEP):
+            group.run_all(Phase.SLEEP)
+        plan = refill.finish()
+        if plan.filled_groups:
+            log.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds (algorithm.max_resample_rounds=%d); "
+                        "%d groups with equal rewards fill the batch", step, plan.kept_groups,
+                        self.cfg.data.train_batch_size, plan.rounds, algo.max_resample_rounds, plan.filled_groups)
+        generated = [s for _, sc, _ in rounds for s in sc]
+        batch = Batch.concat([b.select(rows.tolist()) for (b, _, _), rows in zip(rounds, plan.rows)])
+        scores = [sc[i] for (_, sc, _), rows in zip(rounds, plan.rows) for i in rows.tolist()]
+        extras = {k: [ex[k][i] for (_, _, ex), rows in zip(rounds, plan.rows) for i in rows.tolist()]
+                  for k in rounds[0][2]}
+        return batch, scores, extras, {**plan.metrics(), "reward/generated_mean": sum(generated) / len(generated)}
 
     @staticmethod
     def _gather_rewards(parts: list[tuple[list[float], dict[str, list[float]]]]):
@@ -190,31 +229,6 @@ class Controller:
                 extras[k].extend(v)
         return scores, dict(extras)
 
-    def _advantages(self, batch: Batch, scores: list[float], extras: dict[str, list[float]]) -> dict[str, Any]:
-        algo = self.cfg.algorithm
-        rewards = torch.tensor(scores, dtype=torch.float32)
-        metrics: dict[str, Any] = {
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "reward/max": rewards.max().item(),
-        }
-        metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in extras.items()})
-        mask = batch["response_mask"]
-        if algo.kl_in == "reward" and "ref_logprobs" in batch:
-            rewards, seq_kl = apply_kl_to_rewards(
-                rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, algo.kl_coef, algo.kl_estimator
-            )
-            metrics["reward/kl_penalty_mean"] = seq_kl.mean().item()
-        batch["advantages"] = grpo_advantages(rewards, algo.group_size, norm_by_std=algo.norm_adv_by_std)
-        groups = rewards.view(-1, algo.group_size)
-        metrics["reward/solve_none_frac"] = (groups.max(-1).values <= 0).float().mean().item()
-        metrics["reward/zero_std_frac"] = (groups.std(-1) == 0).float().mean().item()
-        if "entropy" in batch:  # of the rollout policy on its own samples (computed in the logprob pass)
-            metrics["actor/entropy"] = masked_mean(batch["entropy"], mask).item()
-        mm = mismatch_metrics(batch["engine_logprobs"], batch["old_logprobs"], mask)
-        metrics.update({k: float(v) for k, v in mm.items()})
-        return metrics
-
     def _step_metrics(self, batch: Batch, step_time: float) -> dict[str, Any]:
         lengths = batch["response_mask"].sum(-1)
         prompt_tokens = sum(len(p) for p in batch.prompts)
@@ -223,6 +237,7 @@ class Controller:
         m: dict[str, Any] = {f"time/{p}": self.times.get(p, 0.0) for p in TIMED_PHASES
                              if p in self.times or p not in ("values", "update_critic")}
         m["time/step"] = step_time
+        m["batch/samples"] = len(batch)
         m["response/length_mean"] = lengths.mean().item()
         m["response/length_max"] = lengths.max().item()
         m["response/clip_frac"] = sum(r == "length" for r in batch.meta["finish_reason"]) / len(batch)

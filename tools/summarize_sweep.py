@@ -41,6 +41,7 @@ def summarize_job(job: Path, metric: str, frac: float) -> dict | None:
         f"{metric} last": round(last, 4),
         "gain": round(last - first, 4),
         "best val/reward_mean": round(max(val), 4) if val else None,
+        "train_s": round(sum(r.get("time/step", 0.0) for r in rows), 1),
         "curve": [(r["step"], r[metric]) for r in rows],
     }
 

@@ -15,16 +15,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from hybridrl.algorithms import (
-    AlgorithmConfig,
-    aggregate,
-    aggregation_denominator,
-    broadcast_to_tokens,
-    kl_penalty,
-    masked_mean,
-    ppo_clip_loss,
-    truncated_is_weights,
-)
+from hybridrl.algorithms import AlgorithmConfig, aggregate, aggregation_denominator, kl_penalty, masked_mean, policy_loss
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
@@ -113,7 +104,7 @@ class Trainer(FSDPLearner):
                 micro = mb_batch.chunks(cfg.micro_batch_size)
                 # Normalize by the whole mini-batch over all ranks, so accumulation over
                 # micro-batches and FSDP's gradient averaging over ranks equal one big batch.
-                denom = sum(aggregation_denominator(m["response_mask"], algo.loss_agg_mode) for m in micro)
+                denom = sum(aggregation_denominator(loss_mask(m), algo.loss_agg_mode) for m in micro)
                 normalizer = self._global_sum(torch.as_tensor(denom)) / self.world
                 for m in micro:
                     for k, v in self._micro_step(m, normalizer).items():
@@ -132,23 +123,24 @@ class Trainer(FSDPLearner):
         logp, entropy = model_logprobs(self.model, (mb, resp, mask), self.cfg, self.temperature, self.pad_token_id,
                                        with_entropy=with_entropy)
         old = mb["old_logprobs"].to(self.device)
-        adv = broadcast_to_tokens(mb["advantages"].to(self.device), mask)
-        is_w = None
-        if algo.rollout_correction == "tis":
-            is_w = truncated_is_weights(old, mb["engine_logprobs"].to(self.device), mask, algo.rollout_correction_cap)
-        loss, pm = ppo_clip_loss(
-            logp, old, adv, mask, algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c,
-            algo.loss_agg_mode, normalizer=normalizer, is_weights=is_w,
-        )
+        # Tokens a rollout correction dropped are out of every term of the loss and of its normalizer.
+        lmask = loss_mask(mb).to(self.device).float()
+        is_w = mb["is_weights"].to(self.device) if "is_weights" in mb else None
+        loss, pm = policy_loss(algo, logp, old, mb["advantages"].to(self.device), lmask, normalizer, is_weights=is_w)
         metrics = {"actor/pg_loss": loss.item(), **{f"actor/{k}": float(v) for k, v in pm.items()}}
         if "ref_logprobs" in mb:
             kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), algo.kl_estimator)
             metrics["actor/kl"] = masked_mean(kl, mask).item()
-            if algo.kl_in == "loss":
-                kl_loss = aggregate(kl, mask, algo.loss_agg_mode, normalizer=normalizer)
+            if algo.kl_in_loss:
+                kl_loss = aggregate(kl, lmask, algo.loss_agg_mode, normalizer=normalizer)
                 loss = loss + algo.kl_coef * kl_loss
         if with_entropy:
-            loss = loss - algo.entropy_coef * aggregate(entropy, mask, algo.loss_agg_mode, normalizer=normalizer)
+            loss = loss - algo.entropy_coef * aggregate(entropy, lmask, algo.loss_agg_mode, normalizer=normalizer)
             metrics["actor/entropy_in_update"] = masked_mean(entropy.detach(), mask).item()
         loss.backward()
         return metrics
+
+
+def loss_mask(mb: Batch) -> torch.Tensor:
+    """The tokens the loss covers: the response mask, less what a masked rollout correction dropped."""
+    return mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]

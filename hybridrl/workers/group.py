@@ -45,14 +45,17 @@ class WorkerGroup(abc.ABC):
         """Each rank its shard of `batch` (the topology's row slices) for `phase`."""
         return self.run(phase, [(batch.select(s),) for s in self.topology.row_slices(len(batch))], **kwargs)
 
-    def generate(self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams) -> list[Completion]:
-        """Prompts split over the engine replicas; completions back in prompt order, prompt indices global."""
+    def generate(self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams,
+                 first_index: int = 0) -> list[Completion]:
+        """Prompts split over the engine replicas; completions back in prompt order (indices into `prompts`).
+        `first_index` is the global index of `prompts[0]` in the step's random streams (a later round of the
+        same step passes the number of prompts already drawn, so it never repeats their samples)."""
         topo = self.topology
         shares = topo.prompt_slices(len(prompts))
         args = []
         for r in range(self.world_size):
             share = shares[topo.of_rank(r).engine_dp_rank]
-            args.append((list(prompts[share]), step, params, share.start))
+            args.append((list(prompts[share]), step, params, first_index + share.start))
         results = self.run(Phase.GENERATE, args)
         out: list[Completion] = []
         for leader, share in zip(topo.engine_leaders(), shares):

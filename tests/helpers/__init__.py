@@ -1,0 +1,1 @@
+"""Importable pieces tests hand to the app by name (reward functions, ...)."""
