@@ -218,3 +218,35 @@ def test_older_rng_state_form_still_restores():
     want = random.random()
     set_rng_state(old)
     assert random.random() == want
+
+
+def _published(tmp_path: Path, trainer, model_section: dict) -> Path:
+    ckpt = CheckpointDir(tmp_path, 1)
+    tmp = ckpt.staging(1)
+    trainer.save(str(tmp))
+    return ckpt.publish(tmp, 1, {"loader": {}, "config": {"model": model_section}})
+
+
+def test_export_takes_no_model_folder_or_remote_code_from_the_checkpoint(tmp_path, trainer, tiny_path, capsys):
+    from tools.export_hf import main as export_main
+
+    path = _published(tmp_path, trainer, {"name": "hf", "path": "/elsewhere/model", "trust_remote_code": True})
+    out = tmp_path / "hf"
+    with pytest.raises(SystemExit, match=r"model.path='/elsewhere/model'; pass --model-path"):
+        export_main(["--checkpoint", str(path), "--output", str(out)])
+    with pytest.raises(SystemExit, match="sets model.trust_remote_code=true; pass --trust-remote-code"):
+        export_main(["--checkpoint", str(path), "--output", str(out), "--model-path", tiny_path])
+    assert not out.exists()
+    # What the user passes is what runs: the folder given here, not the one in meta.json.
+    assert export_main(["--checkpoint", str(path), "--output", str(out), "--model-path", tiny_path, "--trust-remote-code"]) == 0
+    assert (out / "config.json").is_file()
+
+
+def test_export_refuses_a_corrupt_checkpoint(tmp_path, trainer, capsys):
+    from tools.export_hf import main as export_main
+
+    path = _published(tmp_path, trainer, {})
+    overwrite(path / SHARD, 0, 256)
+    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "hf")]) == 2
+    assert f"file {SHARD} fails its sha256 check" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
