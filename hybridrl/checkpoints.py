@@ -72,6 +72,8 @@ def build_manifest(folder: Path) -> dict[str, dict[str, Any]]:
         fd = os.open(folder / n, os.O_RDONLY)
         try:
             os.fsync(fd)
+        except OSError:  # a file system that cannot fsync a read-only descriptor: hash what is there
+            pass
         finally:
             os.close(fd)
     digests = _hash_all(folder, names)
