@@ -126,7 +126,8 @@ def log_traceback(e: BaseException, run_dir: str) -> str:
         if isinstance(h, logging.FileHandler) and root in Path(h.baseFilename).resolve().parents
     ]
     if handlers:  # Hydra's file handler (hybridrl.log): the traceback lands between the run's own lines
-        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "traceback of the error below:", (), (type(e), e, e.__traceback__))
+        exc_info = (type(e), e, e.__traceback__)
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "traceback of the error below:", (), exc_info)
         for h in handlers:
             h.handle(record)
         return os.path.relpath(handlers[0].baseFilename)

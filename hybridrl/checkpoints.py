@@ -102,14 +102,20 @@ def verify(path: Path) -> None:
     for name in sorted(set(files) - present):
         raise CheckpointError(f"checkpoint {path}: file {name} is missing")
     for name in sorted(present - set(files)):
-        raise CheckpointError(f"checkpoint {path}: file {name} is not in its manifest (added after the checkpoint was written)")
+        raise CheckpointError(
+            f"checkpoint {path}: file {name} is not in its manifest (added after the checkpoint was written)"
+        )
     for name, want in sorted(files.items()):
         size = (path / name).stat().st_size
         if size != want.get("bytes"):
-            raise CheckpointError(f"checkpoint {path}: file {name} has {size} bytes, {want.get('bytes')} were written (truncated or replaced)")
+            raise CheckpointError(
+                f"checkpoint {path}: file {name} has {size} bytes, {want.get('bytes')} were written (truncated or replaced)"
+            )
     for name, digest in sorted(_hash_all(path, sorted(files)).items()):
         if digest != files[name].get("sha256"):
-            raise CheckpointError(f"checkpoint {path}: file {name} fails its sha256 check (corrupt, or modified after it was written)")
+            raise CheckpointError(
+                f"checkpoint {path}: file {name} fails its sha256 check (corrupt, or modified after it was written)"
+            )
 
 
 def _fsync_dir(path: Path) -> None:

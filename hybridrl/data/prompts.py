@@ -47,7 +47,9 @@ def _read_parquet(p: Path, path: str, key: str) -> list[dict]:
         return pq.read_table(p).to_pylist()
     except (pa.ArrowException, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise HybridRLError(f"{key}={path!r} is not a readable Parquet file ({first}); a .parquet name needs Parquet content") from None
+        raise HybridRLError(
+            f"{key}={path!r} is not a readable Parquet file ({first}); a .parquet name needs Parquet content"
+        ) from None
 
 
 def _read_jsonl(p: Path, path: str, key: str) -> list[dict]:
@@ -68,7 +70,9 @@ def _read_jsonl(p: Path, path: str, key: str) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise HybridRLError(f"{key}={path!r}: line {lineno} is not valid JSON ({e.msg})") from e
             if not isinstance(row, dict):
-                raise HybridRLError(f"{key}={path!r}: line {lineno} is a JSON {type(row).__name__}, not an object of columns")
+                raise HybridRLError(
+                    f"{key}={path!r}: line {lineno} is a JSON {type(row).__name__}, not an object of columns"
+                )
             rows.append(row)
     return rows
 

@@ -72,12 +72,16 @@ class SafeReader(FileSystemReader):
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
         rank = kwargs.get("rank")
-        path = self._get_metadata_path(rank) if hasattr(self, "_get_metadata_path") else self.fs.concat_path(self.path, ".metadata")
+        if hasattr(self, "_get_metadata_path"):
+            path = self._get_metadata_path(rank)
+        else:  # older torch: one metadata file
+            path = self.fs.concat_path(self.path, ".metadata")
         with self.fs.create_stream(path, "rb") as f:
             try:
                 metadata = _MetadataUnpickler(f).load()
             except Exception as e:
-                raise CheckpointError(f"checkpoint file {path} is not safe to load or is corrupt: {_first_line(e)}") from None
+                why = _first_line(e)
+                raise CheckpointError(f"checkpoint file {path} is not safe to load or is corrupt: {why}") from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"checkpoint file {path} holds a {type(metadata).__name__}, not DCP metadata")
         if getattr(metadata, "storage_meta", None) is None:
@@ -169,7 +173,8 @@ def read_rank_state(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"checkpoint file {path} holds objects that could run code on load; refused ({_first_line(e)})") from None
+        why = _first_line(e)
+        raise CheckpointError(f"checkpoint file {path} holds objects that could run code on load; refused ({why})") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"checkpoint file {path} cannot be read ({e})") from None
 
