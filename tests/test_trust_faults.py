@@ -125,3 +125,16 @@ def test_ctrl_c_during_worker_start_up_is_one_line(tmp_path):
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert [l for l in out.splitlines() if "interrupted" in l] == [l for l in out.splitlines() if "ERROR" in l]
     assert len([l for l in out.splitlines() if "ERROR" in l]) == 1
+
+
+@pytest.mark.multiproc
+def test_two_workers_save_and_resume_through_the_verified_safe_loader(tmp_path):
+    run = tmp_path / "run"
+    two = [*FAST, "cluster=local", "cluster.workers_per_node=2", "trainer.save_every=1", f"hydra.run.dir={run}"]
+    r = run_app([*two, "trainer.steps=1"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = json.loads((run / "checkpoints" / "step_000001" / "meta.json").read_text())["files"]
+    assert {"rank0.pt", "rank1.pt", "dcp/.metadata"} <= set(files)
+    r = run_app([*two, "trainer.steps=2", "trainer.resume=auto"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "at step 1" in r.stdout + r.stderr and steps(run) == [1, 2]
