@@ -1,6 +1,11 @@
 """The Hydra app: compose the config, validate it, run the controller in Hydra's run dir.
 
     python -m hybridrl engine=vllm algorithm=grpo trainer.lr=1e-6 logger=wandb
+
+Every way a run can end badly ends with one line on the console: a user error (HybridRLError: the
+config, a file, the data) with exit code 2; a composition error (unknown key, missing option, moved
+key) with 2; Ctrl-C with 130; anything unexpected with 1, naming the phase, the exception and where its
+full traceback is (`hybridrl.log` in the run dir). HYDRA_FULL_ERROR=1 shows Hydra's own tracebacks.
 """
 
 from __future__ import annotations
@@ -8,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -16,7 +22,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.config import register_configs, validate
-from hybridrl.errors import HybridRLError
+from hybridrl.config_checks import check_composed, composition_error_line, moved_key_in_overrides
+from hybridrl.errors import HybridRLError, in_phase, phase_of
 
 log = logging.getLogger("hybridrl")
 
@@ -51,34 +58,84 @@ def _names(hc) -> tuple[str, str | None]:
 
 
 def run(cfg: DictConfig) -> float:
-    """Validate `cfg` and train; user errors end the process with one line and a non-zero code.
+    """Validate `cfg` and train; every failure ends the process with one line and a non-zero code.
 
     Returns the run's objective for sweepers (Optuna): the mean reward/mean over the last 20% of steps.
     """
     import hybridrl.data.synthetic  # noqa: F401  (registers the "synthetic" reward)
     from hybridrl.controller import Controller
+    from hybridrl.models.loading import check_supported_architecture, resolve_model_path
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
     try:
-        rc = validate(cfg)
+        with in_phase("config"):
+            check_composed(cfg)
+            rc = validate(cfg)
+            check_supported_architecture(resolve_model_path(rc.model), rc.model.trust_remote_code)
         job_name, sweep_group = _names(hc)
         controller = Controller(rc, run_dir, OmegaConf.to_container(cfg, resolve=True), job_name, sweep_group)
         try:
-            controller.setup()
-            controller.train()
+            with in_phase("setup"):
+                controller.setup()
+            with in_phase("train"):
+                controller.train()
             objective = controller.objective()
         finally:
-            controller.cleanup()
+            _cleanup(controller, run_dir)
     except HybridRLError as e:
         log.error("error: %s", e)
         sys.stderr.flush()
         sys.exit(2)
-    except KeyboardInterrupt:
-        log.error("interrupted")  # cleanup (workers stopped) already ran in the finally above
+    except KeyboardInterrupt as e:
+        where = f" during {phase_of(e)}" if phase_of(e) else ""
+        log.error("interrupted%s; workers stopped", where)  # cleanup already ran in the finally above
         sys.exit(130)
+    except Exception as e:  # a bug or a library's crash: one line here, the traceback in the log file
+        log.error("%s", crash_line(e, log_traceback(e, run_dir)))
+        sys.exit(1)
     log.info("done: outputs in %s (objective %.4f)", os.path.relpath(run_dir), objective)
     return objective
+
+
+def _cleanup(controller, run_dir: str) -> None:
+    """Stop workers; a failure (or a second Ctrl-C) here is one line, never a traceback over the first error."""
+    try:
+        controller.cleanup()
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the run is ending either way
+        where = log_traceback(e, run_dir)
+        log.error("cleanup failed: %s: %s (traceback in %s)", type(e).__name__, _first_line(e), where)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def crash_line(e: BaseException, traceback_at: str) -> str:
+    """`error in generate: RuntimeError: CUDA out of memory (full traceback in outputs/.../hybridrl.log)`."""
+    phase = phase_of(e)
+    return f"error{f' in {phase}' if phase else ''}: {type(e).__name__}: {_first_line(e)} (full traceback in {traceback_at})"
+
+
+def log_traceback(e: BaseException, run_dir: str) -> str:
+    """Write `e`'s traceback to the run dir's log file only (not the console); returns where it went."""
+    root = Path(run_dir).resolve()
+    handlers = [
+        h for h in {*logging.getLogger().handlers, *log.handlers}
+        if isinstance(h, logging.FileHandler) and root in Path(h.baseFilename).resolve().parents
+    ]
+    if handlers:  # Hydra's file handler (hybridrl.log): the traceback lands between the run's own lines
+        exc_info = (type(e), e, e.__traceback__)
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "traceback of the error below:", (), exc_info)
+        for h in handlers:
+            h.handle(record)
+        return os.path.relpath(handlers[0].baseFilename)
+    path = root / "hybridrl.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+    return os.path.relpath(path)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://hybridrl.conf", config_name="config")
@@ -87,5 +144,31 @@ def _hydra_entry(cfg: DictConfig) -> float:
 
 
 def main() -> None:
-    """Console-script entry point (`hybridrl ...`), same as `python -m hybridrl ...`."""
-    _hydra_entry()
+    """Console-script entry point (`hybridrl ...`), same as `python -m hybridrl ...`.
+
+    Moved keys on the command line fail before Hydra composes. Hydra's composition errors (printed
+    by Hydra over several lines) are raised to here and printed as one line, unless the user set
+    HYDRA_FULL_ERROR=1 to see them whole.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    moved = moved_key_in_overrides(sys.argv[1:])
+    if moved:
+        print(f"error: {moved}", file=sys.stderr)
+        sys.exit(2)
+    user_full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing; we print one line below
+    try:
+        _hydra_entry()
+    except (HydraException, OmegaConfBaseException) as e:
+        if user_full:
+            raise
+        print(f"error: {composition_error_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        if not user_full:
+            os.environ.pop("HYDRA_FULL_ERROR", None)

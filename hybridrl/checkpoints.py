@@ -1,24 +1,129 @@
-"""The run's checkpoint folder: atomic publication, finding the newest complete one, keep-last-k.
+"""The run's checkpoint folder: atomic publication with checksums, verified resume, keep-last-k.
 
-A checkpoint is written to `checkpoints/.tmp-step_N`, completed with `meta.json`, then renamed to
+A checkpoint is written to `checkpoints/.tmp-step_N` (by every role of every worker: the actor's DCP
+shards and per-rank state, and whatever else a role saves into a subfolder), then `publish` records
+the size and sha256 of every file under it in `meta.json`, written last, and renames the folder to
 `checkpoints/step_N`. Only folders named `step_N` that hold `meta.json` count, so a save killed
 half-way is never resumed from (its `.tmp-` folder is removed at the next start).
+
+`resolve` verifies before it returns a path: a file missing, added, truncated or changed since it was
+written is an error naming the file (explicit `trainer.resume=PATH`), or a skipped checkpoint, logged,
+with `trainer.resume=auto` falling back to the newest one that verifies. `keep_last` never deletes
+the newest verified checkpoint to make room for ones that do not verify.
+
+The controller's use::
+
+    ckpts = CheckpointDir(run_dir, keep_last)
+    path = ckpts.resolve(cfg.trainer.resume)      # a verified checkpoint, or None
+    ...
+    tmp = ckpts.staging(step); <every worker saves into tmp>; ckpts.publish(tmp, step, {"loader": ..., "config": ...})
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hybridrl.errors import ConfigError
+from hybridrl.errors import CheckpointError, ConfigError
 
 log = logging.getLogger("hybridrl")
 _NAME = re.compile(r"^step_(\d+)$")
+META = "meta.json"
+FORMAT = 2
+"""meta.json format: 2 = with the `files` manifest (sha256 and size of every file)."""
+_CHUNK = 8 << 20
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 8 MiB chunks (hashlib releases the GIL: threads hash in parallel)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under `folder` (any depth, dotfiles included) except meta.json, as posix relative paths."""
+    out = []
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and rel not in (META, META + ".tmp"):
+            out.append(rel)
+    return sorted(out)
+
+
+def _hash_all(folder: Path, names: list[str]) -> dict[str, str]:
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
+        return dict(zip(names, pool.map(lambda n: file_sha256(folder / n), names)))
+
+
+def build_manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {"bytes": size, "sha256": hex}} for every file under `folder`, whatever role wrote it."""
+    names = _files(folder)
+    for n in names:  # the bytes we hash are the bytes on disk, not a page cache that a crash would lose
+        fd = os.open(folder / n, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        except OSError:  # a file system that cannot fsync a read-only descriptor: hash what is there
+            pass
+        finally:
+            os.close(fd)
+    digests = _hash_all(folder, names)
+    return {n: {"bytes": (folder / n).stat().st_size, "sha256": digests[n]} for n in names}
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The checkpoint's meta.json (step, loader position, config, file manifest)."""
+    try:
+        return json.loads((Path(path) / META).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: {META} cannot be read ({e})") from None
+
+
+def verify(path: Path) -> None:
+    """Raise CheckpointError naming the first file of checkpoint `path` that differs from its manifest."""
+    path = Path(path)
+    meta = read_meta(path)
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        raise CheckpointError(
+            f"checkpoint {path} has no file checksums (written by an older hybridrl, or its {META} was edited); "
+            "it cannot be verified"
+        )
+    present = set(_files(path))
+    for name in sorted(set(files) - present):
+        raise CheckpointError(f"checkpoint {path}: file {name} is missing")
+    for name in sorted(present - set(files)):
+        raise CheckpointError(
+            f"checkpoint {path}: file {name} is not in its manifest (added after the checkpoint was written)"
+        )
+    for name, want in sorted(files.items()):
+        size = (path / name).stat().st_size
+        if size != want.get("bytes"):
+            raise CheckpointError(
+                f"checkpoint {path}: file {name} has {size} bytes, {want.get('bytes')} were written (truncated or replaced)"
+            )
+    for name, digest in sorted(_hash_all(path, sorted(files)).items()):
+        if digest != files[name].get("sha256"):
+            raise CheckpointError(
+                f"checkpoint {path}: file {name} fails its sha256 check (corrupt, or modified after it was written)"
+            )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class CheckpointDir:
@@ -27,6 +132,8 @@ class CheckpointDir:
     def __init__(self, run_dir: str | Path, keep_last: int) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep_last = keep_last
+        # path -> (meta.json mtime_ns, size, verified?) so pruning hashes each checkpoint at most once.
+        self._checked: dict[Path, tuple[int, int, bool]] = {}
 
     def staging(self, step: int) -> Path:
         """A fresh temporary folder for step `step`'s checkpoint."""
@@ -36,31 +143,50 @@ class CheckpointDir:
         return tmp
 
     def publish(self, tmp: Path, step: int, meta: dict[str, Any]) -> Path:
-        """Write meta.json last, then rename into place; prune older checkpoints."""
-        meta_tmp = tmp / "meta.json.tmp"
-        meta_tmp.write_text(json.dumps({"step": step, **meta}, indent=1))
-        os.replace(meta_tmp, tmp / "meta.json")
+        """Checksum every file in `tmp`, write meta.json last, rename into place; prune older checkpoints."""
+        files = build_manifest(tmp)
+        meta_tmp = tmp / (META + ".tmp")
+        with open(meta_tmp, "w") as f:
+            json.dump({"step": step, **meta, "format": FORMAT, "files": files}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(meta_tmp, tmp / META)
+        _fsync_dir(tmp)
         final = self.root / f"step_{step:06d}"
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        _fsync_dir(self.root)
+        self._remember(final, True)
         self._prune()
         return final
 
     def complete(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, oldest first."""
+        """Complete checkpoints (a step_N folder with meta.json), oldest first; not yet verified."""
         if not self.root.is_dir():
             return []
         found = []
         for p in self.root.iterdir():
             m = _NAME.match(p.name)
-            if m and (p / "meta.json").is_file():
+            if m and (p / META).is_file():
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
     def latest(self) -> Path | None:
+        """The newest complete checkpoint, verified or not."""
         done = self.complete()
         return done[-1][1] if done else None
+
+    def newest_verified(self, log_skipped: bool = False) -> Path | None:
+        """The newest checkpoint that verifies; with `log_skipped`, a warning for each newer one that does not."""
+        for _, p in reversed(self.complete()):
+            try:
+                self._verify(p)
+                return p
+            except CheckpointError as e:
+                if log_skipped:
+                    log.warning("trainer.resume=auto: skipping %s: %s", p.name, e)
+        return None
 
     def remove_stale(self) -> None:
         """Delete half-written checkpoints left by a killed run."""
@@ -69,22 +195,68 @@ class CheckpointDir:
                 log.warning("removing incomplete checkpoint %s", p)
                 shutil.rmtree(p, ignore_errors=True)
 
-    def _prune(self) -> None:
-        for _, p in self.complete()[: -self.keep_last]:
-            shutil.rmtree(p, ignore_errors=True)
-
     def resolve(self, resume: str | None) -> Path | None:
-        """The checkpoint `trainer.resume` names: auto = newest here (None if there is none), or a path."""
+        """The verified checkpoint `trainer.resume` names: auto = the newest here that verifies (None when
+        there is no checkpoint at all), or a path. Raises CheckpointError naming the file that fails."""
         if not resume:
             return None
         if resume == "auto":
             self.remove_stale()
-            return self.latest()
+            done = self.complete()
+            path = self.newest_verified(log_skipped=True)
+            if path is None and done:
+                raise CheckpointError(
+                    f"trainer.resume=auto: none of the {len(done)} checkpoints in {self.root} verifies (see the "
+                    "warnings above); move them away to start fresh, or resume one explicitly after repairing it"
+                )
+            if path is not None and path != done[-1][1]:
+                log.warning("trainer.resume=auto: resuming from %s, the newest checkpoint that verifies", path.name)
+            return path
         path = Path(resume).expanduser()
-        if not (path / "meta.json").is_file():
-            raise ConfigError(f"trainer.resume={resume!r} is not a complete checkpoint folder (no meta.json)")
+        if not (path / META).is_file():
+            raise ConfigError(f"trainer.resume={resume!r} is not a complete checkpoint folder (no {META})")
+        self._verify(path)
         return path
 
+    # -- internals ------------------------------------------------------------------------
+    def _signature(self, path: Path) -> tuple[int, int]:
+        st = (path / META).stat()
+        return st.st_mtime_ns, st.st_size
 
-def read_meta(path: Path) -> dict[str, Any]:
-    return json.loads((path / "meta.json").read_text())
+    def _remember(self, path: Path, ok: bool) -> None:
+        self._checked[path] = (*self._signature(path), ok)
+
+    def _verify(self, path: Path) -> None:
+        seen = self._checked.get(path)
+        if seen is not None and seen[:2] == self._signature(path) and seen[2]:
+            return
+        try:
+            verify(path)
+        except CheckpointError:
+            self._remember(path, False)
+            raise
+        self._remember(path, True)
+
+    def _is_verified(self, path: Path) -> bool:
+        try:
+            self._verify(path)
+            return True
+        except CheckpointError:
+            return False
+
+    def _prune(self) -> None:
+        """Delete all but the newest `keep_last`, except the newest verified checkpoint, which always stays."""
+        done = self.complete()
+        doomed = done[: -self.keep_last]
+        if not doomed:
+            return
+        kept = [p for _, p in done[-self.keep_last :]]
+        keep = next((p for p in reversed(kept) if self._is_verified(p)), None)
+        if keep is None:  # every kept one fails: the newest good one among the older ones stays too
+            keep = next((p for _, p in reversed(doomed) if self._is_verified(p)), None)
+            if keep is not None:
+                log.warning("keep_last: keeping %s, the newest checkpoint that verifies", keep.name)
+        for _, p in doomed:
+            if p != keep:
+                shutil.rmtree(p, ignore_errors=True)
+                self._checked.pop(p, None)

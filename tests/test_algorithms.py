@@ -271,12 +271,14 @@ def test_mismatch_metrics():
 # ---------------------------------------------------------------- config
 
 
-def test_config_defaults_and_uses_reference():
-    cfg = AlgorithmConfig()
-    assert cfg.group_size == 8 and cfg.loss_agg_mode == "token-mean" and cfg.uses_reference
-    assert not AlgorithmConfig(kl_in="none").uses_reference
-    assert not AlgorithmConfig(kl_coef=0.0).uses_reference
-    assert AlgorithmConfig(kl_in="reward", clip_ratio_high=0.28).uses_reference
+@pytest.mark.parametrize(
+    ("kl_in", "kl_coef", "needed"),
+    # A frozen reference is needed exactly when a KL term is both placed (in the loss or the reward) and weighted.
+    [("loss", 0.001, True), ("reward", 0.05, True), ("none", 0.001, False), ("loss", 0.0, False),
+     ("reward", 0.0, False), ("none", 0.0, False)],
+)
+def test_config_uses_reference(kl_in, kl_coef, needed):
+    assert AlgorithmConfig(kl_in=kl_in, kl_coef=kl_coef).uses_reference is needed
 
 
 @pytest.mark.parametrize(

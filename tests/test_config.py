@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
 
 from hybridrl.config import RunConfig, register_configs, validate
 from hybridrl.errors import ConfigError
@@ -32,9 +33,42 @@ def test_group_and_value_overrides():
     assert rc.cluster.world_size == 2 and rc.engine.tp_size == 2
 
 
-def test_every_group_option_composes():
-    for override in ("engine=sglang", "logger=wandb", "reward=math", "cluster=ray", "model=hf model.path=/x", "data=jsonl data.path=/x.jsonl"):
-        validate(composed(*override.split()))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def yaml_leaves(path: Path, prefix: str = "") -> dict[str, object]:
+    """Every value a YAML file sets, by dotted key, read straight from the file (not through Hydra)."""
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    raw.pop("defaults", None)
+
+    def walk(d: dict, pre: str) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for k, v in d.items():
+            out.update(walk(v, f"{pre}{k}.") if isinstance(v, dict) and v else {f"{pre}{k}": v})
+        return out
+
+    return walk(raw, prefix)
+
+
+def assert_applied(cfg, expected: dict[str, object]) -> None:
+    for key, value in expected.items():
+        got = OmegaConf.select(cfg, key)
+        assert got == (float(value) if isinstance(got, float) and isinstance(value, str) else value), key
+
+
+@pytest.mark.parametrize(
+    "override", ["engine=sglang", "logger=wandb", "reward=math", "cluster=ray", "cluster=local", "model=hf model.path=/x",
+                 "data=jsonl data.path=/x.jsonl"],
+)
+def test_every_group_option_composes_with_its_file_values(override):
+    args = override.split()
+    cfg = composed(*args)
+    group, option = args[0].split("=")
+    expected = yaml_leaves(ROOT / "conf" / group / f"{option}.yaml", f"{group}.")
+    expected.update(dict(a.split("=", 1) for a in args[1:]))
+    assert expected  # every option file sets at least its name
+    assert_applied(cfg, expected)
+    validate(cfg)
 
 
 def test_wrong_type_fails_at_composition_naming_the_key():
@@ -81,13 +115,24 @@ def test_missing_model_path_is_reported():
         validate(composed("data=jsonl"))
 
 
-RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "recipes" / "recipe").glob("*.yaml"))
+RECIPES = sorted(p.stem for p in (ROOT / "recipes" / "recipe").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_recipes_compose_and_state_their_command(name):
-    text = (Path(__file__).resolve().parents[1] / "recipes" / "recipe" / f"{name}.yaml").read_text()
+def test_recipes_compose_to_their_own_values_and_state_their_command(name):
+    path = ROOT / "recipes" / "recipe" / f"{name}.yaml"
+    text = path.read_text()
     assert text.startswith("# @package _global_")
     assert f"python -m hybridrl recipe={name}" in text and "Expected" in text
-    rc = validate(composed(f"recipe={name}", "model.path=/some/model", "data.path=/some/train.jsonl"))
-    assert rc.trainer.steps > 0
+    cli = {"model.path": "/some/model", "data.path": "/some/train.jsonl"}
+    cfg = composed(f"recipe={name}", *(f"{k}={v}" for k, v in cli.items()))
+    # What the recipe's defaults select (override /group: option), then what it sets itself, then the command line.
+    expected: dict[str, object] = {}
+    for entry in OmegaConf.to_container(OmegaConf.load(path)).get("defaults", []):
+        for group, option in entry.items():
+            group = group.split()[-1].strip("/")
+            expected.update(yaml_leaves(ROOT / "conf" / group / f"{option}.yaml", f"{group}."))
+    expected.update(yaml_leaves(path))
+    expected.update(cli)
+    assert_applied(cfg, expected)
+    validate(cfg)

@@ -105,3 +105,51 @@ def test_loader_epochs_and_resume(tokenizer):
     resumed = PromptLoader(prompts, 4, shuffle=True, seed=3)
     resumed.load_state_dict(state)
     assert [[p.text for p in resumed.next_batch()] for _ in range(3)] == expected
+
+
+def test_non_utf8_byte_names_the_line(tmp_path, tokenizer):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"prompt": "ok"}\n\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(HybridRLError, match=r"data.path='.*latin1.jsonl': line 3 is not UTF-8 \(byte 0xe9 at column 16\)"):
+        load_prompts(DataConfig(name="jsonl", path=str(bad)), tokenizer)
+
+
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ({"prompt": None}, r"row 1: column 'prompt' \(data.prompt_key\) is null"),
+        ({"prompt": 7}, r"row 1: column 'prompt' \(data.prompt_key\) is int 7"),
+        ({"prompt": []}, r"row 1: column 'prompt' \(data.prompt_key\) is list \[\]"),
+        ({"prompt": [{"role": "user", "content": None}]}, r"row 1: message 0 of column 'prompt' is"),
+        ({"prompt": ["hi"]}, r"row 1: message 0 of column 'prompt' is 'hi'"),
+    ],
+    ids=["null", "number", "empty-list", "null-content", "bare-string-message"],
+)
+def test_bad_prompt_values_name_the_row(tmp_path, tokenizer, row, match):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "fine"}, row])
+    with pytest.raises(HybridRLError, match=match):
+        load_prompts(DataConfig(name="jsonl", path=path), tokenizer)
+
+
+def test_rows_that_are_not_objects_name_the_line(tmp_path, tokenizer):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": "a"}\n["prompt", "b"]\n')
+    with pytest.raises(HybridRLError, match="line 2 is a JSON list, not an object of columns"):
+        load_prompts(DataConfig(name="jsonl", path=str(path)), tokenizer)
+
+
+def test_a_parquet_name_without_parquet_content(tmp_path, tokenizer):
+    pytest.importorskip("pyarrow")
+    fake = tmp_path / "train.parquet"
+    fake.write_text('{"prompt": "this is JSONL"}\n')
+    with pytest.raises(HybridRLError, match=r"data.path='.*train.parquet' is not a readable Parquet file \(.*\)"):
+        load_prompts(DataConfig(name="jsonl", path=str(fake)), tokenizer)
+
+
+def test_null_prompt_in_parquet_names_the_row(tmp_path, tokenizer):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["a", None]}), tmp_path / "t.parquet")
+    with pytest.raises(HybridRLError, match=r"row 1: column 'prompt' \(data.prompt_key\) is null"):
+        load_prompts(DataConfig(name="jsonl", path=str(tmp_path / "t.parquet")), tokenizer)

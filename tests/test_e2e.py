@@ -50,6 +50,9 @@ def test_two_step_run_writes_everything(tmp_path):
         (["engine=nonexistent"], "engine/nonexistent"),
         (["data=jsonl", "data.path=/nonexistent/train.jsonl"], "data.path='/nonexistent/train.jsonl': file not found"),
         (["data.max_prompt_tokens=5"], "data.max_prompt_tokens=5"),
+        (["+trainer.lrr=1e-3"], "trainer.lrr is not a config key (did you mean trainer.lr?)"),
+        (["recipe=gsm8k_grop"], "recipe options: countdown_grpo, cpu_demo, gsm8k_grpo"),
+        (["trainer.lr=nan"], "trainer.lr=nan is not a number"),
     ],
 )
 def test_user_errors_exit_nonzero_with_a_short_message(tmp_path, args, needle):
@@ -58,6 +61,7 @@ def test_user_errors_exit_nonzero_with_a_short_message(tmp_path, args, needle):
     out = r.stdout + r.stderr
     assert needle in out, out[-2000:]
     assert "Traceback" not in out, out[-2000:]
+    assert len([line for line in out.splitlines() if "error" in line.lower()]) == 1, out[-2000:]
 
 
 def test_multirun_sweep_runs_each_job_in_its_own_dir_and_groups_wandb_runs(tmp_path):

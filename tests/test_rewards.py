@@ -8,7 +8,6 @@ import json
 import math
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -113,17 +112,99 @@ def test_normalize_number(text: str | None, expected: str | None) -> None:
     assert normalize_number(text) == expected
 
 
+class _CountingPattern:
+    """A compiled regex that adds the length of every string it is asked to scan to `meter[0]`."""
+
+    def __init__(self, pattern, meter: list[int]) -> None:
+        self._p, self._meter = pattern, meter
+
+    def __getattr__(self, name):
+        attr = getattr(self._p, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self._meter[0] += max((len(a) for a in args if isinstance(a, str)), default=0)
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def _work(fn, text: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Deterministic work of `fn(item(text))`: Python lines run in hybridrl.rewards plus characters given to regexes.
+
+    A stand-in for wall-clock time that does not depend on the machine or its load: a quadratic scan (a Python loop
+    per \\boxed, or a regex rescanning the text from each start) shows as ~16x the work for 4x the input.
+    """
+    import re as _re
+
+    from hybridrl.rewards import math_answer
+
+    meter = [0]
+    for name, value in vars(math_answer).items():
+        if isinstance(value, _re.Pattern):
+            monkeypatch.setattr(math_answer, name, _CountingPattern(value, meter))
+    module_re = _CountingPattern(_re, meter)  # re.sub(...)/re.match(...) called through the module
+    monkeypatch.setattr(math_answer, "re", module_re)
+    roots = (str(Path(math_answer.__file__).parent), __file__)  # the rewards package, and this file's stand-ins
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename.startswith(roots):
+            if event == "line":
+                meter[0] += 1
+            return tracer
+        return None
+
+    sys.settrace(tracer)
+    try:
+        fn(item(text, "5"))
+    finally:
+        sys.settrace(None)
+        monkeypatch.undo()
+    return meter[0]
+
+
 @pytest.mark.parametrize(
-    "response",
-    ["\\boxed{" * 20000, "{" * 50000 + "}" * 3, "#### " + "9" * 5000, "9" * 50000 + "/" + "3" * 50000, "1," * 50000],
-    ids=["unclosed-boxed", "braces", "long-marker", "huge-fraction", "commas"],
+    "make",
+    [
+        lambda n: "\\boxed{" * n,
+        lambda n: "{" * n + "}" * 3,
+        lambda n: "#### " + "9" * n,
+        lambda n: "9" * n + "/" + "3" * n,
+        lambda n: "1," * n,
+        lambda n: "\\boxed{1} " * n,
+    ],
+    ids=["unclosed-boxed", "braces", "long-marker", "huge-fraction", "commas", "many-boxed"],
 )
-def test_pathological_text_is_safe_and_fast(response: str) -> None:
-    start = time.perf_counter()
+def test_pathological_text_is_safe_and_linear(make, monkeypatch: pytest.MonkeyPatch) -> None:
     for fn in (math_reward, format_reward, math_with_format_reward):
-        fn(item(response, "5"))  # never raises
-    assert math_reward(item(response, "5")) == 0.0
-    assert time.perf_counter() - start < 10  # linear: a quadratic \boxed scan took minutes here
+        fn(item(make(20000), "5"))  # never raises
+    assert math_reward(item(make(20000), "5")) in (0.0, 1.0)
+    for fn in (math_reward, format_reward, math_with_format_reward):
+        small, large = _work(fn, make(1000), monkeypatch), _work(fn, make(4000), monkeypatch)
+        assert large <= 5 * small, (fn.__name__, small, large)  # linear: 4x; a quadratic scan: 16x
+
+
+def test_the_work_meter_sees_a_quadratic_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The meter above must be able to fail: a scan from every \\boxed start (the bug it guards) is caught."""
+    from hybridrl.rewards import math_answer
+
+    def quadratic_boxed(text: str):
+        last = None
+        for m in math_answer._BOXED_RE.finditer(text):
+            depth = 0
+            for ch in text[m.end():]:  # rescans the rest of the text from each start
+                depth += ch == "{"
+                depth -= ch == "}"
+            last = m
+        return last
+
+    monkeypatch.setattr(math_answer, "extract_boxed", quadratic_boxed)
+    make = lambda n: "\\boxed{" * n  # noqa: E731
+    small = _work(lambda it: math_answer.extract_boxed(it.response), make(100), monkeypatch)
+    monkeypatch.setattr(math_answer, "extract_boxed", quadratic_boxed)
+    large = _work(lambda it: math_answer.extract_boxed(it.response), make(400), monkeypatch)
+    assert large > 10 * small
 
 
 def test_extract_answer_priority() -> None:
@@ -284,8 +365,10 @@ def test_custom_function_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_reward_config() -> None:
-    assert RewardConfig().spec == "synthetic"
-    assert RewardConfig(name="math", fn="pkg.mod:f").spec == "pkg.mod:f"
+    # spec: fn (when set) wins over name, surrounding whitespace dropped; no dependence on the defaults.
+    assert RewardConfig(name=" math ").spec == "math"
+    assert RewardConfig(name="math", fn=" pkg.mod:f ").spec == "pkg.mod:f"
+    assert RewardConfig(name="format", fn=None).spec == "format"
     with pytest.raises(ConfigError, match=r"reward\.fn"):
         RewardConfig(fn="pkg.mod.f")
     with pytest.raises(ConfigError, match=r"reward\.name"):

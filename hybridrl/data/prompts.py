@@ -31,31 +31,80 @@ def read_rows(path: str, key: str) -> list[dict]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"{key}={path!r}: file not found")
-    if p.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:
-            raise HybridRLError(f"{key}={path!r} is Parquet; install pyarrow (pip install pyarrow)") from e
-        return pq.read_table(p).to_pylist()
-    rows = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise HybridRLError(f"{key}={path!r}: line {lineno} is not valid JSON ({e.msg})") from e
+    rows = _read_parquet(p, path, key) if p.suffix == ".parquet" else _read_jsonl(p, path, key)
     if not rows:
         raise HybridRLError(f"{key}={path!r}: the file has no rows")
     return rows
 
 
-def render_prompt(raw: Any, tokenizer, cfg: DataConfig) -> str:
+def _read_parquet(p: Path, path: str, key: str) -> list[dict]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise HybridRLError(f"{key}={path!r} is Parquet; install pyarrow (pip install pyarrow)") from e
+    try:
+        return pq.read_table(p).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HybridRLError(
+            f"{key}={path!r} is not a readable Parquet file ({first}); a .parquet name needs Parquet content"
+        ) from None
+
+
+def _read_jsonl(p: Path, path: str, key: str) -> list[dict]:
+    rows = []
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise HybridRLError(
+                    f"{key}={path!r}: line {lineno} is not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HybridRLError(f"{key}={path!r}: line {lineno} is not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise HybridRLError(
+                    f"{key}={path!r}: line {lineno} is a JSON {type(row).__name__}, not an object of columns"
+                )
+            rows.append(row)
+    return rows
+
+
+def check_prompt(raw: Any, where: str, key: str) -> None:
+    """Raise HybridRLError unless `raw` is a string or a list of {role, content} chat messages with string content."""
+    if isinstance(raw, str):
+        return
+    if raw is None:
+        raise HybridRLError(f"{where}: column {key!r} (data.prompt_key) is null; every row needs a prompt")
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise HybridRLError(
+            f"{where}: column {key!r} (data.prompt_key) is {type(raw).__name__} {_short(raw)}; "
+            "it must be a string or a non-empty list of {role, content} messages"
+        )
+    for j, m in enumerate(raw):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise HybridRLError(
+                f"{where}: message {j} of column {key!r} is {_short(m)}; each message needs a string 'role' and 'content'"
+            )
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def render_prompt(raw: Any, tokenizer, cfg: DataConfig, where: str = "data") -> str:
     """The prompt text the model sees: chat-templated messages, or the raw string."""
     if not cfg.apply_chat_template:
         if not isinstance(raw, str):
-            raise HybridRLError("data.apply_chat_template=false needs string prompts, got chat messages")
+            raise HybridRLError(f"{where}: data.apply_chat_template=false needs string prompts, got chat messages")
         return raw
     messages = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw)
     if cfg.system_prompt and messages[0].get("role") != "system":
@@ -69,7 +118,9 @@ def tokenize_rows(rows: list[dict], tokenizer, cfg: DataConfig, source: str) -> 
     for i, row in enumerate(rows):
         if cfg.prompt_key not in row:
             raise HybridRLError(f"{source}: row {i} has no column {cfg.prompt_key!r} (data.prompt_key); columns: {sorted(row)}")
-        text = render_prompt(row[cfg.prompt_key], tokenizer, cfg)
+        where = f"{source}: row {i}"
+        check_prompt(row[cfg.prompt_key], where, cfg.prompt_key)
+        text = render_prompt(row[cfg.prompt_key], tokenizer, cfg, where)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > cfg.max_prompt_tokens:
             if cfg.overlong_prompts == "error":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -36,6 +37,49 @@ def resolve_model_path(cfg: ModelConfig) -> str:
             "point it at a local folder such as the output of `huggingface-cli download`"
         )
     return str(path)
+
+
+def check_supported_architecture(model_path: str, trust_remote_code: bool = False, key: str = "model.path") -> str:
+    """Decide from `config.json` alone, before any weights load, whether every role can run this model.
+
+    The trainer, the reference and the transformers fallback of the native engine take any causal LM
+    transformers knows; the trainer -> engine weight sync (reshard) has layouts for the model types in
+    `hybridrl.reshard.layout.SUPPORTED_MODEL_TYPES` only, so those decide. Returns the model_type;
+    raises ConfigError naming `key`, the folder and what is wrong.
+    """
+    from hybridrl.reshard.layout import SUPPORTED_MODEL_TYPES
+
+    where = f"{key}={model_path!r}"
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{where}: config.json cannot be read as JSON ({e})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ConfigError(f"{where}: config.json has no model_type; is this a Hugging Face model folder?")
+    model_type = config["model_type"]
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        if config.get("auto_map") and not trust_remote_code:
+            raise ConfigError(
+                f"{where}: model_type {model_type!r} is defined by code inside the folder; set "
+                "model.trust_remote_code=true only if you trust that code"
+            )
+        if not config.get("auto_map"):
+            import transformers
+
+            raise ConfigError(
+                f"{where}: model_type {model_type!r} is unknown to the installed transformers {transformers.__version__}"
+            )
+    archs = config.get("architectures") or []
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ConfigError(f"{where}: the folder holds a {', '.join(archs)}, not a causal language model")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"{where}: model_type {model_type!r} is not supported: the trainer -> engine weight sync has layouts "
+            f"for {', '.join(SUPPORTED_MODEL_TYPES)} only"
+        )
+    return model_type
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):

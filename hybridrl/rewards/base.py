@@ -4,26 +4,41 @@ The controller scores a rollout batch like this::
 
     fn = resolve_reward(cfg.reward.fn or cfg.reward.name)        # a batched RewardFn
     items = [RewardInput(prompt, response, sample, finish_reason) for each completion]
-    scores, extras = normalize_results(fn(items), expected=len(items))
-    metrics["reward/mean"] = mean(scores)
-    metrics |= {f"reward/{k}": mean(v) for k, v in extras.items()}
+    out = score_rewards(fn, items, cfg.reward)   # fn(items), checked; samples it raises on get reward.error_score
+    metrics["reward/mean"] = mean(out.scores)
+    metrics |= {f"reward/{k}": mean(v) for k, v in out.extras.items()}
+    metrics["reward/errors"] = out.errors        # summed over workers
 
 A reward function is batched, `fn(items: list[RewardInput]) -> list[float]`, so a reward model can score a
 whole batch in one forward pass. Each result may instead be a dict of components: key "score" is the reward
 and every other key (e.g. "correct", "format") is logged as the mean `reward/<key>`; all dicts of one call
 must have the same keys. Rule-based rewards are easier to write per sample: decorate
 `f(item: RewardInput) -> float | dict[str, float]` with `@per_sample` to get the batched form.
+
+A value that is not a real number (a string "0.5", a bool, None), not finite, or beyond float32's range
+stops the run naming the function and the sample: it is a bug in the function, and would corrupt the
+advantages silently. An exception raised by the function is different: a crash on some odd completion
+should not end a long run, so `score_rewards` scores those samples `reward.error_score`, counts them,
+and stops only when more than `reward.max_error_frac` of a batch fails.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from hybridrl.errors import HybridRLError
+
+if TYPE_CHECKING:
+    from hybridrl.rewards.config import RewardConfig
+
+log = logging.getLogger(__name__)
+FLOAT32_MAX = 3.4028234663852886e38
 
 #: One result of a reward function: the score, or the score plus named components under "score".
 RewardResult = Union[float, dict[str, float]]
@@ -68,56 +83,150 @@ def batched(f: RewardFn) -> RewardFn:
 
 
 def normalize_results(
-    results: Sequence[RewardResult], expected: int | None = None
+    results: Sequence[RewardResult],
+    expected: int | None = None,
+    name: str | None = None,
+    items: Sequence[RewardInput] | None = None,
 ) -> tuple[list[float], dict[str, list[float]]]:
     """Split a reward function's results into scores and per-component lists (aligned with the items).
 
     Accepts a list of numbers or a list of dicts that all hold "score" and the same other keys.
-    Raises HybridRLError when the length differs from `expected`, a value is not a finite number,
-    or the forms are mixed — a bad reward would otherwise corrupt the advantages silently.
-    A tensor or array of scores (a reward model's output) is accepted too.
+    Raises HybridRLError when the length differs from `expected`, a value is not a real number (a
+    string, a bool), not finite or out of float32's range, or the forms are mixed — a bad reward would
+    otherwise corrupt the advantages silently. The message names the function (`name`) and, given
+    `items`, the sample. A tensor or array of scores (a reward model's output) is accepted too.
     """
+    who = f"reward function {name}" if name else "reward function"
     if hasattr(results, "tolist") and not isinstance(results, (list, tuple)):
         results = results.tolist()
     if isinstance(results, (str, bytes, dict)) or not isinstance(results, Sequence):
         raise HybridRLError(
-            f"reward function returned {type(results).__name__}; it must return a list with one result per "
+            f"{who} returned {type(results).__name__}; it must return a list with one result per "
             "item (check reward.fn / reward.name: a per-sample function needs @per_sample or an "
             "`item: RewardInput` annotation)"
         )
     if expected is not None and len(results) != expected:
-        raise HybridRLError(
-            f"reward function returned {len(results)} results for {expected} items; return one per item"
-        )
+        raise HybridRLError(f"{who} returned {len(results)} results for {expected} items; return one per item")
     scores: list[float] = []
     extras: dict[str, list[float]] = {}
     as_dicts = bool(results) and isinstance(results[0], dict)
     if as_dicts:
         keys = set(results[0])
         if "score" not in keys:
-            raise HybridRLError(f"reward result 0 is a dict without key 'score' (keys: {sorted(keys)})")
+            raise HybridRLError(f"{who}: result 0 is a dict without key 'score' (keys: {sorted(keys)})")
         extras = {k: [] for k in results[0] if k != "score"}
     for i, r in enumerate(results):
+        at = f"{who}: result {i}"
+        sample = f"; sample: {describe_item(items[i])}" if items is not None and i < len(items) else ""
         if isinstance(r, dict) != as_dicts:
-            raise HybridRLError(f"reward result {i} and result 0 differ in form (number vs dict); return one form")
+            raise HybridRLError(f"{at} and result 0 differ in form (number vs dict); return one form{sample}")
         if not as_dicts:
-            scores.append(_finite(r, i, "score"))
+            scores.append(_real(r, at, "score", sample))
             continue
         if set(r) != keys:
-            raise HybridRLError(
-                f"reward result {i} has keys {sorted(r)}, result 0 has {sorted(keys)}; use the same keys"
-            )
-        scores.append(_finite(r["score"], i, "score"))
+            raise HybridRLError(f"{at} has keys {sorted(r)}, result 0 has {sorted(keys)}; use the same keys{sample}")
+        scores.append(_real(r["score"], at, "score", sample))
         for k in extras:
-            extras[k].append(_finite(r[k], i, k))
+            extras[k].append(_real(r[k], at, k, sample))
     return scores, extras
 
 
-def _finite(value: Any, i: int, key: str) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise HybridRLError(f"reward result {i}: {key!r} is {value!r}, not a number") from None
+def _real(value: Any, at: str, key: str, sample: str) -> float:
+    """`value` as a float when it is a real number within float32's range; else a HybridRLError."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a 0-d tensor or array
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise HybridRLError(
+            f"{at}: {key!r} is {value!r} (a {type(value).__name__}), not a real number; return a float{sample}"
+        )
+    x = float(value)
     if not math.isfinite(x):
-        raise HybridRLError(f"reward result {i}: {key!r} is {x}; rewards must be finite")
+        raise HybridRLError(f"{at}: {key!r} is {x}; rewards must be finite{sample}")
+    if abs(x) > FLOAT32_MAX:
+        raise HybridRLError(f"{at}: {key!r} is {x:g}, beyond float32's range (advantages are float32){sample}")
     return x
+
+
+def describe_item(item: RewardInput, n: int = 80) -> str:
+    """One line naming a sample: its response, prompt and row, each cut to `n` characters."""
+
+    def cut(v: Any) -> str:
+        text = repr(v)
+        return text if len(text) <= n else text[: n - 3] + "..."
+
+    return f"response={cut(item.response)} prompt={cut(item.prompt)} row={cut(item.sample)}"
+
+
+@dataclass
+class RewardScores:
+    """What `score_rewards` returns: one score per item, the components, and how many samples failed."""
+
+    scores: list[float]
+    """One reward per item."""
+    extras: dict[str, list[float]]
+    """Each component the function returned besides "score", one value per item."""
+    errors: int = 0
+    """Items on which the function raised; they scored reward.error_score (components 0)."""
+
+
+def score_rewards(fn: RewardFn, items: list[RewardInput], cfg: RewardConfig, name: str | None = None) -> RewardScores:
+    """Call `fn` on `items` and check the results; samples the function raises on get `cfg.error_score`.
+
+    A HybridRLError raised by the function (a user error, e.g. a missing answer column) stops the run as
+    it is. Any other exception: the batch is retried one item at a time to find the samples that fail;
+    those score `cfg.error_score` (their components 0.0) and are counted. More than `cfg.max_error_frac`
+    of the batch failing stops the run, naming the function, the first exception and its input.
+    """
+    name = name or cfg.spec
+    if not items:
+        return RewardScores([], {})
+    try:
+        results = fn(items)
+    except HybridRLError:
+        raise
+    except Exception:
+        return _score_one_by_one(fn, items, cfg, name)
+    scores, extras = normalize_results(results, expected=len(items), name=name, items=items)
+    return RewardScores(scores, extras)
+
+
+def _score_one_by_one(fn: RewardFn, items: list[RewardInput], cfg: RewardConfig, name: str) -> RewardScores:
+    good: list[tuple[int, RewardResult]] = []
+    failed: list[tuple[int, BaseException]] = []
+    for i, item in enumerate(items):
+        try:
+            out = fn([item])
+        except HybridRLError:
+            raise
+        except Exception as e:
+            failed.append((i, e))
+            continue
+        if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
+            out = out.tolist()
+        if isinstance(out, (str, bytes, dict)) or not isinstance(out, Sequence) or len(out) != 1:
+            normalize_results(out, expected=1, name=name, items=[item])  # raises, naming the problem
+        good.append((i, out[0]))
+    if failed:
+        i, e = failed[0]
+        summary = (
+            f"reward function {name} raised on {len(failed)} of {len(items)} samples; first: "
+            f"{type(e).__name__}: {_first_line(e)}; on {describe_item(items[i])}"
+        )
+        if len(failed) > cfg.max_error_frac * len(items):
+            raise HybridRLError(f"{summary}. That is more than reward.max_error_frac={cfg.max_error_frac}: fix the function")
+        log.warning("%s (scored reward.error_score=%s)", summary, cfg.error_score)
+    scores = [cfg.error_score] * len(items)
+    extras: dict[str, list[float]] = {}
+    if good:
+        ok_scores, ok_extras = normalize_results([r for _, r in good], name=name, items=[items[i] for i, _ in good])
+        extras = {k: [0.0] * len(items) for k in ok_extras}
+        for j, (i, _) in enumerate(good):
+            scores[i] = ok_scores[j]
+            for k, v in ok_extras.items():
+                extras[k][i] = v[j]
+    return RewardScores(scores, extras, errors=len(failed))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"

@@ -11,6 +11,7 @@ register rewards are imported.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -28,7 +29,11 @@ class RewardConfig:
     name: str = "synthetic"
     """A registered reward: "synthetic" (the default task), "math", "format", "math_with_format", ..."""
     fn: Optional[str] = None
-    """A custom reward as "pkg.module:func" (batched or per-sample, see hybridrl.rewards.registry); overrides name."""
+    """A custom reward "pkg.module:func" (see hybridrl.rewards.registry); every worker imports it, running its code."""
+    error_score: float = 0.0
+    """Reward of a sample on which the reward function raised (counted in reward/errors)."""
+    max_error_frac: float = 0.25
+    """Stop the run when the reward function raises on more than this fraction of a batch (0 = on any error)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -42,6 +47,10 @@ class RewardConfig:
                 f"reward.fn={self.fn!r} is not of the form 'pkg.module:func' (a dotted module path, one colon, "
                 "a function name), e.g. reward.fn=my_rewards:exact_match"
             )
+        if not math.isfinite(self.error_score):
+            raise ConfigError(f"reward.error_score must be a finite number, got {self.error_score}")
+        if not 0.0 <= self.max_error_frac <= 1.0:
+            raise ConfigError(f"reward.max_error_frac must be in [0, 1], got {self.max_error_frac}")
 
     @property
     def spec(self) -> str:

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,13 @@ def _clean(v: Any) -> Any:
 
 
 class Tracker:
-    """Writes metrics rows; `resume_at(step)` drops rows past a checkpoint so steps never repeat."""
+    """Writes metrics rows; `resume_at(step)` drops rows past a checkpoint so steps never repeat, and a run
+    that resumed nothing moves an earlier run's metrics.jsonl aside before its first row."""
 
     def __init__(self, cfg: LoggerConfig, run_dir: str | Path, full_config: dict, job_name: str, sweep_group: str | None) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._continuing = False  # set by resume_at: the rows already in metrics.jsonl belong to this run
         self.wandb = None
         if cfg.name == "wandb":
             self.wandb = self._init_wandb(full_config, job_name, sweep_group)
@@ -62,6 +65,7 @@ class Tracker:
 
     def resume_at(self, step: int) -> None:
         """Keep only rows with step <= `step` (a resumed run rewrites what followed its checkpoint)."""
+        self._continuing = True
         if not self.metrics_path.exists():
             return
         keep = []
@@ -78,6 +82,9 @@ class Tracker:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one row to metrics.jsonl (flushed), log one console line, send to wandb."""
         row = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
+        if not self._continuing:
+            self._set_aside_stale()
+            self._continuing = True
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         parts = [f"step {step}"]
@@ -91,6 +98,19 @@ class Tracker:
         log.info(" ".join(parts))
         if self.wandb is not None:
             self.wandb.log(row, step=step)
+
+    def _set_aside_stale(self) -> None:
+        """A fresh start in a folder that has metrics.jsonl (a run that died before its first checkpoint, or a
+        reused hydra.run.dir): move the old file aside, never delete it, so each step appears once."""
+        if not self.metrics_path.exists():
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest = self.metrics_path.with_name(f"metrics.jsonl.stale-{stamp}")
+        n = 1
+        while dest.exists():
+            dest, n = self.metrics_path.with_name(f"metrics.jsonl.stale-{stamp}-{n}"), n + 1
+        os.replace(self.metrics_path, dest)
+        log.warning("metrics.jsonl of an earlier run in this folder moved to %s (this run resumed no checkpoint)", dest.name)
 
     def plot(self) -> Path | None:
         """plots.png from metrics.jsonl (when enabled and there is something to draw)."""

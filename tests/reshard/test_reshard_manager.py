@@ -84,7 +84,21 @@ def test_buckets_respect_the_limit_and_never_split_a_fused_group(style):
 def test_engine_in_bf16_receives_a_cast_copy_and_verify_passes():
     rs, model, engine = _sync("qwen2", engine_dtype=torch.bfloat16, verify=True, dtype="bfloat16")
     stats = rs.sync(model)
-    assert stats.peak_extra_bytes > 0 and stats.verify_s > 0
+    full = {n: p.detach() for n, p in model.named_parameters()}
+    for name, t in engine.tensors.items():  # the reference shard, cast elementwise to bf16
+        want = reference_shard(model.config, name, full, style="fused", tp_rank=0, tp_size=2).to(torch.bfloat16)
+        assert t.dtype == torch.bfloat16 and torch.equal(t, want), name
+    # The trainer holds float32: every delivered tensor is a bf16 copy, so at least the largest one was held extra.
+    assert stats.peak_extra_bytes >= max(p.numel() for p in model.parameters()) * 2
+    # verify compares in bf16 too: a layout bug (k and v swapped) is caught there.
+    good = build_layout(tiny_config("qwen2"), "fused", 0, 2)
+
+    def swap(spec: TensorSpec) -> TensorSpec:
+        return dataclasses.replace(spec, pieces=spec.pieces[:1] + spec.pieces[:0:-1]) if "qkv_proj" in spec.name else spec
+
+    rs, model, _ = _sync("qwen2", layout=_broken(good, swap), engine_dtype=torch.bfloat16, verify=True, dtype="bfloat16")
+    with pytest.raises(HybridRLError, match=r"qkv_proj\.(weight|bias) .*max abs diff"):
+        rs.sync(model)
 
 
 def _broken(layout: WeightLayout, fix) -> WeightLayout:

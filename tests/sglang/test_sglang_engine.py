@@ -8,11 +8,10 @@ import sys
 
 import pytest
 import torch
-from _fake_sglang import FAIL_NAME, FakeSglangEngine, expected_completions
+from _fake_sglang import FAIL_NAME, FakeSglangEngine, fake_sample
 
-from hybridrl.engines.base import SamplingParams
+from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.engines.config import EngineConfig, SglangOptions
-from hybridrl.engines.sampling import stream_key
 from hybridrl.engines.sglang_engine import SglangEngine
 from hybridrl.errors import HybridRLError
 
@@ -61,18 +60,42 @@ def test_engine_kwargs(model_dir):
     assert eng.stop_ids == EOS and eng.weight_layout_style == "hf"
 
 
+def _splitmix64_mix(z: int) -> int:
+    """splitmix64's output function (Steele, Lea & Flood 2014), written out here as the reference."""
+    m = 2**64 - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def _hand_seed(seed: int, global_prompt: int, sample: int) -> int:
+    """The per-sample stream key every engine shares, mix(mix(seed * 1000003 + prompt) + sample * golden), in 63 bits."""
+    m = 2**64 - 1
+    return _splitmix64_mix((_splitmix64_mix((seed * 1_000_003 + global_prompt) & m) + sample * 0x9E3779B97F4A7C15) & m) & (2**63 - 1)
+
+
 def test_generate_is_prompt_major_with_one_seed_per_sample(model_dir):
     eng = make(model_dir)
     prompts = [[7, 8, 9], [10], [11, 12]]
     params = SamplingParams(
         n=3, temperature=0.8, top_p=0.9, max_new_tokens=5, stop_token_ids=[103], seed=5, prompt_offset=10
     )
-    assert eng.generate(prompts, params) == expected_completions(prompts, params, EOS)
+    out = eng.generate(prompts, params)
+    # What the stand-in engine answers to each request, computed from requests built here by hand (not by the adapter).
+    want = []
+    for i, p in enumerate(prompts):
+        for j in range(3):
+            sp = dict(temperature=0.8, max_new_tokens=5, stop_token_ids=[2, 5, 103], sampling_seed=_hand_seed(5, 10 + i, j))
+            want.append(Completion(i, *fake_sample(p, sp)))
+    assert out == want
     call = eng._engine.calls[-1][1]
     assert call["return_logprob"] is True
     assert call["input_ids"] == [p for p in prompts for _ in range(3)]
     seeds = [sp["sampling_seed"] for sp in call["sampling_params"]]
-    assert seeds == [stream_key(5, 10 + i, j) & (2**63 - 1) for i in range(3) for j in range(3)]
+    assert seeds == [_hand_seed(5, 10 + i, j) for i in range(3) for j in range(3)]
+    # The reference mixer itself against splitmix64's published sequence for state 0: mix(golden), mix(2 * golden).
+    assert _splitmix64_mix(0x9E3779B97F4A7C15) == 0xE220A8397B1DCDAF
+    assert _splitmix64_mix((2 * 0x9E3779B97F4A7C15) & (2**64 - 1)) == 0x6E789E6AA1B965F4
     assert len(set(seeds)) == 9 and all(0 <= s < 2**63 for s in seeds)
     sp = call["sampling_params"][0]
     assert {k: v for k, v in sp.items() if k != "sampling_seed"} == dict(
@@ -84,7 +107,8 @@ def test_greedy_and_unseeded_requests(model_dir):
     eng = make(model_dir)
     params = SamplingParams(n=1, temperature=0.0, top_k=4, max_new_tokens=3)
     out = eng.generate([[1, 2]], params)
-    assert out == expected_completions([[1, 2]], params, EOS)
+    # The stand-in's greedy rule by hand: base = 31 * (1 + 2) = 93; token k = (93 + 7k) % 50 + 100.
+    assert out == [Completion(0, [143, 100, 107], [-0.1, -0.2, -0.3], "length")]
     sp = eng._engine.calls[-1][1]["sampling_params"][0]
     assert sp["temperature"] == 0.0 and sp["top_k"] == 4 and "sampling_seed" not in sp
 
