@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from hybridrl.algorithms import GroupRefill
 from hybridrl.batch import Batch
@@ -26,7 +27,11 @@ from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.estimation import estimate, shaped_scores
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
 from hybridrl.tracking.tracker import Tracker
+from hybridrl.errors import in_phase
 from hybridrl.phases import TIMED_PHASES, Phase
+from hybridrl.resume_policy import enforce_resume_policy
+from hybridrl.rewards.base import RewardScores
+from hybridrl.rewards.scoring import merge_scores
 from hybridrl.workers.backends import build_worker_group
 from hybridrl.workers.group import WorkerGroup
 
@@ -72,6 +77,7 @@ class Controller:
         self.full_config, self.job_name, self.sweep_group = full_config, job_name, sweep_group
         self.group: WorkerGroup | None = None
         self.times: dict[str, float] = {}
+        self.reward_errors = 0
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, prompts: list[Prompt] | None = None) -> None:
@@ -107,6 +113,11 @@ class Controller:
                 log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.checkpoints.root)
             return
         meta = read_meta(path)
+        # Keys that may change on resume take their new values (one log line); the others must not have changed.
+        changed = enforce_resume_policy(meta["config"], self.full_config,
+                                        OmegaConf.to_container(OmegaConf.structured(RunConfig)))
+        if changed:
+            log.info(changed)
         self.group.run_all(Phase.LOAD_CHECKPOINT, str(path))
         self.group.run_all(Phase.RESHARD)  # the engine must generate from the restored weights
         self.loader.load_state_dict(meta["loader"])
@@ -127,7 +138,8 @@ class Controller:
     def timed(self, phase: Phase | str):
         """Add the wall time of the block to `time/<phase>`."""
         name, t0 = str(phase), time.perf_counter()
-        yield
+        with in_phase(name):  # an error escaping the block names the phase
+            yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
     # -- train ----------------------------------------------------------------------------
@@ -155,7 +167,7 @@ class Controller:
     def train_step(self, step: int) -> dict[str, Any]:
         """One iteration of the phase sequence; returns its metrics."""
         group = self.group
-        self.times = {}
+        self.times, self.reward_errors = {}, 0
         t_step = time.perf_counter()
         with self.timed(Phase.WAKE):
             metrics = mean_over_ranks([s or {} for s in group.run_all(Phase.WAKE)])
@@ -178,6 +190,7 @@ class Controller:
                 scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
         with self.timed("advantages"):
             metrics.update(estimate(self.cfg.algorithm, batch, scores, extras, self.cfg.engine.max_new_tokens))
+            metrics["reward/errors"] = self.reward_errors
         with self.timed(Phase.UPDATE):
             metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE, batch)))
         with self.timed(Phase.RESHARD):
@@ -220,14 +233,11 @@ class Controller:
                   for k in rounds[0][2]}
         return batch, scores, extras, {**plan.metrics(), "reward/generated_mean": sum(generated) / len(generated)}
 
-    @staticmethod
-    def _gather_rewards(parts: list[tuple[list[float], dict[str, list[float]]]]):
-        scores = [s for p in parts for s in p[0]]
-        extras: dict[str, list[float]] = defaultdict(list)
-        for _, ex in parts:
-            for k, v in ex.items():
-                extras[k].extend(v)
-        return scores, dict(extras)
+    def _gather_rewards(self, parts: list[RewardScores]) -> tuple[list[float], dict[str, list[float]]]:
+        """The ranks' scores joined; samples the reward function raised on are counted for `reward/errors`."""
+        merged = merge_scores(parts)
+        self.reward_errors += merged.errors
+        return merged.scores, merged.extras
 
     def _step_metrics(self, batch: Batch, step_time: float) -> dict[str, Any]:
         lengths = batch["response_mask"].sum(-1)

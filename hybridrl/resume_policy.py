@@ -37,6 +37,7 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("trainer.lr_schedule", APPLY, "schedule shape (the schedule is rebuilt from the config)"),
     ("trainer.min_lr_ratio", APPLY, "schedule shape (the schedule is rebuilt from the config)"),
     ("trainer.grad_clip", APPLY, "read at every optimizer step"),
+    ("trainer.max_nonfinite_steps", APPLY, "failure tolerance"),
     # Speed and memory only: same math.
     ("trainer.micro_batch_size", APPLY, "gradient accumulation split only"),
     ("trainer.logprob_chunk_size", APPLY, "memory only"),
@@ -44,6 +45,10 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("trainer.fused_optimizer", APPLY, "kernel choice"),
     ("trainer.compile", APPLY, "kernel choice"),
     ("trainer.offload", APPLY, "memory only"),
+    ("trainer.fsdp_layers_per_unit", APPLY, "sharding granularity: speed and memory only"),
+    ("trainer.reshard_after_forward", APPLY, "speed and memory only"),
+    ("trainer.defer_grad_sync", APPLY, "when gradients are reduced, not what they sum to"),
+    ("ref.offload", APPLY, "memory only"),
     ("trainer.param_dtype", APPLY, "compute precision"),
     ("trainer.device", APPLY, "where it runs"),
     ("model.attn_implementation", APPLY, "kernel choice"),

@@ -114,10 +114,10 @@ def test_export_hf_writes_the_trained_weights(tmp_path, tiny_path, tokenizer, pr
     tmp = ckpt.staging(1)
     trainer.save(str(tmp))
     path = ckpt.publish(tmp, 1, {"loader": {}, "config": OmegaConf.to_container(OmegaConf.structured(cfg))})
-    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "hf")]) == 0
+    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "hf"), "--model-path", tiny_path]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     for name, full in trainer.iter_full_params():
         assert torch.equal(exported.state_dict()[name], full), name
     assert (tmp_path / "hf" / "tokenizer_config.json").exists()
     with pytest.raises(SystemExit, match="exists"):
-        export_main(["--checkpoint", str(path), "--output", str(tmp_path / "hf")])
+        export_main(["--checkpoint", str(path), "--output", str(tmp_path / "hf"), "--model-path", tiny_path])

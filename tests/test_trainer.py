@@ -5,6 +5,8 @@ tests call: what a run executes, not a copy of it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -231,3 +233,32 @@ def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenize
     (logs_a, params_a), (logs_b, params_b) = runs
     assert all(torch.equal(a, b) for a, b in zip(logs_a, logs_b))
     assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)
+
+
+def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(setup, tiny_path, tokenizer):
+    engine, prompts = setup
+    worker = make_trainer(tiny_path, tokenizer, max_nonfinite_steps=2)
+    actor = worker.roles.actor
+    batch = rollout(engine, prompts)
+    for k, v in worker.logprob(batch).items():
+        batch[k] = v
+    batch["advantages"] = torch.linspace(-1, 1, len(batch))[:, None] * batch["response_mask"]
+    before = full_params(worker)
+    batch["advantages"][0, 0] = float("nan")  # one real token: the loss and every gradient become NaN
+    metrics = actor.update(batch)
+    assert metrics["actor/nonfinite_steps"] == 1 and math.isnan(metrics["actor/grad_norm"])
+    after = full_params(worker)
+    assert all(torch.equal(before[n], after[n]) for n in before)  # the step was skipped
+    with pytest.raises(HybridRLError, match=r"2 optimizer steps in a row .*\(trainer.max_nonfinite_steps=2\)"):
+        actor.update(batch)
+
+
+def test_no_checkpoint_from_nonfinite_weights(tmp_path, tiny_path, tokenizer, process_group):
+    worker = make_trainer(tiny_path, tokenizer)
+    actor = worker.roles.actor
+    actor.save(str(tmp_path / "ok"))  # finite: written
+    with torch.no_grad():
+        next(actor.model.parameters()).to_local()[0].fill_(float("inf"))
+    with pytest.raises(HybridRLError, match="refusing to write a checkpoint"):
+        actor.save(str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()

@@ -39,12 +39,9 @@ class Planted:
 
 @pytest.fixture()
 def trainer(tiny_path, tokenizer, process_group):
-    from hybridrl.config import RunConfig
-    from hybridrl.training.config import TrainerConfig
-    from hybridrl.training.trainer import Trainer
+    from tests.helpers.roles import make_actor
 
-    cfg = RunConfig()
-    return Trainer(tiny_path, cfg.model, TrainerConfig(), cfg.algorithm, torch.device("cpu"), tokenizer.pad_token_id, 1.0, 10)
+    return make_actor(tiny_path)
 
 
 def save(ckpt: CheckpointDir, trainer, step: int, sub: dict[str, bytes] | None = None) -> Path:

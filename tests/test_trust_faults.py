@@ -102,11 +102,6 @@ def test_an_unexpected_exception_is_one_line_and_a_traceback_in_the_log(tmp_path
 
 
 @pytest.mark.multiproc
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs SIGINT ignored while workers/local.py starts its processes (the children's bootstrap prints "
-    "KeyboardInterrupt tracebacks); remove this mark with that hook",
-)
 def test_ctrl_c_during_worker_start_up_is_one_line(tmp_path):
     args = [*FAST, "trainer.steps=1", "cluster=local", "cluster.workers_per_node=2", f"hydra.run.dir={tmp_path / 'run'}"]
     p = subprocess.Popen(

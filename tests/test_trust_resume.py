@@ -148,13 +148,11 @@ def test_the_optimizer_step_uses_the_applied_lr():
 
 def test_load_trainer_applies_a_new_lr(tmp_path, tiny_path, tokenizer, process_group):
     from hybridrl.training.checkpoint import load_trainer
-    from hybridrl.training.config import TrainerConfig
-    from hybridrl.training.trainer import Trainer
+    from tests.helpers.roles import make_actor
 
-    cfg = RunConfig()
-    old = Trainer(tiny_path, cfg.model, TrainerConfig(lr=1e-3), cfg.algorithm, torch.device("cpu"), tokenizer.pad_token_id, 1.0, 10)
+    old = make_actor(tiny_path, lr=1e-3)
     old.save(str(tmp_path))
-    new = Trainer(tiny_path, cfg.model, TrainerConfig(lr=4e-3), cfg.algorithm, torch.device("cpu"), tokenizer.pad_token_id, 1.0, 10)
+    new = make_actor(tiny_path, lr=4e-3)
     load_trainer(new.model, new.optimizer, new.scheduler, tmp_path)
     assert new.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # without lr=: the checkpoint's
     load_trainer(new.model, new.optimizer, new.scheduler, tmp_path, lr=4e-3)

@@ -53,7 +53,8 @@ def build_engine(
     if cfg.name == "vllm":
         from hybridrl.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, cfg, topology=topology, seed=seed, device=device.type)
+        return VllmEngine(model_path, cfg, topology=topology, seed=seed, device=device.type,
+                          trust_remote_code=model_cfg.trust_remote_code)
     if cfg.name == "sglang":
         from hybridrl.engines.sglang_engine import SglangEngine
 

@@ -96,6 +96,7 @@ class VllmEngine(RolloutEngine):
         seed: int = 0,
         device: str = "cpu",
         cache_root: str | None = None,
+        trust_remote_code: bool = False,
     ):
         """`cache_root`: vLLM's cache folder (VLLM_CACHE_ROOT); None = $VLLM_CACHE_ROOT or a fresh temp dir.
         Pass a folder of the run so nothing is written under the home folder."""
@@ -132,7 +133,8 @@ class VllmEngine(RolloutEngine):
             os.environ["LOCAL_RANK"] = str(_local_device_index(self.device))
 
         self.llm_kwargs = _prepare_llm_kwargs(
-            self.model_path, cfg, tp_size=tp_size, seed=seed, on_cpu=self.on_cpu, backend=backend, cache_root=cache_root
+            self.model_path, cfg, tp_size=tp_size, seed=seed, on_cpu=self.on_cpu, backend=backend, cache_root=cache_root,
+            trust_remote_code=trust_remote_code,
         )
         from vllm import LLM
 
@@ -287,7 +289,8 @@ class VllmEngine(RolloutEngine):
 
 
 def _prepare_llm_kwargs(
-    model_path: str, cfg: EngineConfig, *, tp_size: int, seed: int, on_cpu: bool, backend: str, cache_root: str | None
+    model_path: str, cfg: EngineConfig, *, tp_size: int, seed: int, on_cpu: bool, backend: str, cache_root: str | None,
+    trust_remote_code: bool = False,
 ) -> dict:
     """Set the env vars vLLM reads at construction and return the `vllm.LLM` kwargs."""
     import vllm.envs
@@ -311,6 +314,7 @@ def _prepare_llm_kwargs(
         dtype = cfg.dtype
     kwargs = dict(
         model=model_path,
+        trust_remote_code=trust_remote_code,  # model.trust_remote_code, as the user set it (off by default)
         skip_tokenizer_init=True,
         tensor_parallel_size=tp_size,
         dtype=dtype,

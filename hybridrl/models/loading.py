@@ -47,7 +47,7 @@ def check_supported_architecture(model_path: str, trust_remote_code: bool = Fals
     `hybridrl.reshard.layout.SUPPORTED_MODEL_TYPES` only, so those decide. Returns the model_type;
     raises ConfigError naming `key`, the folder and what is wrong.
     """
-    from hybridrl.reshard.layout import SUPPORTED_MODEL_TYPES
+    from hybridrl.models.shape import SUPPORTED_MODEL_TYPES
 
     where = f"{key}={model_path!r}"
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from hybridrl.batch import Batch
-from hybridrl.rewards.base import RewardInput, normalize_results
+from hybridrl.rewards.base import RewardInput, RewardScores, score_rewards
+from hybridrl.rewards.config import RewardConfig
 
 
 def reward_inputs(batch: Batch, tokenizer: Any) -> list[RewardInput]:
@@ -22,7 +23,16 @@ def reward_inputs(batch: Batch, tokenizer: Any) -> list[RewardInput]:
     ]
 
 
-def score_batch(reward_fn: Callable, batch: Batch, tokenizer: Any) -> tuple[list[float], dict[str, list[float]]]:
-    """Scores and per-component values of every row of `batch`."""
-    items = reward_inputs(batch, tokenizer)
-    return normalize_results(reward_fn(items), expected=len(items))
+def score_batch(reward_fn: Callable, batch: Batch, tokenizer: Any, cfg: RewardConfig) -> RewardScores:
+    """Scores and per-component values of every row of `batch` (rows the function raises on score
+    `reward.error_score` and are counted; see `score_rewards`)."""
+    return score_rewards(reward_fn, reward_inputs(batch, tokenizer), cfg)
+
+
+def merge_scores(parts: list[RewardScores]) -> RewardScores:
+    """The ranks' scores of their shards, joined in rank order."""
+    extras: dict[str, list[float]] = {}
+    for p in parts:
+        for k, v in p.extras.items():
+            extras.setdefault(k, []).extend(v)
+    return RewardScores([s for p in parts for s in p.scores], extras, sum(p.errors for p in parts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -30,6 +31,8 @@ class TrainerConfig:
     """After warmup: constant or cosine (down to min_lr_ratio * lr at the last optimizer step)."""
     min_lr_ratio: float = 0.0
     """Floor of the cosine schedule as a fraction of lr."""
+    max_nonfinite_steps: int = 5
+    """Optimizer steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops; 0 = never."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (<= 0 disables clipping; the norm is still logged)."""
     mini_batch_size: int = 0
@@ -73,8 +76,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"trainer.steps must be >= 1, got {self.steps}")
-        if self.lr <= 0:
-            raise ConfigError(f"trainer.lr must be > 0, got {self.lr}")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ConfigError(f"trainer.lr must be a finite number > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.lr_schedule not in ("constant", "cosine"):
@@ -92,7 +95,7 @@ class TrainerConfig:
         bad = self.offload_parts() - set(OFFLOAD_PARTS)
         if bad:
             raise ConfigError(f"trainer.offload must be none or a comma list of {OFFLOAD_PARTS}, got {self.offload!r}")
-        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size", "eval_samples"):
+        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size", "eval_samples", "max_nonfinite_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         if self.keep_last < 1:

@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from hybridrl.errors import HybridRLError
 from hybridrl.training.checkpoint import load_trainer, save_trainer
 from hybridrl.training.fsdp import reshard_units
 from hybridrl.training.offload import HostOffloader, timed_moves
@@ -49,6 +51,8 @@ class FSDPLearner:
         on_gpu = device.type == "cuda"
         self.param_offload = HostOffloader(lambda: list(self.model.parameters()), device,
                                            enabled="params" in offload_parts and on_gpu)
+        self.nonfinite_total = 0  # optimizer steps skipped for a non-finite gradient norm, over the run
+        self.nonfinite_in_a_row = 0
         self.optim_offload = HostOffloader(
             lambda: [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)], device,
             enabled="optimizer" in offload_parts and on_gpu,
@@ -88,18 +92,43 @@ class FSDPLearner:
 
     # -- optimization ---------------------------------------------------------------------
     def optimizer_step(self) -> float:
-        """Clip the gradient norm, step AdamW (skipped, with a warning, on a non-finite norm) and the schedule;
-        returns the norm before clipping."""
+        """Clip the gradient norm, step AdamW and the schedule; returns the norm before clipping.
+
+        A non-finite norm (a NaN/inf loss or gradient anywhere: the norm is global over all ranks) skips the step on
+        every rank and is counted; `max_nonfinite_steps` of them in a row stop the run (`FSDPLearner.nonfinite_*`)."""
         max_norm = self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         if torch.isfinite(norm):
             self.optimizer.step()
+            self.nonfinite_in_a_row = 0
         else:
-            log.warning("%s: non-finite gradient norm %s: optimizer step skipped", self.name, norm.item())
+            self.nonfinite_total += 1
+            self.nonfinite_in_a_row += 1
+            log.warning("%s: non-finite gradient norm %s: optimizer step skipped (%d in a row)", self.name,
+                        norm.item(), self.nonfinite_in_a_row)
+            limit = self.optim.max_nonfinite_steps
+            if limit and self.nonfinite_in_a_row >= limit:
+                raise HybridRLError(
+                    f"{self.name}: {self.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                    f"norm (trainer.max_nonfinite_steps={limit}); the run stops with its weights untouched since the "
+                    "last finite step. Lower trainer.lr, check the rewards and advantages, or resume from a checkpoint"
+                )
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return norm.item()
+
+    def weights_finite(self) -> bool:
+        """Whether every parameter is finite on every rank (collective)."""
+        ok = torch.tensor(1.0, device=self.device)
+        for p in self.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.numel() and not torch.isfinite(local).all():
+                ok.zero_()
+                break
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
 
     @torch.no_grad()
     def iter_full_params(self):
@@ -109,9 +138,13 @@ class FSDPLearner:
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Model, optimizer, scheduler and RNG of this rank into `path` (collective)."""
+        """Model, optimizer, scheduler and RNG of this rank into `path` (collective); never non-finite weights."""
+        if not self.weights_finite():
+            raise HybridRLError(f"{self.name}: refusing to write a checkpoint: its weights hold NaN or inf values; "
+                                "the last checkpoint on disk stays the newest")
         save_trainer(self.model, self.optimizer, self.scheduler, path)
 
     def load(self, path: str | Path) -> None:
-        """Restore everything `save` wrote (collective)."""
-        load_trainer(self.model, self.optimizer, self.scheduler, path)
+        """Restore everything `save` wrote (collective); the configured lr applies to the restored optimizer and
+        schedule (a changed lr is one of the keys a resume may change)."""
+        load_trainer(self.model, self.optimizer, self.scheduler, path, lr=self.optim.lr)

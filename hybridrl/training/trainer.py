@@ -92,6 +92,7 @@ class Trainer(FSDPLearner):
         self.model.train()
         n_local = len(batch)
         mini = n_local if cfg.mini_batch_size == 0 else max(1, cfg.mini_batch_size // self.world)
+        skipped_before = self.nonfinite_total
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
 
@@ -112,6 +113,7 @@ class Trainer(FSDPLearner):
                 record("actor/grad_norm", self.optimizer_step())
         out = {k: sums[k] / counts[k] for k in sums}
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out["actor/nonfinite_steps"] = self.nonfinite_total - skipped_before
         return out
 
     def _micro_step(self, mb: Batch, normalizer: torch.Tensor) -> dict[str, float]:

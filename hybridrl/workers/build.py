@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+import hybridrl.data.synthetic  # noqa: F401  (registers the built-in "synthetic" reward)
 from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
 from hybridrl.models.loading import load_tokenizer, resolve_model_path

@@ -191,7 +191,13 @@ class LocalWorkerGroup(WorkerGroup):
                     target=_worker_main, name=f"hybridrl-worker-{rank}", daemon=False,
                     args=(theirs, self.log_queue, cfg, rank, self.world_size, rank_env, os.getpid(), level, modules),
                 )
-                proc.start()
+                # A Ctrl-C while the workers start is the controller's to handle: the child must not see it
+                # before its own handler (SIG_IGN) is installed, or every rank prints a traceback.
+                previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+                try:
+                    proc.start()
+                finally:
+                    signal.signal(signal.SIGINT, previous)
                 theirs.close()
                 self.procs.append(proc)
                 self.channels.append(_Channel(ours))

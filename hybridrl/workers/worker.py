@@ -17,6 +17,7 @@ import torch
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.rewards.base import RewardScores
 from hybridrl.rewards.scoring import score_batch
 from hybridrl.workers.build import build_components
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
@@ -92,9 +93,9 @@ class HybridWorker:
         self._record("logprob")
         return out
 
-    def reward(self, batch: Batch) -> tuple[list[float], dict[str, list[float]]]:
+    def reward(self, batch: Batch) -> RewardScores:
         """Score each completion with the configured reward function."""
-        out = score_batch(self.roles.reward_fn, batch, self.roles.tokenizer)
+        out = score_batch(self.roles.reward_fn, batch, self.roles.tokenizer, self.cfg.reward)
         self._record("reward")
         return out
 
