@@ -152,15 +152,37 @@ def one_worker_metrics(tmp_path_factory) -> list[dict]:
 
 # -- cluster=local ------------------------------------------------------------------------
 @pytest.mark.multiproc
-@pytest.mark.parametrize("tp", [1, 2])
-def test_two_local_workers_match_one(tmp_path, one_worker_metrics, tp):
+@pytest.mark.parametrize(
+    "tp, fsdp",
+    [
+        (1, []),
+        (2, []),
+        # Per-layer FSDP units freed after forward, a reduce-scatter every micro-batch: the other sharding path.
+        (1, ["trainer.fsdp_layers_per_unit=1", "trainer.reshard_after_forward=true"]),
+    ],
+    ids=["tp1", "tp2", "per-layer-units"],
+)
+def test_two_local_workers_match_one(tmp_path, one_worker_metrics, tp, fsdp):
     """Same global batch and seed: 2 workers (and one engine TP group of 2) give 1 worker's metrics."""
-    run = AppRun([*LOCAL2, f"engine.tp_size={tp}", "trainer.steps=3"], tmp_path)
+    run = AppRun([*LOCAL2, f"engine.tp_size={tp}", "trainer.steps=3", *fsdp], tmp_path)
     assert run.wait() == 0, run.output[-3000:]
     assert_same_metrics(run.metrics(), one_worker_metrics)
     workers = logged_pids(run.log_text())
     assert len(workers) == 2 and workers <= run.seen
     assert_all_gone(run.seen)
+
+
+@pytest.mark.multiproc
+def test_deferred_gradient_sync_equals_a_reduce_per_micro_batch(tmp_path):
+    """Two micro-batches per rank: one reduce-scatter after both (the default) trains like one after each."""
+    runs = {}
+    for defer in ("true", "false"):
+        (tmp_path / defer).mkdir()
+        run = AppRun([*LOCAL2, "trainer.steps=2", "trainer.micro_batch_size=4", f"trainer.defer_grad_sync={defer}"],
+                     tmp_path / defer)
+        assert run.wait() == 0, run.output[-3000:]
+        runs[defer] = run.metrics()
+    assert_same_metrics(runs["true"], runs["false"])
 
 
 @pytest.mark.multiproc

@@ -91,9 +91,11 @@ def main() -> None:
         "trainer_offload": offload, "overrides": args.set,
         "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
         "step_s_median": total, "phases_s_median": times,
-        "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/"))} for m in steps],
+        "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/", "mismatch/"))}
+                     for m in steps],
         "switching_s": switching, "switching_share": switching / total,
         "rollout_tokens_per_s": statistics.median(m["perf/rollout_tokens_per_s"] for m in steps),
+        "trainer_per_gpu": trainer_rates(steps, args, n_params(path)),
         "memory_after_phase": {k: v for k, v in steps[-1].items() if k.startswith("memory/")},
     }
     if args.workers == 1:
@@ -106,6 +108,29 @@ def main() -> None:
         Path(out, name + ".json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
+
+
+def n_params(model_dir: str) -> int:
+    """Parameters of the policy, counted on a meta-device copy built from its config (no weights loaded)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def trainer_rates(steps: list[dict], args, params: int) -> dict:
+    """Tokens per second per GPU of the log-prob and update phases (prompt + response tokens of every row) and the
+    update's MFU (6·N per token over the dense bf16 peak per GPU), medians over the timed steps."""
+    rows = []
+    for m in steps:
+        tokens = m["batch/samples"] * (args.prompt_len + m["response/length_mean"])
+        rows.append((tokens / m["time/logprob"] / args.workers, tokens / m["time/update"] / args.workers))
+    logprob = statistics.median(r[0] for r in rows)
+    update = statistics.median(r[1] for r in rows)
+    return {"logprob_tok_s": logprob, "update_tok_s": update, "update_mfu": 6 * params * update / gpu_peak_flops(),
+            "params": params}
 
 
 def trainer_throughput(controller, args, path: str, device: torch.device, vocab: int) -> dict:

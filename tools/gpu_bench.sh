@@ -10,11 +10,20 @@
 #   step      bench_step 1.5B: a GRPO step with trainer.offload=params,optimizer and with none
 #   step_large  bench_step 1.5B with offload at 64 prompts × 8 × 1024 new tokens
 #   lifecycle bench_lifecycle 1.5B: sleep/wake/offload/onload/reshard seconds, GB/s, bytes freed
+#   (two GPUs, kind nvidia-h200-x2)
+#   scale       bench_step 1.5B on 1 GPU and on 2 (engine TP 1 ×2 replicas, TP 2), same global batch (strong) and
+#               same per-GPU batch (weak); set SCALE_SET="trainer.fsdp_layers_per_unit=1 ..." to try other sharding
+#   reshard_2gpu  bench_reshard 7B: FSDP over 2 GPUs → engine TP 2 (fused layout, NCCL)
+#   step_7b_2gpu  bench_step 7B on 2 GPUs, engine TP 2, full offload: phases, switching, memory per phase
+#   same_seed_2gpu  the tiny default on 1 and on 2 GPUs (TP 1 and 2), same seed; tools/compare_runs.py gaps
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_bench_out}
-mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
+mkdir -p "$OUT" && OUT=$(realpath "$OUT")
+# The tools put this repo first on their own path; `python -m hybridrl` needs the installed copy (tools/gpu_env.sh),
+# whose hybridrl.conf resolves, so app runs below start from another folder.
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
+REPO=$PWD
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
 MODELS=/tmp/hybridrl_bench_models
@@ -55,6 +64,30 @@ for group in "$@"; do
         --offload params,optimizer --prompts 64 --new-tokens 1024 --steps 2 ;;
     lifecycle)
       step lifecycle_1.5b 200 $PY tools/bench_lifecycle.py --shape 1.5b ;;
+    scale)
+      S="$PY tools/bench_step.py --shape 1.5b --model-dir $MODELS/1.5b --new-tokens 256 --micro 16 --steps 3 --warmup 2"
+      X=""; for kv in ${SCALE_SET:-}; do X="$X --set $kv"; done
+      step scale_w1_p32 300 $S --prompts 32 $X
+      step scale_w2_tp1_p32 300 $S --prompts 32 --workers 2 $X
+      step scale_w2_tp2_p32 300 $S --prompts 32 --workers 2 --tp 2 $X
+      step scale_w2_tp1_p64 300 $S --prompts 64 --workers 2 $X ;;
+    reshard_2gpu)
+      step reshard_7b_w2_tp2 240 $PY tools/bench_reshard.py --shape 7b --device cuda --workers 2 --tp-size 2 --repeat 5 ;;
+    step_7b_2gpu)
+      step step_7b_w2_tp2 540 $PY tools/bench_step.py --shape 7b --model-dir $MODELS/7b --workers 2 --tp 2 \
+        --prompts 16 --new-tokens 256 --micro 8 --steps 2 --warmup 1 --offload params,optimizer ;;
+    same_seed_2gpu)
+      RUNS=$(realpath "$OUT")/runs
+      A="$PY -m hybridrl trainer.steps=20 trainer.eval_every=0 logger.progress_bar=false"
+      cd /tmp
+      step same_seed_1gpu 200 $A hydra.run.dir=$RUNS/gpu1
+      step same_seed_2gpu_tp1 200 $A cluster=local cluster.workers_per_node=2 hydra.run.dir=$RUNS/gpu2_tp1
+      step same_seed_2gpu_tp2 200 $A cluster=local cluster.workers_per_node=2 engine.tp_size=2 hydra.run.dir=$RUNS/gpu2_tp2
+      cd "$REPO"
+      for r in gpu2_tp1 gpu2_tp2; do
+        $PY tools/compare_runs.py $RUNS/gpu1 $RUNS/$r > "$OUT/compare_gpu1_$r.json"
+        head -c 1500 "$OUT/compare_gpu1_$r.json"; echo
+      done ;;
     *) echo "unknown group $group" >&2 ;;
   esac
 done

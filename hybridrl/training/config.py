@@ -49,6 +49,15 @@ class TrainerConfig:
     """On GPU, token log-probs from the logits in one fused Triton pass each way (no float32 logits copy)."""
     fused_optimizer: bool = True
     """On GPU, torch's fused AdamW (one kernel over all parameters) instead of its foreach chain."""
+    fsdp_layers_per_unit: int = 0
+    """Decoder layers per FSDP unit at world size > 1 (each unit gathers and reduces its parameters together);
+    0 = auto (all layers in one unit up to 2B parameters, else 4 per unit). One rank always uses one unit."""
+    reshard_after_forward: Optional[bool] = None
+    """Free a unit's gathered parameters after its forward (re-gathered for the backward); None = auto (only when
+    there is more than one unit per model and the model is over 2B parameters)."""
+    defer_grad_sync: bool = True
+    """World size > 1: reduce-scatter gradients once per optimizer step instead of once per micro-batch (micro-batch
+    gradients accumulate unsharded on each rank: less communication, one model's worth of gradient memory more)."""
     compile: bool = True
     """GPU: torch.compile each decoder layer's forward (fused elementwise ops, fewer launches); compiling
     costs ~10-20 s in the first steps. false runs eagerly."""
@@ -95,7 +104,8 @@ class TrainerConfig:
         bad = self.offload_parts() - set(OFFLOAD_PARTS)
         if bad:
             raise ConfigError(f"trainer.offload must be none or a comma list of {OFFLOAD_PARTS}, got {self.offload!r}")
-        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size", "eval_samples", "max_nonfinite_steps"):
+        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size", "eval_samples", "max_nonfinite_steps",
+                    "fsdp_layers_per_unit"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         if self.keep_last < 1:

@@ -3,8 +3,11 @@
 Every FSDP role (the actor, the reference, a critic) is built the same way::
 
     precision = Precision.for_device(cfg.param_dtype, device)
-    model = load_causal_lm(path, model_cfg, precision.master_dtype, device)
-    model = shard_model(prepare_layers(model, cfg, device), topology.fsdp_mesh(device.type), precision.policy)
+    model = load_causal_lm(path, model_cfg, torch.float32, device)      # float32 masters (frozen: compute dtype)
+    if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
+        compile_layers(model)
+    model = shard_model(model, topology.fsdp_mesh(device.type), precision.policy,
+                        cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)
 """
 
 from __future__ import annotations
@@ -53,21 +56,46 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None) -> torch.nn.Module:
-    """fully_shard each decoder layer, then the root (embeddings, final norm, heads).
+#: Models up to this many parameters shard as one unit at world size > 1 by default (their gathered copy is small
+#: next to the device, and per-layer hooks made the update CPU-bound on the H200).
+ONE_UNIT_PARAMS = 2_000_000_000
 
-    Layer units bound memory (one layer gathered at a time) and overlap its all-gather with compute. On
-    one rank there is nothing to shard or to communicate, so the root is the only unit: one gather-and-cast
-    per forward and one gradient reduction per backward instead of one per layer (on the H200 the per-unit
-    hooks took about a fifth of a 1.5B update's CPU time, and the update was CPU-bound). Parameters stay
-    DTensors with mixed precision either way.
+
+def unit_layout(num_layers: int, num_params: int, world: int, layers_per_unit: int = 0,
+                reshard_after_forward: bool | None = None) -> tuple[int, bool]:
+    """(decoder layers per FSDP unit, whether to reshard after forward) for `trainer.fsdp_layers_per_unit` and
+    `trainer.reshard_after_forward` (0 / None = auto); a unit of `num_layers` means the root is the only unit."""
+    if world == 1:
+        per_unit = num_layers
+    elif layers_per_unit:
+        per_unit = min(layers_per_unit, num_layers)
+    else:
+        per_unit = num_layers if num_params <= ONE_UNIT_PARAMS else 4
+    if reshard_after_forward is None:
+        reshard_after_forward = per_unit < num_layers and num_params > ONE_UNIT_PARAMS
+    return per_unit, reshard_after_forward
+
+
+def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None, layers_per_unit: int = 0,
+                reshard_after_forward: bool | None = None) -> torch.nn.Module:
+    """fully_shard groups of decoder layers (`unit_layout`), then the root (embeddings, final norm, heads).
+
+    Layer units bound memory (one unit gathered at a time) and overlap its all-gather with compute; each unit
+    costs hooks on the CPU at every forward and backward, and a collective each. On one rank there is nothing to
+    shard or to communicate, so the root is the only unit: one gather-and-cast per forward and one gradient
+    reduction per backward (on the H200 the per-unit hooks took about a fifth of a 1.5B update's CPU time, and
+    the update was CPU-bound). Parameters stay DTensors with mixed precision either way.
     """
-    kwargs = {"mesh": mesh, "reshard_after_forward": mesh.size() > 1}
+    layers = decoder_layers(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    per_unit, reshard = unit_layout(len(layers), n_params, mesh.size(), layers_per_unit, reshard_after_forward)
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
     if mp is not None:
         kwargs["mp_policy"] = mp
-    if mesh.size() > 1:
-        for layer in decoder_layers(model):
-            fully_shard(layer, **kwargs)
+    if per_unit < len(layers):
+        for start in range(0, len(layers), per_unit):
+            group = layers[start : start + per_unit]
+            fully_shard(group if len(group) > 1 else group[0], **kwargs)
     fully_shard(model, **kwargs)
     return model
 

@@ -34,7 +34,7 @@ class Reference:
         model = load_causal_lm(model_path, model_cfg, precision.frozen_dtype, device).eval().requires_grad_(False)
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
-        self.model = shard_model(model, mesh, precision.policy)
+        self.model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)
         self.offloader = HostOffloader(lambda: list(self.model.parameters()), device,
                                        enabled=offload and device.type == "cuda")
 

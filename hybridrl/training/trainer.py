@@ -59,8 +59,8 @@ class Trainer(FSDPLearner):
             model.gradient_checkpointing_enable()
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
-        super().__init__(shard_model(model, mesh, precision.policy), cfg, cfg.offload_parts(), device,
-                         total_optimizer_steps)
+        model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)
+        super().__init__(model, cfg, cfg.offload_parts(), device, total_optimizer_steps)
 
     # -- log-probs ------------------------------------------------------------------------
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
@@ -107,7 +107,8 @@ class Trainer(FSDPLearner):
                 # micro-batches and FSDP's gradient averaging over ranks equal one big batch.
                 denom = sum(aggregation_denominator(loss_mask(m), algo.loss_agg_mode) for m in micro)
                 normalizer = self._global_sum(torch.as_tensor(denom)) / self.world
-                for m in micro:
+                for i, m in enumerate(micro):
+                    self._gradient_sync(last_micro_batch=i == len(micro) - 1)
                     for k, v in self._micro_step(m, normalizer).items():
                         record(k, v)
                 record("actor/grad_norm", self.optimizer_step())
@@ -115,6 +116,12 @@ class Trainer(FSDPLearner):
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         out["actor/nonfinite_steps"] = self.nonfinite_total - skipped_before
         return out
+
+    def _gradient_sync(self, last_micro_batch: bool) -> None:
+        """With `trainer.defer_grad_sync` on several ranks, only the last micro-batch's backward reduce-scatters:
+        the others accumulate unsharded gradients locally (the sum is the same)."""
+        if self.world > 1 and self.cfg.defer_grad_sync:
+            self.model.set_requires_gradient_sync(last_micro_batch)
 
     def _micro_step(self, mb: Batch, normalizer: torch.Tensor) -> dict[str, float]:
         algo = self.algo

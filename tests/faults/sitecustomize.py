@@ -27,6 +27,9 @@ def _fail(rank: int, what: str, mode: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
         return
     if mode == "hang":
+        import logging
+
+        logging.getLogger("hybridrl").warning("test fault: rank %d hangs in %r", rank, what)
         time.sleep(10**6)
     raise ValueError(f"injected test fault (HYBRIDRL_TEST_FAULT={SPEC})")
 
