@@ -25,6 +25,8 @@ from hybridrl.rewards import RewardInput, resolve_reward
         ({"tools": ["calc ulator"]}, "agent.tools"),
         ({"tools": ["calculator", "calculator"]}, "agent.tools"),
         ({"tool_options": {"python": {}}}, "agent.tool_options.python"),
+        ({"tools": ["a.b:Search"], "tool_options": {"a.b:Search": {}}}, "agent.tool_options.a.b:Search"),
+        ({"tools": ["a.b:Search", "c:Search"]}, "agent.tools: two entries share a class name"),
         ({"format": "xml"}, "agent.format"),
         ({"tool_timeout_s": 0}, "agent.tool_timeout_s"),
         ({"tool_timeouts": {"python": -1}}, "agent.tool_timeouts.python"),
@@ -41,6 +43,15 @@ def test_agent_config_errors_name_the_key(kwargs, key):
         AgentConfig(**kwargs)
 
 
+def test_prompt_tool_schemas():
+    from hybridrl.agent import prompt_tool_schemas
+
+    schemas = prompt_tool_schemas(AgentConfig(tools=["calculator", "python"]))
+    assert [s["function"]["name"] for s in schemas] == ["calculator", "python"]
+    assert schemas[0]["function"]["parameters"]["required"] == ["expression"]
+    assert prompt_tool_schemas(AgentConfig(tools_in_prompt=False)) is None
+
+
 def test_rollout_config():
     assert RolloutConfig().name == "single"
     with pytest.raises(ConfigError, match=r"rollout\.name"):
@@ -50,12 +61,12 @@ def test_rollout_config():
 def test_agent_config_composes_through_omegaconf():
     base = OmegaConf.structured(AgentConfig)
     over = OmegaConf.from_dotlist([
-        "tools=[calculator,python,my_pkg.tools:Search]", "tool_options.python.memory_mb=512",
+        "tools=[calculator,python,my_pkg.tools:Search]", "tool_options.python.memory_mb=512", "tool_options.Search.k=1",
         "tool_timeouts.python=30", "max_turns=6",
     ])
     cfg = OmegaConf.to_object(OmegaConf.merge(base, over))
     assert isinstance(cfg, AgentConfig) and cfg.max_turns == 6
-    assert cfg.tool_options == {"python": {"memory_mb": 512}}
+    assert cfg.tool_options == {"python": {"memory_mb": 512}, "Search": {"k": 1}}
     assert cfg.timeout_for("python") == 30.0 and cfg.timeout_for("calculator") == 10.0
     with pytest.raises(Exception):
         OmegaConf.merge(base, OmegaConf.from_dotlist(["max_turn=3"]))  # unknown key
@@ -81,17 +92,17 @@ PLAIN_CONVERSATIONS = [
 @pytest.mark.parametrize("gen", [True, False])
 def test_tool_template_renders_plain_conversations_like_the_tiny_template(conv, gen):
     plain, tooled = build_tokenizer(), build_tokenizer()
+    plain.chat_template = CHAT_TEMPLATE  # the tiny tokenizer's plain template (build_tokenizer may install ours)
     install_chat_template(tooled)
-    assert plain.chat_template == CHAT_TEMPLATE
     want = plain.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen)
     assert tooled.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen) == want
 
 
 def test_tool_template_renders_qwen25_layout():
     tok = build_tokenizer()
-    before = len(tok)
-    assert install_chat_template(tok) == 4 and len(tok) == before + 4
-    assert install_chat_template(tok) == 0  # idempotent
+    install_chat_template(tok)
+    size = len(tok)
+    assert install_chat_template(tok) == 0 and len(tok) == size  # idempotent
     tools = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate.",
                                                "parameters": {"type": "object"}}}]
     conv = [
@@ -123,6 +134,14 @@ def test_tool_template_renders_qwen25_layout():
         (i,) = tok(tag, add_special_tokens=False)["input_ids"]
         assert tok.decode([i], skip_special_tokens=True) == tag
     assert renders_tool_messages(tok)
+
+
+def test_install_adds_the_four_tags_once():
+    tok = build_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    present = [t for t in TOOL_TOKENS if t in tok.get_vocab()]  # all four once build_tokenizer installs them
+    before = len(tok)
+    assert install_chat_template(tok) == 4 - len(present) and len(tok) == before + 4 - len(present)
 
 
 def test_template_survives_save_and_load(tmp_path):
@@ -167,19 +186,21 @@ def test_calc_rewards_read_the_final_assistant_message():
     failed_tool = [call, {"role": "tool", "content": "Error: boom"}, {"role": "assistant", "content": "440040051"}]
     guessed = [{"role": "assistant", "content": "440040050"}]
     assert calc_exact([_item(m) for m in (solved, echoed_only, failed_tool, guessed)]) == [
-        {"score": 1.0, "exact": 1.0, "tool_ok": 1.0, "answered": 1.0},
-        {"score": 0.0, "exact": 0.0, "tool_ok": 1.0, "answered": 0.0},
-        {"score": 1.0, "exact": 1.0, "tool_ok": 0.0, "answered": 1.0},
-        {"score": 0.0, "exact": 0.0, "tool_ok": 0.0, "answered": 1.0},
+        {"score": 1.0, "exact": 1.0, "tool_ok": 1.0, "tried": 1.0, "answered": 1.0},
+        {"score": 0.0, "exact": 0.0, "tool_ok": 1.0, "tried": 1.0, "answered": 0.0},
+        {"score": 1.0, "exact": 1.0, "tool_ok": 0.0, "tried": 1.0, "answered": 1.0},
+        {"score": 0.0, "exact": 0.0, "tool_ok": 0.0, "tried": 0.0, "answered": 1.0},
     ]
+    # exact + 0.2 * tool_ok + 0.1 * tried, by hand
     assert [r["score"] for r in calc_shaped([_item(m) for m in (solved, echoed_only, failed_tool, guessed)])] == \
-        pytest.approx([1.3, 0.2, 1.1, 0.1])
+        pytest.approx([1.3, 0.3, 1.1, 0.0])
     assert resolve_reward("calc_exact") is not None and resolve_reward("calc_shaped") is not None
 
 
 def test_calc_reward_falls_back_to_the_decoded_response():
     text = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "48213*9127"}}\n</tool_call>\n'
             "user\n<tool_response>\n440040051\n</tool_response>\nassistant\n440040051")
-    assert calc_exact([_item(response=text)])[0] == {"score": 1.0, "exact": 1.0, "tool_ok": 1.0, "answered": 1.0}
+    assert calc_exact([_item(response=text)])[0] == {"score": 1.0, "exact": 1.0, "tool_ok": 1.0, "tried": 1.0,
+                                                     "answered": 1.0}
     lazy = text.rsplit("assistant\n", 1)[0] + "assistant\n<tool_call>{}"  # the tool's number alone does not count
     assert calc_exact([_item(response=lazy)])[0]["exact"] == 0.0

@@ -242,7 +242,7 @@ def test_build_tools_by_name_and_import_path(tmp_path, monkeypatch):
             pass
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    tools = build_tools(["calculator", "my_tools_mod:Upper"], {"my_tools_mod:Upper": {"suffix": "!"}})
+    tools = build_tools(["calculator", "my_tools_mod:Upper"], {"Upper": {"suffix": "!"}})
     assert sorted(tools) == ["calculator", "upper"]
     assert run_call(tools, "upper", {"text": "abc"}).content == "ABC!"
     assert tools["upper"].schema() == {
@@ -256,8 +256,8 @@ def test_build_tools_by_name_and_import_path(tmp_path, monkeypatch):
         build_tools(["no_such_module_xyz:Tool"])
     with pytest.raises(ConfigError, match="not a built-in tool"):
         build_tools(["abacus"])
-    with pytest.raises(ConfigError, match=r"agent.tool_options.my_tools_mod:Upper"):
-        build_tools(["my_tools_mod:Upper"], {"my_tools_mod:Upper": {"colour": "red"}})
+    with pytest.raises(ConfigError, match=r"agent.tool_options.Upper: building tool 'my_tools_mod:Upper' failed"):
+        build_tools(["my_tools_mod:Upper"], {"Upper": {"colour": "red"}})
     with pytest.raises(ConfigError, match="two tools are named 'python'"):
         build_tools(["python", "sandbox_fusion"], {"sandbox_fusion": {"url": "http://localhost:1/run_code"}})
 

@@ -23,6 +23,12 @@ _NAME_RE = re.compile(r"^[A-Za-z_][\w-]*$")
 _IMPORT_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
+def tool_option_key(entry: str) -> str:
+    """The key of an `agent.tools` entry in `agent.tool_options`: the name of a built-in, the class name of an
+    import path (`my_pkg.tools:WebSearch` → `WebSearch`, so the CLI key has no dots or colon)."""
+    return entry.rsplit(":", 1)[-1]
+
+
 @dataclass
 class RolloutConfig:
     """How rollouts are produced (`rollout=single` is one generation per sample, `rollout=agent` the agent loop)."""
@@ -46,7 +52,7 @@ class AgentConfig:
     tools: list[str] = field(default_factory=lambda: ["calculator"])
     """Tools offered: built-in names (calculator, python, sandbox_fusion) or import paths `pkg.module:Class`."""
     tool_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Constructor keyword arguments per tool, keyed by its entry in `tools` (e.g. {python: {memory_mb: 512}})."""
+    """Constructor keyword arguments per tool, keyed by built-in name or class name (`+agent.tool_options.python.memory_mb=512`)."""
     format: str = "hermes"
     """Tool-call format the model writes: hermes (Qwen2.5/Qwen3 `<tool_call>`), llama3_json or mistral (`[TOOL_CALLS]`)."""
     tools_in_prompt: bool = True
@@ -83,11 +89,14 @@ class AgentConfig:
                 )
         if len(set(self.tools)) != len(self.tools):
             raise ConfigError(f"agent.tools lists a tool twice: {list(self.tools)}")
+        keys = [tool_option_key(e) for e in self.tools]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"agent.tools: two entries share a class name ({list(self.tools)}); rename one class")
         for key in self.tool_options:
-            if key not in self.tools:
+            if key not in keys:
                 raise ConfigError(
-                    f"agent.tool_options.{key} names no entry of agent.tools ({list(self.tools)}); key options by the "
-                    "entry as written in agent.tools"
+                    f"agent.tool_options.{key} names no tool of agent.tools ({list(self.tools)}); key options by the "
+                    f"built-in name or the class name: {keys}"
                 )
         if self.format not in TOOL_CALL_FORMATS:
             raise ConfigError(f"agent.format must be one of {', '.join(TOOL_CALL_FORMATS)}, got {self.format!r}")

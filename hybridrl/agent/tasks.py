@@ -9,8 +9,8 @@ back: the tool is what makes the task solvable. Rows come from `make_calc_rows` 
 
 Rewards (registered when this module is imported): `calc_exact` scores 1 when the last number of the final
 assistant message equals the product, else 0; `calc_shaped` adds small credit for a calculator call that ran
-(0.2) and for ending with a number at all (0.1), so a model starting from random weights gets a signal before it
-ever solves one. Both log `reward/exact`, `reward/tool_ok`, `reward/answered`.
+(0.2) and for trying a call at all (0.1), so a model starting from random weights gets a signal before it ever
+solves one. Both log `reward/exact`, `reward/tool_ok`, `reward/tried`, `reward/answered`.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def _number(rng: random.Random, digits: int) -> int:
     return rng.randint(10 ** (digits - 1), 10**digits - 1)
 
 
-def _final_text_and_tool_ok(item: RewardInput) -> tuple[str, bool]:
-    """The final assistant message's text, and whether any tool call ran without error.
+def _trajectory_view(item: RewardInput) -> tuple[str, bool, bool]:
+    """The final assistant message's text, whether any tool call ran without error, and whether a call was tried.
 
     Reads the conversation (`messages`: on the item when the reward input carries it, else in the sample row);
     without one, falls back to the decoded response: the text after the last </tool_response> is the final answer.
@@ -64,22 +64,24 @@ def _final_text_and_tool_ok(item: RewardInput) -> tuple[str, bool]:
     messages = getattr(item, "messages", None) or item.sample.get("messages")
     if messages:
         final = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
-        ok = any(m.get("role") == "tool" and not str(m.get("content", "")).startswith("Error") for m in messages)
-        return final, ok
+        tool_said = [str(m.get("content", "")) for m in messages if m.get("role") == "tool"]
+        tried = bool(tool_said) or any(m.get("tool_calls") for m in messages)
+        return final, any(not t.startswith("Error") for t in tool_said), tried
     text = item.response
     ok = any(not r.startswith("Error") for r in _TOOL_RESPONSE.findall(text))
     final = text.rsplit("</tool_response>", 1)[-1]
     final = re.sub(r"<tool_call>.*?(</tool_call>|$)", "", final, flags=re.DOTALL)
-    return final, ok
+    return final, ok, "<tool_call>" in text
 
 
 def calc_components(item: RewardInput) -> dict[str, float]:
-    """exact (last number of the final message == the product), tool_ok (a call ran), answered (a number at all)."""
-    final, ok = _final_text_and_tool_ok(item)
+    """exact (the final message's last number is the product), tool_ok (a call ran without error), tried (a tool
+    call was attempted, well-formed or not), answered (the final message holds a number)."""
+    final, ok, tried = _trajectory_view(item)
     numbers = _NUMBER.findall(final.replace(",", ""))
     answered = bool(numbers)
     exact = answered and numbers[-1].lstrip("0") == str(item.sample["answer"]).lstrip("0")
-    return {"exact": float(exact), "tool_ok": float(ok), "answered": float(answered)}
+    return {"exact": float(exact), "tool_ok": float(ok), "tried": float(tried), "answered": float(answered)}
 
 
 @register_reward("calc_exact")
@@ -93,9 +95,10 @@ def calc_exact(item: RewardInput) -> dict[str, Any]:
 @register_reward("calc_shaped")
 @per_sample
 def calc_shaped(item: RewardInput) -> dict[str, Any]:
-    """exact + 0.2 * (a tool call ran) + 0.1 * (the final message holds a number): in [0, 1.3]."""
+    """exact + 0.2 * (a tool call ran) + 0.1 * (a tool call was tried): in [0, 1.3]. The small terms give a model
+    that starts from random weights a gradient toward calling the tool before it ever solves a product."""
     parts = calc_components(item)
-    return {"score": parts["exact"] + 0.2 * parts["tool_ok"] + 0.1 * parts["answered"], **parts}
+    return {"score": parts["exact"] + 0.2 * parts["tool_ok"] + 0.1 * parts["tried"], **parts}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """Tools the agent loop offers the model: built-ins by name, user tools by import path.
 
-    build_tools(["calculator", "python", "my_pkg.tools:WebSearch"], {"python": {"memory_mb": 512}})
+    build_tools(["calculator", "python", "my_pkg.tools:WebSearch"], {"python": {"memory_mb": 512}, "WebSearch": {...}})
 
 Built-ins: `calculator` (safe arithmetic), `python` (a local child process with rlimits; not a security
 boundary), `sandbox_fusion` (code sent to a SandboxFusion service; the model sees it as `python`).
@@ -12,10 +12,12 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hybridrl.agent.config import AgentConfig, tool_option_key
 from hybridrl.agent.tools.base import Tool, ToolError, check_arguments
 from hybridrl.errors import ConfigError
 
-__all__ = ["BUILTIN_TOOLS", "Tool", "ToolError", "build_tools", "check_arguments", "load_tool_class"]
+__all__ = ["BUILTIN_TOOLS", "Tool", "ToolError", "build_tools", "check_arguments", "load_tool_class",
+           "prompt_tool_schemas"]
 
 BUILTIN_TOOLS: dict[str, str] = {
     "calculator": "hybridrl.agent.tools.calculator:Calculator",
@@ -52,17 +54,32 @@ def load_tool_class(entry: str) -> type[Tool]:
 
 
 def build_tools(entries: Sequence[str], options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Tool]:
-    """One instance per entry (keyword arguments from `options[entry]`), keyed by the name the model calls."""
+    """One instance per entry, keyed by the name the model calls; keyword arguments from
+    `options[tool_option_key(entry)]` (the built-in name, or the class name of an import path)."""
     options = options or {}
     tools: dict[str, Tool] = {}
     for entry in entries:
         cls = load_tool_class(entry)
-        kwargs = dict(options.get(entry, {}))
+        key = tool_option_key(entry)
+        kwargs = dict(options.get(key, {}))
         try:
             tool = cls(**kwargs)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"agent.tool_options.{entry}: building tool {entry!r} failed: {e}") from e
+            raise ConfigError(f"agent.tool_options.{key}: building tool {entry!r} failed: {e}") from e
         if tool.name in tools:
             raise ConfigError(f"agent.tools: two tools are named {tool.name!r}; the model could not tell them apart")
         tools[tool.name] = tool
     return tools
+
+
+def prompt_tool_schemas(cfg: AgentConfig) -> list[dict[str, Any]] | None:
+    """What prompt rendering passes as `apply_chat_template(messages, tools=...)`: the schemas of `cfg.tools`,
+    or None with `agent.tools_in_prompt=false` (the tools are then offered without being described)."""
+    if not cfg.tools_in_prompt or not cfg.tools:
+        return None
+    tools = build_tools(cfg.tools, cfg.tool_options)
+    try:
+        return [t.schema() for t in tools.values()]
+    finally:
+        for t in tools.values():
+            t.close()
