@@ -62,6 +62,7 @@ def run(cfg: DictConfig) -> float:
 
     Returns the run's objective for sweepers (Optuna): the mean reward/mean over the last 20% of steps.
     """
+    import hybridrl.agent.tasks  # noqa: F401  (registers the tool task's rewards, calc_exact and calc_shaped)
     import hybridrl.data.synthetic  # noqa: F401  (registers the "synthetic" reward)
     from hybridrl.controller import Controller
     from hybridrl.models.loading import check_supported_architecture, resolve_model_path

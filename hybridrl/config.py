@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrl.agent.config import AgentConfig, RolloutConfig
 from hybridrl.algorithms.config import AlgorithmConfig
 from hybridrl.data.config import DataConfig
 from hybridrl.engines.config import EngineConfig
@@ -50,6 +51,10 @@ class RunConfig:
     """Experiment tracking."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Process layout."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Single-turn generation (the default) or the multi-turn agent loop."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """The agent loop's tools and limits (read with rollout=agent)."""
 
     def __post_init__(self) -> None:
         self.topology().check_batch(self.data.train_batch_size, self.algorithm.group_size, self.trainer.mini_batch_size)
@@ -59,6 +64,11 @@ class RunConfig:
                 f"engine.temperature=0 with algorithm.group_size={algo.group_size}: greedy decoding gives every sample "
                 "of a prompt the same tokens, so every advantage is 0; sample with engine.temperature > 0 "
                 "(validation is greedy on its own)"
+            )
+        if self.rollout.name == "agent" and self.agent.max_total_tokens <= self.data.max_prompt_tokens:
+            raise ConfigError(
+                f"agent.max_total_tokens={self.agent.max_total_tokens} must exceed data.max_prompt_tokens="
+                f"{self.data.max_prompt_tokens}: a trajectory needs room to answer after its prompt"
             )
         if algo.needs_critic:
             raise ConfigError("algorithm=ppo needs the critic role, which this build does not have yet; "

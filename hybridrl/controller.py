@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from hybridrl.agent import agent_metrics, trajectories_to_batch
 from hybridrl.algorithms import GroupRefill
 from hybridrl.batch import Batch
 from hybridrl.checkpoints import CheckpointDir, read_meta
@@ -180,7 +181,8 @@ class Controller:
                 comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
             with self.timed(Phase.SLEEP):
                 group.run_all(Phase.SLEEP)
-            batch = completions_to_batch(prompts, comps)
+            batch, rollout_metrics = self._rollout_batch(prompts, comps)
+            metrics.update(rollout_metrics)
         with self.timed(Phase.LOGPROB):
             parts = group.run_scattered(Phase.LOGPROB, batch)
             for key in parts[0]:
@@ -213,7 +215,7 @@ class Controller:
             with self.timed(Phase.GENERATE):
                 comps = group.generate([p.token_ids for p in prompts], step, self.sampling, first_index=first_index)
             first_index += len(prompts)  # later rounds draw from streams of their own
-            batch = completions_to_batch(prompts, comps)
+            batch, _ = self._rollout_batch(prompts, comps)
             with self.timed(Phase.REWARD):
                 scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
             raw = torch.tensor(scores, dtype=torch.float32)
@@ -232,6 +234,12 @@ class Controller:
         extras = {k: [ex[k][i] for (_, _, ex), rows in zip(rounds, plan.rows) for i in rows.tolist()]
                   for k in rounds[0][2]}
         return batch, scores, extras, {**plan.metrics(), "reward/generated_mean": sum(generated) / len(generated)}
+
+    def _rollout_batch(self, prompts: list[Prompt], outs: list) -> tuple[Batch, dict[str, float]]:
+        """The rollout as a training batch: completions, or with rollout=agent trajectories (and `agent/*`)."""
+        if self.cfg.rollout.name == "agent":
+            return trajectories_to_batch(prompts, outs), agent_metrics(outs)
+        return completions_to_batch(prompts, outs), {}
 
     def _gather_rewards(self, parts: list[RewardScores]) -> tuple[list[float], dict[str, list[float]]]:
         """The ranks' scores joined; samples the reward function raised on are counted for `reward/errors`."""
@@ -293,7 +301,7 @@ class Controller:
     def _score_val(self, params: SamplingParams, step: int) -> tuple[list[float], list[bool], Batch]:
         """Scores and exact-correctness of held-out completions (`correct` component, else score >= 1)."""
         comps = self.group.generate([p.token_ids for p in self.val_prompts], step, params)
-        batch = completions_to_batch(self.val_prompts, comps)
+        batch, _ = self._rollout_batch(self.val_prompts, comps)
         pad = self.group.topology.padding_rows(len(batch))  # repeat the last rows so every rank gets an equal share
         padded = Batch.concat([batch, batch.select([len(batch) - 1] * pad)]) if pad else batch
         scores, extras = self._gather_rewards(self.group.run_scattered(Phase.REWARD, padded))

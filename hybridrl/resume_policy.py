@@ -73,6 +73,11 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("cluster.ray_address", APPLY, "where the cluster is"),
     ("cluster.name", APPLY, "process launcher (the world size is checked separately)"),
     ("reward.max_error_frac", APPLY, "failure tolerance"),
+    ("agent.tool_timeout_s", APPLY, "failure handling"),
+    ("agent.tool_timeouts", APPLY, "failure handling"),
+    ("agent.tool_timeouts.*", APPLY, "failure handling"),
+    ("agent.max_concurrent_trajectories", APPLY, "speed only"),
+    ("agent.max_concurrent_tools", APPLY, "speed only"),
     # The experiment itself.
     ("trainer.seed", REFUSE, "the RNG streams the checkpoint continues"),
     ("trainer.weight_decay", REFUSE, "stored in the checkpoint's optimizer state"),
@@ -87,6 +92,8 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("engine.tp_size", REFUSE, "the world layout"),
     ("engine.*", REFUSE, "the sampling distribution (temperature, top-p/k, lengths, stop tokens)"),
     ("cluster.*", REFUSE, "the world layout"),
+    ("rollout.*", REFUSE, "how the trajectories being trained on are made"),
+    ("agent.*", REFUSE, "the tools, turns and budgets of the trajectories being trained on"),
     ("*", REFUSE, "not classified for resume (hybridrl/resume_policy.py RULES)"),
 )
 

@@ -35,17 +35,18 @@ class PerRequest:
         return out
 
 
-def test_engine_logprobs_equal_the_trainers_on_model_tokens(tiny_path):
-    from hybridrl.engines import build_engine
-    from hybridrl.engines.config import EngineConfig
+def test_engine_logprobs_equal_the_trainers_on_model_tokens(tiny_path, process_group):
+    from hybridrl.config import RunConfig
     from hybridrl.models.config import ModelConfig
     from hybridrl.models.loading import load_causal_lm, load_tokenizer
     from hybridrl.training.logprobs import response_logprobs
+    from hybridrl.workers.build import build_components
 
     tok = load_tokenizer(tiny_path)
     install_chat_template(tok, add_tokens=False)  # the model's vocabulary stays as built
     device = torch.device("cpu")
-    engine = build_engine(EngineConfig(), ModelConfig(), tiny_path, tok, device, seed=0)
+    cfg = RunConfig(model=ModelConfig(name="hf", path=tiny_path))
+    engine = build_components(cfg, cfg.topology(), device).rollout.engine  # the run's engine, as the run builds it
     loop = AgentLoop(AgentConfig(max_turns=4, max_total_tokens=400), tok)
     loop.parse = lambda text: ParsedTurn(text, [ToolCall("calculator", {"expression": "1+1"})])
     stops = list(range(3, len(tok), 3))
@@ -60,12 +61,16 @@ def test_engine_logprobs_equal_the_trainers_on_model_tokens(tiny_path):
     width = max(len(t.response_ids) for t in trajs)
     resp = torch.zeros((len(trajs), width), dtype=torch.long)
     real = torch.zeros((len(trajs), width))
+    model_tokens = torch.zeros((len(trajs), width))
     for i, t in enumerate(trajs):
         resp[i, : len(t.response_ids)] = torch.tensor(t.response_ids)
         real[i, : len(t.response_ids)] = 1
+        model_tokens[i, : len(t.response_ids)] = torch.tensor(t.response_mask, dtype=torch.float32)
     with torch.no_grad():
-        # Score every real response token (the mask here only sets the lengths), then compare on model tokens.
-        lp, _ = response_logprobs(model, [t.prompt_ids for t in trajs], resp, real, 1.0, tok.pad_token_id)
+        # The trainer's call: the model reads every real response token (tool outputs too), the loss mask keeps the
+        # model's own; compare on those.
+        lp, _ = response_logprobs(model, [t.prompt_ids for t in trajs], resp, model_tokens, 1.0, tok.pad_token_id,
+                                  attention_mask=real)
     compared = 0
     for i, t in enumerate(trajs):
         for k, m in enumerate(t.response_mask):

@@ -7,7 +7,7 @@ from typing import Optional
 
 from hybridrl.errors import ConfigError
 
-SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add")
+SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add", "calc")  # calc: the agent loop's tool task
 
 
 @dataclass

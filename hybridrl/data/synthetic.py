@@ -36,6 +36,10 @@ def _prompt(task: str, digits: str) -> str:
 
 def make_synthetic_rows(task: str, n: int, min_digits: int, max_digits: int, seed: int, exclude: set[str] | None = None) -> list[dict]:
     """`n` distinct rows {prompt, answer, task} drawn deterministically from `seed`."""
+    if task == "calc":  # arithmetic too long to do in the head: the agent loop's calculator task
+        from hybridrl.agent.tasks import make_calc_rows
+
+        return make_calc_rows(n, min_digits, max_digits, seed, exclude)
     rng = random.Random(seed)
     rows: list[dict] = []
     seen = set(exclude or ())

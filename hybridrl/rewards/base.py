@@ -63,6 +63,8 @@ class RewardInput:
     """The dataset row the prompt came from (e.g. with `answer` or `ground_truth`)."""
     finish_reason: str = "stop"
     """'stop' (EOS or a stop token) or 'length' (cut off at the token limit)."""
+    messages: list[dict[str, Any]] | None = None
+    """With rollout=agent: the trajectory's conversation (assistant turns, tool calls and tool results); else None."""
 
 
 def per_sample(f: PerSampleRewardFn) -> RewardFn:

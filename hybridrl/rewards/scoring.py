@@ -10,14 +10,18 @@ from hybridrl.rewards.config import RewardConfig
 
 
 def reward_inputs(batch: Batch, tokenizer: Any) -> list[RewardInput]:
-    """What a reward function sees for each row: prompt text, the decoded response, the dataset row, the finish."""
-    lengths = batch["response_mask"].sum(-1).tolist()
+    """What a reward function sees for each row: prompt text, the decoded response (with rollout=agent the whole
+    trajectory after the prompt, tool outputs included), the dataset row, the finish, and the conversation."""
+    real = batch["response_attention_mask"] if "response_attention_mask" in batch else batch["response_mask"]
+    lengths = real.sum(-1).tolist()
+    messages = batch.meta.get("messages")
     return [
         RewardInput(
             prompt=batch.meta["prompt_text"][i],
             response=tokenizer.decode(batch["responses"][i, : int(n)].tolist(), skip_special_tokens=True),
             sample=batch.meta["sample"][i],
             finish_reason=batch.meta["finish_reason"][i],
+            messages=messages[i] if messages is not None else None,
         )
         for i, n in enumerate(lengths)
     ]

@@ -60,8 +60,13 @@ def response_logprobs(
     with_entropy: bool = False,
     chunk_size: int = 0,
     kernel: bool = True,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / temperature) at each response token, response-aligned [B, R].
+
+    `attention_mask` [B, R] marks every real response token when that differs from `response_mask` (agent
+    trajectories: tool outputs sit in the context but out of the loss); the model then reads all of them, and the
+    returned log-probs are masked by `response_mask`.
 
     The same definition every engine uses for the sampled token, so ratios compare like with like.
     Logits are computed only from the shortest prompt's end onwards (`logits_to_keep`): the prompt
@@ -69,7 +74,8 @@ def response_logprobs(
     from `chunked_logprobs` (no [tokens, vocab] float32 logits kept for the backward).
     """
     device = responses.device
-    ids, attn, plens = pack_sequences(prompts, responses, response_mask, pad_id)
+    ids, attn, plens = pack_sequences(prompts, responses, response_mask if attention_mask is None else attention_mask,
+                                      pad_id)
     ids, attn = ids.to(device), attn.to(device)
     B, R = responses.shape
     L = ids.shape[1]

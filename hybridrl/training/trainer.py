@@ -34,12 +34,20 @@ def micro_batches(batch: Batch, size: int, device: torch.device) -> list[MicroBa
     return [(mb, mb["responses"].to(device), mb["response_mask"].to(device)) for mb in batch.chunks(size)]
 
 
+def attention_mask(mb: Batch) -> torch.Tensor | None:
+    """Every real response token (agent trajectories: model and tool tokens), where it differs from the loss mask;
+    None for single-turn rollouts, whose response mask is both."""
+    return mb["response_attention_mask"] if "response_attention_mask" in mb else None
+
+
 def model_logprobs(model: torch.nn.Module, micro: MicroBatch, cfg: TrainerConfig, temperature: float, pad_id: int,
                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` of one micro-batch with the trainer's temperature, padding and kernels."""
     mb, resp, mask = micro
+    attn = attention_mask(mb)
     return response_logprobs(model, mb.prompts, resp, mask, temperature, pad_id, with_entropy=with_entropy,
-                             chunk_size=cfg.logprob_chunk_size, kernel=cfg.fused_logprobs)
+                             chunk_size=cfg.logprob_chunk_size, kernel=cfg.fused_logprobs,
+                             attention_mask=None if attn is None else attn.to(resp.device))
 
 
 class Trainer(FSDPLearner):

@@ -17,7 +17,9 @@ from typing import Any, Callable
 
 import torch
 
+import hybridrl.agent.tasks  # noqa: F401  (registers the tool task's rewards)
 import hybridrl.data.synthetic  # noqa: F401  (registers the built-in "synthetic" reward)
+from hybridrl.agent.loop import AgentLoop
 from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
@@ -45,6 +47,8 @@ class Components:
     rollout: Rollout | None
     """The engine and its weight sync (None only in trainer-only benchmarks)."""
     reward_fn: Callable
+    agent_loop: AgentLoop | None = None
+    """The multi-turn agent loop (rollout=agent), driving the engine through requests; None for single-turn."""
 
     def roles(self) -> dict[str, Any]:
         """Every role present, by name: what memory reports and checkpoints iterate over."""
@@ -62,7 +66,9 @@ class Components:
         return checkpoint if role == "actor" else str(Path(checkpoint) / role)
 
     def shutdown(self) -> None:
-        """Release the engine (the trainer roles are plain memory)."""
+        """Release the engine and the agent loop's tools (the trainer roles are plain memory)."""
+        if self.agent_loop is not None:
+            self.agent_loop.close()
         if self.rollout is not None:
             self.rollout.shutdown()
 
@@ -90,7 +96,8 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device,
         ref = Reference(model_path, cfg.model, cfg.trainer, device, mesh, pad, temperature,
                         offload=cfg.ref.resolve_offload(cfg.trainer))
     rollout = build_rollout(cfg, model_path, tokenizer, device, topology, actor.model) if with_engine else None
-    return Components(topology, device, tokenizer, actor, ref, rollout, resolve_reward(cfg.reward.spec))
+    agent_loop = AgentLoop(cfg.agent, tokenizer) if cfg.rollout.name == "agent" else None
+    return Components(topology, device, tokenizer, actor, ref, rollout, resolve_reward(cfg.reward.spec), agent_loop)
 
 
 def build_rollout(cfg: RunConfig, model_path: str, tokenizer, device: torch.device, topology: Topology,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hybridrl.agent.loop import Trajectory
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.engines.base import Completion, SamplingParams
@@ -65,10 +66,14 @@ class HybridWorker:
 
     def generate(
         self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams, prompt_offset: int = 0
-    ) -> list[Completion]:
-        """Sample completions for this worker's engine replica's prompts (global index `prompt_offset` on)."""
+    ) -> list[Completion] | list[Trajectory]:
+        """Sample completions (with rollout=agent: trajectories) for this worker's engine replica's prompts (global
+        index `prompt_offset` on)."""
         params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset)
-        out = self.roles.rollout.generate(prompts, params)
+        if self.roles.agent_loop is not None:  # trajectories: model tokens, tool results, masks
+            out = self.roles.agent_loop.generate_sync(self.roles.rollout.engine, prompts, params)
+        else:
+            out = self.roles.rollout.generate(prompts, params)
         self._record("generate")
         return out
 
