@@ -1,7 +1,7 @@
-"""Engine tensor-parallel groups, and the collectives the fused decoder runs over one.
+"""The fused decoder's view of its engine tensor-parallel group, and the two collectives it runs over it.
 
-Every rank must call `engine_tp_group` at the same point (it creates every TP group of the world, in the same
-order on all ranks, as `dist.new_group` requires); each rank keeps the group it belongs to.
+The group itself is made by the caller (the run's topology, once, on every rank in the same order), and handed to
+the engine; None means a single rank with no collectives.
 """
 
 from __future__ import annotations
@@ -10,26 +10,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from hybridrl.errors import ConfigError
-
-
-def engine_tp_group(tp_size: int) -> dist.ProcessGroup | None:
-    """This rank's engine TP group: ranks [0..tp-1], [tp..2tp-1], …; None when tp_size == 1 (no collectives)."""
-    if tp_size == 1:
-        return None
-    if not dist.is_initialized():
-        raise ConfigError(f"engine.tp_size={tp_size} needs torch.distributed initialized before the engine")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world % tp_size:
-        raise ConfigError(f"engine.tp_size={tp_size} must divide the number of workers ({world})")
-    mine = None
-    for start in range(0, world, tp_size):
-        group = dist.new_group(list(range(start, start + tp_size)))  # collective: all ranks, every group
-        if start <= rank < start + tp_size:
-            mine = group
-    return mine
-
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; 2.11 has only the former.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

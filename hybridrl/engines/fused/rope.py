@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.errors import HybridRLError
-from hybridrl.reshard.layout import SUPPORTED_MODEL_TYPES
+from hybridrl.models.shape import SUPPORTED_MODEL_TYPES
 
 # RoPE types whose frequencies are fixed at start-up (computed once by transformers' own init function).
 # "dynamic" and "longrope" rescale with the sequence length at run time: not supported here.
