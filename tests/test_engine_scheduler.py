@@ -95,7 +95,7 @@ def test_shared_prompt_blocks_give_each_sample_the_right_context(model, block_si
         want = reference_logprobs(model, prompts[o.prompt_index], o.token_ids)
         assert (torch.tensor(o.logprobs) - want).abs().max().item() < TOL
     assert engine.scheduler.prefilled_tokens == sum(len(p) for p in prompts)  # once per prompt, not per sample
-    assert engine.cache.allocator.used == 0  # every block came back
+    assert engine.cache.allocator.held == 0  # every block came back
 
 
 def test_block_accounting_of_a_group(model):
@@ -105,12 +105,12 @@ def test_block_accounting_of_a_group(model):
     for j in range(3):
         engine.submit(GenerationRequest(PROMPTS[2], 0, j), SamplingParams(max_new_tokens=4, seed=0))
     engine.step()
-    assert engine.cache.allocator.used == 2 + 3 * 1
+    assert engine.cache.allocator.held == 2 + 3 * 1
     tables = [s.blocks for s in engine.scheduler.rows]
     assert len({tuple(t[:2]) for t in tables}) == 1 and len({t[2] for t in tables}) == 3
     while engine.has_work:
         engine.step()
-    assert engine.cache.allocator.used == 0
+    assert engine.cache.allocator.held == 0
 
 
 def test_staggered_starts_equal_solo_generation(model):
@@ -133,7 +133,7 @@ def test_staggered_starts_equal_solo_generation(model):
     assert sorted(got) == list(range(7))
     same([got[i] for i in range(7)], solo)
     assert any(o.finish_reason == "stop" for o in solo) and any(o.finish_reason == "length" for o in solo)
-    assert engine.cache.allocator.used == 0
+    assert engine.cache.allocator.held == 0
 
 
 def test_requests_that_sample_differently_wait_for_the_batch(model):
@@ -191,7 +191,7 @@ def test_async_engine_serves_concurrent_trajectories(model, kind):
         for turn, (context, out) in enumerate(turns):
             same([out], solo.generate_requests([GenerationRequest(context, t, turn)], params))
     if kind == "fused":
-        assert not engine.has_work and engine.cache.allocator.used == 0
+        assert not engine.has_work and engine.cache.allocator.held == 0
 
 
 def test_async_engine_reports_engine_errors_to_every_waiter(model):
@@ -206,3 +206,36 @@ def test_async_engine_reports_engine_errors_to_every_waiter(model):
 
     ok, failed = asyncio.run(main())
     assert len(ok.token_ids) >= 1 and isinstance(failed, HybridRLError)  # 9 + 8 > 10: refused at submit
+
+
+def test_the_next_turn_prefills_only_what_is_new(model):
+    """Turn 2 continues turn 1's context: the full blocks turn 1 wrote (prompt and generated tokens) come from the
+    prefix table, only the rest is prefilled, and the log-probs still match a full forward."""
+    engine = fused(model, kv_block_size=4)
+    params = SamplingParams(max_new_tokens=8, seed=1)  # stop ids none but EOS
+    first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
+    context = PROMPTS[2] + first.token_ids + [50, 51]
+    before = engine.scheduler.prefilled_tokens
+    second = engine.generate_requests([GenerationRequest(context, 0, 1)], params)[0]
+    # K/V exist for 9 + n - 1 positions (the last sampled token is never fed); their full blocks are reused.
+    reused = (9 + len(first.token_ids) - 1) // 4 * 4
+    assert engine.scheduler.prefilled_tokens - before == len(context) - reused
+    want = reference_logprobs(model, context, second.token_ids)
+    assert (torch.tensor(second.logprobs) - want).abs().max().item() < TOL
+    same([second], fused(model, kv_block_size=4, prefix_cache=False).generate_requests(
+        [GenerationRequest(context, 0, 1)], params))
+    # New weights make every cached block stale: the whole context is prefilled again.
+    Resharder(ReshardConfig(), engine, model.config).sync(model)
+    before = engine.scheduler.prefilled_tokens
+    engine.generate_requests([GenerationRequest(context, 0, 1)], params)
+    assert engine.scheduler.prefilled_tokens - before == len(context)
+
+
+def test_a_full_cache_evicts_prefixes_and_keeps_serving(model):
+    engine = fused(model, kv_block_size=4, kv_blocks=1 + 12, max_batch_size=2)
+    params = SamplingParams(max_new_tokens=6, seed=5)
+    reqs = [GenerationRequest([30 + i] + PROMPTS[2], i) for i in range(6)]  # 10 tokens: 2 full blocks each
+    got = engine.generate_requests(reqs, params)
+    same(got, fused(model, prefix_cache=False).generate_requests(reqs, params))
+    alloc = engine.cache.allocator
+    assert alloc.held == 0 and 0 < alloc.cached <= 12 and alloc.free == 12

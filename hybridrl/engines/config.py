@@ -79,6 +79,9 @@ class NativeOptions:
     """Fused engine: tokens per KV-cache block (the unit of allocation and of prompt sharing)."""
     kv_blocks: int = 0
     """Fused engine: KV-cache blocks allocated at wake-up; 0 = sized by `kv_memory_fraction`, else by demand."""
+    prefix_cache: bool = True
+    """Fused engine: keep full KV blocks findable by their tokens, so a request that starts like an earlier one
+    (the next turn of an agent loop) prefills only what is new; emptied whenever weights are loaded."""
     kv_memory_fraction: float = 0.0
     """Fused engine on GPU, with kv_blocks = 0: size the KV cache to this fraction of the device memory free at
     wake-up; 0 = by demand (max_batch_size sequences of the longest request, grown when idle)."""

@@ -32,7 +32,8 @@ from typing import Protocol
 import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
-from hybridrl.engines.fused.kv_cache import BlockAllocator, blocks_for
+from hybridrl.engines.fused.blocks import BlockAllocator, BlockKey, block_keys
+from hybridrl.engines.fused.kv_cache import blocks_for
 from hybridrl.engines.fused.runner import DecodeRunner, HostCopy, SamplerMode, to_device
 from hybridrl.engines.sampling import stream_key
 from hybridrl.errors import HybridRLError
@@ -53,6 +54,7 @@ class Sequence_:
     logprobs: list[float] = field(default_factory=list)
     launched: int = 0  # tokens sampled or on their way (the host's count, ahead of `tokens`)
     finish: str | None = None
+    keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
 
     @property
     def prompt_len(self) -> int:
@@ -70,6 +72,8 @@ class PromptGroup:
     prompt: list[int]
     shared: list[int]
     seqs: list[Sequence_]
+    cached: int = 0
+    """Leading prompt tokens whose K/V were found in the prefix table (not prefilled again)."""
 
 
 class Backend(Protocol):
@@ -96,8 +100,9 @@ class Scheduler:
     """The queue, the running batch and the host side of every sequence of one fused engine."""
 
     def __init__(self, backend: Backend, max_rows: int, eos_token_ids: Sequence[int], max_model_len: int = 0,
-                 sampler_kernel: bool = True) -> None:
+                 sampler_kernel: bool = True, prefix_cache: bool = True) -> None:
         self.backend, self.max_rows, self.max_model_len = backend, max_rows, max_model_len
+        self.prefix_cache = prefix_cache
         self.eos = frozenset(eos_token_ids)
         self.sampler_kernel = sampler_kernel
         self.waiting: deque[Sequence_] = deque()
@@ -186,7 +191,6 @@ class Scheduler:
         mode = self.waiting[0].mode
         if self.rows and mode != self.mode:
             return  # samples differently: waits until the running batch drains
-        bs = self.backend.block_size
         groups: list[PromptGroup] = []
         taken: list[Sequence_] = []
         alloc: BlockAllocator | None = None
@@ -194,31 +198,25 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.mode != mode:
                 break
-            total, shared_n = seq.total_blocks(bs), seq.prompt_len // bs
-            joins = bool(groups) and groups[-1].prompt == seq.request.prompt_ids
-            need = total - shared_n + (0 if joins else shared_n)
-            if alloc is None or need > alloc.free:
-                if alloc is not None and (taken or alloc.used):
-                    break  # wait for running sequences to free blocks
-                alloc = self._alloc = self.backend.kv_allocator(need, total)
-                if need > alloc.free:
-                    break  # blocks are held by sequences still running: they free them
+            total = seq.total_blocks(self.backend.block_size)
+            if alloc is None:  # the pool is made, or grown by demand, only while no block is held
+                alloc = self._alloc = self.backend.kv_allocator(0, total)
+            if not self._give_blocks(seq, groups, alloc):
+                if taken or alloc.held:
+                    break  # running sequences free blocks as they finish
+                alloc = self._alloc = self.backend.kv_allocator(self._need(seq), total)
+                if not self._give_blocks(seq, groups, alloc):
+                    break
             self.backend.reserve_width(total)
-            own = alloc.allocate(total - shared_n)
-            if joins:
-                group = groups[-1]
-                alloc.share(group.shared)
-                group.seqs.append(seq)
-            else:
-                group = PromptGroup(seq.request.prompt_ids, alloc.allocate(shared_n), [seq])
-                groups.append(group)
-            seq.blocks = group.shared + own
             taken.append(self.waiting.popleft())
         if not taken:
             return
         self.mode = mode
         tok, lp = self.backend.prefill(groups, mode)
-        self.prefilled_tokens += sum(len(g.prompt) for g in groups)
+        self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
+        if self.prefix_cache:  # the prompt's full blocks are final once the prefill is queued
+            for g in groups:
+                alloc.register(g.seqs[0].keys, g.shared)
         self.pending.append((taken, HostCopy([tok, lp])))
         for s in taken:
             s.launched = 1
@@ -230,6 +228,47 @@ class Scheduler:
                                       [taken[i].key for i in going] if mode.seeded else None,
                                       [taken[i].blocks for i in going])
             self.rows += [taken[i] for i in going]
+
+    def _need(self, seq: Sequence_) -> int:
+        """Blocks `seq` takes when nothing is shared with it."""
+        return seq.total_blocks(self.backend.block_size)
+
+    def _give_blocks(self, seq: Sequence_, groups: list[PromptGroup], alloc: BlockAllocator) -> bool:
+        """Assign `seq` its block table: the prompt's full blocks shared with the group it joins (the previous
+        request had the same prompt) or found in the prefix table, the rest its own. False if they are not free."""
+        bs = self.backend.block_size
+        full, own = seq.prompt_len // bs, seq.total_blocks(bs) - seq.prompt_len // bs
+        if groups and groups[-1].prompt == seq.request.prompt_ids:
+            group = groups[-1]
+            if own > alloc.free:
+                return False
+            alloc.share(group.shared)
+            seq.keys, seq.blocks = group.seqs[0].keys, group.shared + alloc.allocate(own)
+            group.seqs.append(seq)
+            return True
+        keys = block_keys(seq.request.prompt_ids, bs, full) if self.prefix_cache else []
+        # At least the last prompt token is run again: its logits give the first sample.
+        found = alloc.match(keys[: (seq.prompt_len - 1) // bs])
+        if full - len(found) + own > alloc.free:
+            alloc.release(found)
+            return False
+        shared = found + alloc.allocate(full - len(found))
+        seq.keys, seq.blocks = keys, shared + alloc.allocate(own)
+        groups.append(PromptGroup(seq.request.prompt_ids, shared, [seq], len(found) * bs))
+        return True
+
+    def _finish(self, s: Sequence_) -> None:
+        """Enter the sequence's full blocks of final K/V in the prefix table, then drop its references."""
+        if self.prefix_cache:
+            bs = self.backend.block_size
+            written = s.prompt_len + len(s.tokens) - 1  # K/V exist for every token but the last
+            full = written // bs
+            if full > len(s.keys):
+                s.keys = s.keys + block_keys(s.request.prompt_ids + s.tokens, bs, full, start=len(s.keys),
+                                             parent=s.keys[-1] if s.keys else None)
+            self._alloc.register(s.keys[:full], s.blocks[:full])
+        self._alloc.release(s.blocks)
+        s.blocks = []
 
     def _read(self, seqs: list[Sequence_], copy: HostCopy, done: list[tuple[int, Completion]]) -> None:
         toks, lps = copy.result()
@@ -244,6 +283,5 @@ class Scheduler:
                 s.finish = "length"
             else:
                 continue
-            self._alloc.release(s.blocks)
-            s.blocks = []
+            self._finish(s)
             done.append((s.handle, Completion(s.request.prompt_index, s.tokens, s.logprobs, s.finish)))

@@ -57,7 +57,7 @@ class FusedEngine(NativeEngineBase):
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs)
         self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
-                                   self.options.sampler_kernel)
+                                   self.options.sampler_kernel, self.options.prefix_cache)
 
     # -- requests ---------------------------------------------------------------------------------------
     @property
@@ -117,7 +117,7 @@ class FusedEngine(NativeEngineBase):
     # -- the scheduler's backend --------------------------------------------------------------------------
     def kv_allocator(self, need: int, per_seq: int) -> BlockAllocator:
         cache, o = self.cache, self.options
-        if cache is not None and cache.allocator.used:
+        if cache is not None and cache.allocator.held:
             return cache.allocator  # blocks are held: the pool stays as it is
         if o.kv_blocks or o.kv_memory_fraction:
             blocks = cache.num_blocks if cache is not None else (o.kv_blocks or self._fraction_blocks())
@@ -127,8 +127,14 @@ class FusedEngine(NativeEngineBase):
                                     "engine.native.kv_memory_fraction)")
         else:  # by demand, never shrinking: max_batch_size sequences of the longest request seen
             blocks = max(1 + max(need, o.max_batch_size * per_seq), self._pool_blocks)
-        if cache is None or blocks > cache.num_blocks:
+        if cache is None:
             self._allocate(blocks)
+        elif blocks > cache.num_blocks:  # no block is held here: only the prefix table's contents move along
+            width = self.runner.width
+            self.runner.release()
+            cache.grow(blocks)
+            self._pool_blocks = blocks
+            self.runner.bind(cache, width)
         return self.cache.allocator
 
     def reserve_width(self, blocks: int) -> None:
@@ -159,28 +165,44 @@ class FusedEngine(NativeEngineBase):
                              keys=keys, step=0, kernel=mode.kernel)
 
     def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
-        """Prefill each group's prompt into its blocks (the first sequence's table, or `shared` for a bare group),
-        in forwards of ≤ engine.native.prefill_tokens padded tokens; logits [groups, padded vocab]."""
+        """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
+        `shared` for a bare group), in forwards of ≤ engine.native.prefill_tokens padded tokens (counting the
+        cached context a row attends to); logits [groups, padded vocab]."""
         out, start, bs, budget = [], 0, self.block_size, self.options.prefill_tokens
         while start < len(groups):
             end, width = start + 1, len(groups[start].prompt)
             while end < len(groups) and (end - start + 1) * max(width, len(groups[end].prompt)) <= budget:
                 width = max(width, len(groups[end].prompt))
                 end += 1
-            ids = torch.full((end - start, width), self.pad_token_id, dtype=torch.long)
-            slots = []
-            for i, g in enumerate(groups[start:end]):
-                table = g.seqs[0].blocks if g.seqs else g.shared
-                ids[i, : len(g.prompt)] = torch.as_tensor(g.prompt, dtype=torch.long)
-                # Padding tokens write into the scratch block.
-                slots += self.cache.slots(table, 0, len(g.prompt))
-                slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt), width)]
-            lengths = to_device([len(g.prompt) for g in groups[start:end]], torch.long, self.device)
-            out.append(self.model.prefill(ids.to(self.device, non_blocking=True), lengths,
-                                          to_device(slots, torch.long, self.device).view(end - start, width),
-                                          self.cache))
+            out.append(self._prefill_chunk(groups[start:end]))
             start = end
         return torch.cat(out) if len(out) > 1 else out[0]
+
+    def _prefill_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        bs, dev = self.block_size, self.device
+        tables = [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
+        width = max(len(g.prompt) - g.cached for g in groups)
+        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
+        slots = []
+        for i, g in enumerate(groups):
+            ids[i, : len(g.prompt) - g.cached] = torch.as_tensor(g.prompt[g.cached :], dtype=torch.long)
+            slots += self.cache.slots(tables[i], g.cached, len(g.prompt))
+            # Padding tokens write into the scratch block.
+            slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt) - g.cached, width)]
+        lengths = to_device([len(g.prompt) - g.cached for g in groups], torch.long, dev)
+        slots = to_device(slots, torch.long, dev).view(len(groups), width)
+        start = table = None
+        if any(g.cached for g in groups):  # continue cached prefixes: attend through the block tables
+            start = to_device([g.cached for g in groups], torch.long, dev)
+            wide = max(blocks_for(len(g.prompt), bs) for g in groups)
+            table = to_device([t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables], torch.int32, dev)
+        ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids
+        return self.model.prefill(ids, lengths, slots, self.cache, start, table)
+
+    def load_weights(self, named_tensors) -> None:
+        super().load_weights(named_tensors)
+        if self.cache is not None:
+            self.cache.allocator.forget_prefixes()  # K/V computed with the old weights
 
     # -- KV cache -----------------------------------------------------------------------------------------
     def _fraction_blocks(self) -> int:

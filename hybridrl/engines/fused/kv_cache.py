@@ -6,6 +6,7 @@
 One mechanism serves joining, leaving and sharing: a new sequence takes blocks from the free list, a finished one
 returns them (no copies, nothing else moves), and the n samples of one prompt hold references to the prompt's full
 blocks (refcounts) while each gets its own copy of the partly filled last one, which its decode steps write into.
+Full blocks also stay findable by their tokens for later requests with the same prefix (`blocks.BlockAllocator`).
 Block 0 is never handed out: padding rows of a decode batch and padding tokens of a prefill write there.
 """
 
@@ -13,54 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.errors import HybridRLError
+from hybridrl.engines.fused.blocks import BlockAllocator
 
 SCRATCH_BLOCK = 0
-
-
-class BlockAllocator:
-    """Free list and reference counts of the blocks 1..num_blocks-1 (host-side bookkeeping only)."""
-
-    def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 2:
-            raise HybridRLError(f"KV cache: {num_blocks} blocks is too few (block 0 is scratch)")
-        self.num_blocks = num_blocks
-        # Popped from the end: the lowest ids go first, so a small workload touches a compact region.
-        self._free = list(range(num_blocks - 1, 0, -1))
-        self._refs = [0] * num_blocks
-
-    @property
-    def free(self) -> int:
-        """Blocks on the free list."""
-        return len(self._free)
-
-    @property
-    def used(self) -> int:
-        """Blocks held by at least one sequence."""
-        return self.num_blocks - 1 - len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        """n blocks off the free list, each with one reference."""
-        if n > len(self._free):
-            raise HybridRLError(f"KV cache: {n} blocks wanted, {len(self._free)} free")
-        out = [self._free.pop() for _ in range(n)]
-        for b in out:
-            self._refs[b] = 1
-        return out
-
-    def share(self, blocks: list[int], times: int = 1) -> None:
-        """Add `times` references to each of `blocks` (more sequences read them)."""
-        for b in blocks:
-            self._refs[b] += times
-
-    def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each of `blocks`; a block with none left goes back to the free list."""
-        for b in blocks:
-            self._refs[b] -= 1
-            if self._refs[b] == 0:
-                self._free.append(b)
-            elif self._refs[b] < 0:
-                raise HybridRLError(f"KV cache: block {b} released more often than taken")
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -79,6 +35,18 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
+
+    def grow(self, num_blocks: int) -> None:
+        """More blocks, the existing ones (and what the prefix table knows of them) kept; new tensors, so whatever
+        captured the old ones must be rebuilt."""
+        old = self.num_blocks
+        for name in ("k", "v"):
+            t = getattr(self, name)
+            grown = torch.zeros((t.shape[0], num_blocks, *t.shape[2:]), dtype=t.dtype, device=t.device)
+            grown[:, :old] = t
+            setattr(self, name, grown)
+            del t
+        self.allocator.extend(num_blocks)
 
     @property
     def num_blocks(self) -> int:

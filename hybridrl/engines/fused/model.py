@@ -155,15 +155,20 @@ class FusedDecoder(nn.Module):
         return self.tp.gather_last(F.linear(h, self.head_weight()))
 
     # -- forwards -------------------------------------------------------------------------------------
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
-                cache: PagedKVCache) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, cache: PagedKVCache,
+                start: torch.Tensor | None = None, tables: torch.Tensor | None = None) -> torch.Tensor:
         """Run right-padded prompts ids [B, W] (true lengths [B]); store each token's K/V at its slot (slots [B, W];
-        padding tokens point into the scratch block); return the logits [B, padded vocab] at each last token."""
+        padding tokens point into the scratch block); return the logits [B, padded vocab] at each last token.
+
+        With `start` [B], row b's ids continue a sequence whose first start[b] tokens are already in the cache:
+        its tokens sit at positions start[b].. and attend to that prefix too, read through `tables` [B, blocks]
+        (the sequence's block table, wide enough for start + length)."""
         b, w = ids.shape
         n, d, eps, kern = b * w, self.head_dim, self.eps, self.kernels
-        g = self.q_heads // self.kv_heads
-        cos = self.cos[:w].expand(b, w, d).reshape(n, 1, d)
-        sin = self.sin[:w].expand(b, w, d).reshape(n, 1, d)
+        pos = torch.arange(w, device=ids.device).expand(b, w)
+        if start is not None:
+            pos = pos + start[:, None]
+        cos, sin = self.cos[pos].view(n, 1, d), self.sin[pos].view(n, 1, d)
         slots = slots.reshape(n)
         x = self.embed(ids.reshape(n))
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
@@ -174,17 +179,42 @@ class FusedDecoder(nn.Module):
                                           self.kv_heads, cos, sin, *self._qk_norms(a), eps)
                 write_kv_torch(*cache.layer(i), slots, k, v)
                 q = q.view(b, w, self.q_heads, d).transpose(1, 2)
-                # GQA: each kv head serves g consecutive query heads (transformers' repeat_kv order).
-                k = k.view(b, w, self.kv_heads, 1, d).expand(b, w, self.kv_heads, g, d).reshape(b, w, -1, d)
-                v = v.view(b, w, self.kv_heads, 1, d).expand(b, w, self.kv_heads, g, d).reshape(b, w, -1, d)
-                # Right padding: a real token attends only to earlier real tokens, so the causal mask suffices.
-                o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                                   scale=d**-0.5)
+                if start is None:
+                    k, v = k.view(b, w, self.kv_heads, d).transpose(1, 2), v.view(b, w, self.kv_heads, d).transpose(1, 2)
+                    mask = None  # right padding: a real token attends only to earlier real tokens, causal suffices
+                else:
+                    k, v, mask = self._context(cache, i, tables, pos, q.dtype)
+                o = self._prefill_attention(q, k, v, mask)
                 post, after = self._norms(i)
                 x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.transpose(1, 2).reshape(n, -1)), post, eps, kern)
                 x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)
         last = h.view(b, w, -1)[torch.arange(b, device=h.device), lengths - 1]
         return self.logits(last)
+
+    def _context(self, cache: PagedKVCache, layer: int, tables: torch.Tensor, pos: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """K and V [B, kv_heads, L, d] of every cached position of each row's blocks, and the additive mask
+        [B, 1, W, L] that lets the token at position p see positions ≤ p."""
+        b, nb = tables.shape
+        kc, vc = cache.layer(layer)
+        length = nb * cache.block_size
+        t = tables.long()
+        k = kc[t].permute(0, 2, 1, 3, 4).reshape(b, self.kv_heads, length, self.head_dim)
+        v = vc[t].permute(0, 2, 1, 3, 4).reshape(b, self.kv_heads, length, self.head_dim)
+        keys = torch.arange(length, device=pos.device)
+        mask = torch.zeros(b, 1, pos.shape[1], length, dtype=dtype, device=pos.device)
+        mask.masked_fill_((keys[None, None, :] > pos[:, :, None])[:, None], float("-inf"))
+        return k, v, mask
+
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           mask: torch.Tensor | None) -> torch.Tensor:
+        """SDPA of q [B, q_heads, W, d] over k, v [B, kv_heads, L, d]: causal without a mask, else masked."""
+        b, _, length, d = k.shape
+        g = self.q_heads // self.kv_heads
+        # GQA: each kv head serves g consecutive query heads (transformers' repeat_kv order).
+        k = k[:, :, None].expand(b, self.kv_heads, g, length, d).reshape(b, self.q_heads, length, d)
+        v = v[:, :, None].expand(b, self.kv_heads, g, length, d).reshape(b, self.q_heads, length, d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=d**-0.5)
 
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
                cache: PagedKVCache, max_blocks: int, n_splits: int = 1) -> torch.Tensor:
