@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_pos_emb
 
+import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
 from hybridrl.engines.kernels import HAS_TRITON, attention, norms, rope_cache
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -22,19 +23,6 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON or TRITON_DEVICE is None,
                                   reason="Triton kernels need CUDA, or TRITON_INTERPRET=1 with triton installed")
 # float32 under the interpreter or on CUDA; bfloat16 only on CUDA (the interpreter's bf16 is numpy emulation).
 DTYPES = [torch.float32] + ([torch.bfloat16] if CUDA else [])
-
-if INTERPRET and HAS_TRITON:
-    # Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds with int(), which
-    # numpy >= 2.4 refuses for arrays of one dimension; take the element instead (interpreter runs only).
-    from triton.runtime import interpreter as _interpreter
-
-    _patch = _interpreter._patch_lang_tensor
-
-    def _patch_index(tensor, scope):
-        _patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    _interpreter._patch_lang_tensor = _patch_index
 
 
 def _tol(dtype: torch.dtype) -> float:

@@ -19,6 +19,7 @@ from hybridrl.engines.fused.engine import FusedEngine
 from hybridrl.engines.native import HFEngine
 from hybridrl.errors import HybridRLError
 from hybridrl.reshard import ReshardConfig, Resharder
+import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from tests.tiny_models import PROMPTS, reference_logprobs, tiny_model
 
 DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))

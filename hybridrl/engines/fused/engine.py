@@ -166,13 +166,18 @@ class FusedEngine(NativeEngineBase):
 
     def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
         """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
-        `shared` for a bare group), in forwards of ≤ engine.native.prefill_tokens padded tokens (counting the
-        cached context a row attends to); logits [groups, padded vocab]."""
-        out, start, bs, budget = [], 0, self.block_size, self.options.prefill_tokens
+        `shared` for a bare group); logits [groups, padded vocab]. One forward takes ≤ engine.native.prefill_tokens
+        padded new tokens, and rows continuing a cached prefix gather ≤ 4× as many context positions."""
+        out, start, budget = [], 0, self.options.prefill_tokens
+
+        def fits(chunk: list[PromptGroup]) -> bool:
+            new = len(chunk) * max(len(g.prompt) - g.cached for g in chunk)
+            context = len(chunk) * max(len(g.prompt) for g in chunk) if any(g.cached for g in chunk) else 0
+            return new <= budget and context <= 4 * budget
+
         while start < len(groups):
-            end, width = start + 1, len(groups[start].prompt)
-            while end < len(groups) and (end - start + 1) * max(width, len(groups[end].prompt)) <= budget:
-                width = max(width, len(groups[end].prompt))
+            end = start + 1
+            while end < len(groups) and fits(groups[start : end + 1]):
                 end += 1
             out.append(self._prefill_chunk(groups[start:end]))
             start = end
