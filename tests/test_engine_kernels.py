@@ -75,7 +75,7 @@ def attention_case(lens, hq=14, hkv=2, d=64, block_size=16, seed=0):
 def test_torch_decode_attention_matches_a_per_sequence_softmax(hq, hkv, d, block_size):
     lens = [1, 17, 40, 5]
     q, ks, vs, kc, vc, table, seq_lens = attention_case(lens, hq, hkv, d, block_size)
-    got = attention.decode_attention_torch(q, kc, vc, table, seq_lens, table.shape[1], d**-0.5)
+    got = attention.decode_attention_torch(q, kc, vc, table, seq_lens, max(lens), d**-0.5)  # the least width
     want = naive_attention(q, ks, vs, d**-0.5)
     assert (got.double() - want).abs().max().item() < 1e-5
 
@@ -139,7 +139,7 @@ def test_triton_decode_attention_matches_torch(dtype, hq, hkv, d, block_size, sp
     q, _, _, kc, vc, table, seq_lens = attention_case(lens, hq, hkv, d, block_size, seed=3)
     dev = TRITON_DEVICE
     q, kc, vc, table, seq_lens = (t.to(dev) for t in (q.to(dtype), kc.to(dtype), vc.to(dtype), table, seq_lens))
-    want = attention.decode_attention_torch(q, kc, vc, table, seq_lens, table.shape[1], d**-0.5)
+    want = attention.decode_attention_torch(q, kc, vc, table, seq_lens, table.shape[1] * block_size, d**-0.5)
     got = attention.decode_attention_triton(q, kc, vc, table, seq_lens, d**-0.5, splits)
     assert got.dtype == dtype
     assert (got.float() - want.float()).abs().max().item() < _tol(dtype)

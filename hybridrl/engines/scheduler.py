@@ -55,6 +55,7 @@ class Sequence_:
     launched: int = 0  # tokens sampled or on their way (the host's count, ahead of `tokens`)
     finish: str | None = None
     keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
+    cohort_len: int = 0  # the longest prompt admitted with it
 
     @property
     def prompt_len(self) -> int:
@@ -171,13 +172,18 @@ class Scheduler:
         self._admit()
         launched = []
         if self.rows:
-            attend = run.width if run.on_gpu else max(
-                blocks_for(s.prompt_len + s.launched, self.backend.block_size) for s in self.rows)
+            # The torch attention path's width: positions up to the cohort's longest prompt plus the steps taken
+            # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit).
+            attend = run.width * self.backend.block_size if run.on_gpu else max(
+                s.cohort_len + s.launched for s in self.rows)
             copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend)
             launched = [(list(self.rows), copy)]
             for s in self.rows:
                 s.launched += 1
-        ready, self.pending = self.pending, launched
+        if run.on_gpu:  # read one step behind: the device runs the next step meanwhile
+            ready, self.pending = self.pending, launched
+        else:  # nothing runs ahead on CPU: read at once, so finished rows never run a wasted step
+            ready, self.pending = self.pending + launched, []
         done: list[tuple[int, Completion]] = []
         for seqs, copy in ready:
             self._read(seqs, copy, done)
@@ -212,6 +218,9 @@ class Scheduler:
         if not taken:
             return
         self.mode = mode
+        longest = max(s.prompt_len for s in taken)
+        for s in taken:
+            s.cohort_len = longest
         tok, lp = self.backend.prefill(groups, mode)
         self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
         if self.prefix_cache:  # the prompt's full blocks are final once the prefill is queued

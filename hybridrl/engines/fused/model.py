@@ -180,7 +180,7 @@ class FusedDecoder(nn.Module):
                 write_kv_torch(*cache.layer(i), slots, k, v)
                 q = q.view(b, w, self.q_heads, d).transpose(1, 2)
                 if start is None:
-                    k, v = k.view(b, w, self.kv_heads, d).transpose(1, 2), v.view(b, w, self.kv_heads, d).transpose(1, 2)
+                    k, v = k.view(b, w, self.kv_heads, d), v.view(b, w, self.kv_heads, d)
                     mask = None  # right padding: a real token attends only to earlier real tokens, causal suffices
                 else:
                     k, v, mask = self._context(cache, i, tables, pos, q.dtype)
@@ -193,14 +193,14 @@ class FusedDecoder(nn.Module):
 
     def _context(self, cache: PagedKVCache, layer: int, tables: torch.Tensor, pos: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """K and V [B, kv_heads, L, d] of every cached position of each row's blocks, and the additive mask
+        """K and V [B, L, kv_heads, d] of every cached position of each row's blocks, and the additive mask
         [B, 1, W, L] that lets the token at position p see positions ≤ p."""
         b, nb = tables.shape
         kc, vc = cache.layer(layer)
         length = nb * cache.block_size
         t = tables.long()
-        k = kc[t].permute(0, 2, 1, 3, 4).reshape(b, self.kv_heads, length, self.head_dim)
-        v = vc[t].permute(0, 2, 1, 3, 4).reshape(b, self.kv_heads, length, self.head_dim)
+        k = kc[t].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
+        v = vc[t].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
         keys = torch.arange(length, device=pos.device)
         mask = torch.zeros(b, 1, pos.shape[1], length, dtype=dtype, device=pos.device)
         mask.masked_fill_((keys[None, None, :] > pos[:, :, None])[:, None], float("-inf"))
@@ -208,19 +208,20 @@ class FusedDecoder(nn.Module):
 
     def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            mask: torch.Tensor | None) -> torch.Tensor:
-        """SDPA of q [B, q_heads, W, d] over k, v [B, kv_heads, L, d]: causal without a mask, else masked."""
-        b, _, length, d = k.shape
+        """SDPA of q [B, q_heads, W, d] over k, v [B, L, kv_heads, d]: causal without a mask, else masked."""
+        b, length, _, d = k.shape
         g = self.q_heads // self.kv_heads
         # GQA: each kv head serves g consecutive query heads (transformers' repeat_kv order).
-        k = k[:, :, None].expand(b, self.kv_heads, g, length, d).reshape(b, self.q_heads, length, d)
-        v = v[:, :, None].expand(b, self.kv_heads, g, length, d).reshape(b, self.q_heads, length, d)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=d**-0.5)
+        k = k.view(b, length, self.kv_heads, 1, d).expand(b, length, self.kv_heads, g, d).reshape(b, length, -1, d)
+        v = v.view(b, length, self.kv_heads, 1, d).expand(b, length, self.kv_heads, g, d).reshape(b, length, -1, d)
+        return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                              is_causal=mask is None, scale=d**-0.5)
 
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
-               cache: PagedKVCache, max_blocks: int, n_splits: int = 1) -> torch.Tensor:
-        """One token per row (tokens, positions, cache slots [B]; block tables [B, ≥ max_blocks]): store its K/V,
-        attend to positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can
-        be captured in a CUDA graph. `max_blocks` bounds the torch attention path's gather; `n_splits` is the
+               cache: PagedKVCache, max_len: int, n_splits: int = 1) -> torch.Tensor:
+        """One token per row (tokens, positions, cache slots [B]; block tables [B, blocks]): store its K/V, attend to
+        positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
+        in a CUDA graph. `max_len` (> every position) is the torch attention path's gathered width; `n_splits` the
         Triton kernel's key split."""
         eps, kern = self.eps, self.kernels
         seq_lens = pos + 1
@@ -231,7 +232,7 @@ class FusedDecoder(nn.Module):
             kc, vc = cache.layer(i)
             q = rope_write(F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias), self.q_heads, self.kv_heads,
                            self.cos, self.sin, pos, slots, kc, vc, *self._qk_norms(a), eps, kern)
-            o = decode_attention(q, kc, vc, block_table, seq_lens, max_blocks, self.head_dim**-0.5, n_splits, kern)
+            o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern)
             post, after = self._norms(i)
             x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.reshape(o.shape[0], -1)), post, eps, kern)
             x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)

@@ -173,13 +173,13 @@ class DecodeRunner:
             return n
         return next(b for b in self._buckets if b >= n)
 
-    def _forward(self, b: int, attend_blocks: int) -> torch.Tensor:
+    def _forward(self, b: int, attend: int) -> torch.Tensor:
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
         block = table.gather(1, (pos // bs).clamp(max=self.width - 1)[:, None]).squeeze(1).long()
         slots = block * bs + pos % bs
         splits = split_count(b, self.model.kv_heads, self.width, bs, self._sms)
-        return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend_blocks, splits)
+        return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits)
 
     def _sample_advance(self, b: int, logits: torch.Tensor, mode: SamplerMode,
                         generator: torch.Generator | None) -> None:
@@ -192,9 +192,9 @@ class DecodeRunner:
         self.pos[:b] += self.active[:b]
         self.steps[:b] += self.active[:b]
 
-    def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend_blocks: int) -> HostCopy:
+    def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend: int) -> HostCopy:
         """Queue one decode step of rows [0, n) and the copy of their sampled tokens and log-probs to the host.
-        `attend_blocks` ≥ every live row's block count after this step (the torch attention path's gather width)."""
+        `attend` > every live row's position (the torch attention path's gathered width; graphs use the table's)."""
         b = self.bucket(n)
         if self.use_graphs:
             key = (b, mode if mode.in_graph else None)
@@ -204,11 +204,11 @@ class DecodeRunner:
                 if not mode.in_graph:
                     self._sample_advance(b, self.logits[:b], mode, generator)
                 return HostCopy([self.out_tok[:n], self.out_lp[:n]])
-        self._sample_advance(b, self._forward(b, attend_blocks), mode, generator)
+        self._sample_advance(b, self._forward(b, attend), mode, generator)
         return HostCopy([self.out_tok[:n], self.out_lp[:n]])
 
     def _graph_body(self, b: int, mode: SamplerMode) -> None:
-        logits = self._forward(b, self.width)
+        logits = self._forward(b, self.width * self.cache.block_size)
         if mode.in_graph:
             self._sample_advance(b, logits, mode, None)
         else:

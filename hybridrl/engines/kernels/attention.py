@@ -28,16 +28,16 @@ if HAS_TRITON:
 
 
 def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                           seq_lens: torch.Tensor, max_blocks: int, scale: float) -> torch.Tensor:
+                           seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
     """Attention output [B, q_heads, d] of q [B, q_heads, d] over the first `seq_lens[b]` cached positions of each
-    sequence (`max_blocks` ≥ every sequence's block count: the gathered width)."""
+    sequence (`max_len` ≥ every seq_lens[b]: the gathered width, padding masked)."""
     b, hq, d = q.shape
     _, hkv, bs, _ = k_cache.shape
     g = hq // hkv
-    table = block_table[:, :max_blocks].long()
-    length = max_blocks * bs
-    k = k_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, length, d)
-    v = v_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, length, d)
+    table = block_table[:, : -(-max_len // bs)].long()
+    length = max_len
+    k = k_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)[:, :, :length]
+    v = v_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)[:, :, :length]
     keep = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None]
     mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill_(~keep[:, None, None, :],
                                                                                      float("-inf"))
@@ -153,12 +153,12 @@ def triton_supports(head_dim: int, block_size: int) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, max_blocks: int, scale: float | None = None, n_splits: int = 1,
+                     seq_lens: torch.Tensor, max_len: int, scale: float | None = None, n_splits: int = 1,
                      kernels: bool = True) -> torch.Tensor:
     """Decode attention [B, q_heads, d]; the Triton split-K kernel on CUDA when `kernels` and the shape allows,
-    else `decode_attention_torch` (which gathers `max_blocks` blocks per sequence)."""
+    else `decode_attention_torch` (which gathers `max_len` positions per sequence)."""
     d = q.shape[-1]
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     if use_triton(q, kernels) and triton_supports(d, k_cache.shape[2]):
         return decode_attention_triton(q, k_cache, v_cache, block_table, seq_lens, scale, n_splits)
-    return decode_attention_torch(q, k_cache, v_cache, block_table, seq_lens, max_blocks, scale)
+    return decode_attention_torch(q, k_cache, v_cache, block_table, seq_lens, max_len, scale)
