@@ -126,7 +126,7 @@ def step_parts(engine: FusedEngine, prompts: list[list[int]], params: SamplingPa
         sync(device)
         n = len(s.rows)
         saved = [t.clone() for t in (run.tokens, run.pos, run.steps)]
-        forward = cuda_ms(lambda: run.launch(n, s.mode, engine.generator, run.width), device)
+        forward = cuda_ms(lambda: run.launch(n, s.mode, engine.generator, run.width * engine.block_size), device)
         for t, v in zip((run.tokens, run.pos, run.steps), saved):
             t.copy_(v)
         attended = float(run.pos[:n].float().mean() + 1)
@@ -225,6 +225,7 @@ def case_single(model, engine, args, device) -> dict:
                                                                      max_name_column_width=60))
     if args.torch_sampler:
         engine.scheduler.sampler_kernel = False
+        engine.generate(prompts, params)  # captures this sampler's graphs
         t_torch, _ = timed(lambda: engine.generate(prompts, params), device)
         engine.scheduler.sampler_kernel = True
         res["torch_sampler"] = {"seconds_warm": t_torch, "tokens_per_s": args.batch * args.new_tokens / t_torch}

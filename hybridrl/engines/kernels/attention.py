@@ -5,7 +5,7 @@ in order and `seq_lens[b]` how many of their positions it attends. The Triton pa
 
     split:  one program per (sequence, kv head, split): the split's share of the sequence's blocks, read once for
             all g query heads of that kv head (a [g, d] × [d, tile] product), with an online softmax; writes the
-            split's normalized output and its log-sum-exp
+            split's normalized output and its log-sum-exp (with one split: the output itself, and no reduce)
     reduce: one program per (sequence, query head): the splits combined by their log-sum-exps
 
 Splitting the keys keeps every SM busy when batch × kv heads is small (0.5B: 2 kv heads); the split count is a
@@ -50,10 +50,10 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 if HAS_TRITON:
 
     @triton.jit
-    def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scale, n_splits, group,
+    def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits, group,
                       stride_table, stride_blk, stride_head,
                       BS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                      IEEE: tl.constexpr):
+                      IEEE: tl.constexpr, DIRECT: tl.constexpr):
         seq = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -99,9 +99,13 @@ if HAS_TRITON:
         has = l_i > 0
         out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        row = (seq * q_heads + heads) * n_splits + split
-        tl.store(o_ptr + row[:, None] * D + d[None, :], out, mask=q_mask)
-        tl.store(lse_ptr + row, lse, mask=g < group)
+        if DIRECT:  # one split: this is the answer, no reduce kernel
+            tl.store(out_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=q_mask)
+        else:
+            row = (seq * q_heads + heads) * n_splits + split
+            tl.store(o_ptr + row[:, None] * D + d[None, :], out, mask=q_mask)
+            tl.store(lse_ptr + row, lse, mask=g < group)
 
     @triton.jit
     def _reduce_kernel(o_ptr, lse_ptr, out_ptr, n_splits, D: tl.constexpr, SP: tl.constexpr):
@@ -134,16 +138,18 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     _, hkv, bs, _ = k_cache.shape
     group = hq // hkv
     q = q.contiguous()
-    parts = torch.empty(b, hq, n_splits, d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(b, hq, n_splits, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    direct = n_splits == 1
+    parts = torch.empty(0 if direct else b * hq * n_splits * d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(0 if direct else b * hq * n_splits, dtype=torch.float32, device=q.device)
     _split_kernel[(b, hkv, n_splits)](
-        q, k_cache, v_cache, block_table, seq_lens, parts, lse, scale, n_splits, group,
+        q, k_cache, v_cache, block_table, seq_lens, parts, lse, out, scale, n_splits, group,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
         BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs),
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32, DIRECT=direct,
     )
-    out = torch.empty_like(q)
-    _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
+    if not direct:
+        _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
     return out
 
 
