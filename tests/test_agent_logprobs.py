@@ -8,8 +8,6 @@ turns with tool turns, which is what the alignment check needs.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -17,22 +15,6 @@ from hybridrl.agent import AgentConfig, AgentLoop
 from hybridrl.agent.parsers import ParsedTurn, ToolCall
 from hybridrl.engines.base import SamplingParams
 from hybridrl.models.chat_template import install_chat_template
-
-
-class PerRequest:
-    """`generate_requests` over an engine's prompt-list `generate`, one call per request (a test adapter: each
-    request gets its own stream through a distinct prompt offset)."""
-
-    def __init__(self, engine) -> None:
-        self.engine = engine
-
-    def generate_requests(self, requests, params):
-        out = []
-        for r in requests:
-            p = dataclasses.replace(params, n=1, prompt_offset=r.prompt_index * 97 + r.sample_index)
-            (c,) = self.engine.generate([r.prompt_ids], p)
-            out.append(dataclasses.replace(c, prompt_index=r.prompt_index))
-        return out
 
 
 def test_engine_logprobs_equal_the_trainers_on_model_tokens(tiny_path, process_group):
@@ -54,7 +36,7 @@ def test_engine_logprobs_equal_the_trainers_on_model_tokens(tiny_path, process_g
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                for k in (12, 345)]
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, stop_token_ids=stops, seed=5)
-    trajs = loop.generate_sync(PerRequest(engine), prompts, params)
+    trajs = loop.generate_sync(engine, prompts, params)
     assert all(t.turns >= 2 and 0 in t.response_mask for t in trajs)  # multi-turn, with tool tokens in between
 
     model = load_causal_lm(tiny_path, ModelConfig(), torch.float32, device)

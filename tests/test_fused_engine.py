@@ -1,5 +1,6 @@
 """Native engine, fused path: parity with a transformers forward (Llama, Qwen2 bias, Qwen3 q/k norm), sampling
-controls, compaction, sleep/wake, weight loading through the resharder, and how the implementation is chosen.
+controls, rows leaving the batch, sleep/wake, weight loading through the resharder, and how the implementation is
+chosen.
 
 Runs on CPU; HYBRIDRL_TEST_DEVICE=cuda runs the same tests on a GPU (plus the CUDA-graph ones).
 """
@@ -14,15 +15,16 @@ import transformers
 
 from hybridrl.engines import build_engine
 from hybridrl.engines.base import SamplingParams
-from hybridrl.engines.config import EngineConfig
+from hybridrl.engines.config import EngineConfig, NativeOptions
 from hybridrl.engines.fused.engine import FusedEngine
-from hybridrl.engines.fused.graphs import batch_buckets
-from hybridrl.engines.native import NativeEngine, native_impl
+from hybridrl.engines.fused.groups import TensorParallel
+from hybridrl.engines.fused.model import FusedDecoder
+from hybridrl.engines.native import HFEngine, native_impl
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.reshard import ReshardConfig, Resharder
-from hybridrl.topology import Topology
+from hybridrl.reshard import ReshardConfig, Resharder, build_layout
+import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from tests.tiny_models import KINDS, PROMPTS, reference_last_logits, reference_logprobs, tiny_model
 
 DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
@@ -40,10 +42,10 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def fused_engine(model, **cfg) -> FusedEngine:
-    cfg = EngineConfig(**{"max_batch_size": 8, **cfg})
-    engine = NativeEngine.fused(model.config, [EOS], PAD, device=DEVICE, dtype=torch.float32, cfg=cfg, seed=0)
-    engine.load_from(model)
+def fused_engine(model, **options) -> FusedEngine:
+    options = NativeOptions(**{"max_batch_size": 8, **options})
+    engine = FusedEngine(model.config, [EOS], PAD, device=DEVICE, dtype=torch.float32, options=options, seed=0)
+    Resharder(ReshardConfig(), engine, model.config).sync(model)  # the caller fills the weights
     return engine
 
 
@@ -52,6 +54,17 @@ def model(request, tiny_path):
     if request.param == "tiny":  # the project's own tiny Qwen2 (real checkpoint loading path)
         return load_causal_lm(tiny_path, ModelConfig(), torch.float32, DEVICE).eval()
     return tiny_model(request.param).to(DEVICE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_parameters_are_the_fused_layout(kind, tp_size):
+    """The decoder allocates exactly the tensors the resharder's fused layout fills, for every TP rank."""
+    config = tiny_model(kind).config
+    for rank in range(tp_size):
+        decoder = FusedDecoder(config, TensorParallel(None, rank, tp_size), torch.float32, torch.device("cpu"))
+        got = {n: tuple(p.shape) for n, p in decoder.named_parameters()}
+        assert got == {spec.name: spec.shape for spec in build_layout(config, "fused", rank, tp_size).specs()}
 
 
 def test_prefill_logits_match_transformers(model):
@@ -74,23 +87,51 @@ def test_same_samples_as_the_transformers_path(model):
     """Same seed, same logits (to rounding) → the same tokens as the HF path, stops and compaction included."""
     params = SamplingParams(n=3, max_new_tokens=10, seed=5, stop_token_ids=[3, 7, 11])
     fused = fused_engine(model).generate(PROMPTS, params)
-    hf = NativeEngine(model, [EOS], PAD, max_batch_size=8).generate(PROMPTS, params)
+    hf = HFEngine(model, [EOS], PAD, max_batch_size=8).generate(PROMPTS, params)
     assert [o.token_ids for o in fused] == [o.token_ids for o in hf]
     assert [o.finish_reason for o in fused] == [o.finish_reason for o in hf]
 
 
-def test_gpu_bucketing_and_delayed_checks_give_the_same_samples(model):
-    """The GPU schedule (finished rows read every 4 steps, batch compacted to buckets with finished fillers,
-    attended length rounded up) must not change any sample."""
+def test_gpu_bucketing_gives_the_same_samples(model):
+    """The GPU schedule (steps over a bucket of rows with padding rows, the attention gathering the whole block
+    table) must not change any sample."""
     params = SamplingParams(n=4, max_new_tokens=12, seed=2, stop_token_ids=list(range(2, 40)))
     want = fused_engine(model).generate(PROMPTS, params)
     engine = fused_engine(model, max_batch_size=16)
-    engine._check_every = 4
-    engine.runner.batch_target = lambda alive: next(b for b in batch_buckets(12) if b >= alive)
-    engine.runner.length_for = lambda need: engine.cache.max_len
+    engine.runner.on_gpu = True  # buckets and full-width attention, as on a GPU (graphs stay off on CPU)
     got = engine.generate(PROMPTS, params)
     assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in want]
     assert any(o.finish_reason == "stop" for o in got) and any(len(o.token_ids) > 4 for o in got)
+    for o, w in zip(got, want):
+        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+
+
+class _Replay:
+    """Stands in for a captured CUDA graph on CPU: a replay runs the captured step body eagerly."""
+
+    def __init__(self, runner, batch, mode) -> None:
+        self.runner, self.batch, self.mode = runner, batch, mode
+
+    def replay(self) -> None:
+        self.runner._graph_body(self.batch, self.mode)
+
+
+@pytest.mark.parametrize("seed", [6, None])
+def test_the_graphed_step_gives_the_same_samples(seed):
+    """What a graph replays (forward + sampling + bookkeeping for seeded rows; the forward into the static logits
+    buffer, then eager sampling, for unseeded ones) samples what the eager step samples."""
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=3, max_new_tokens=10, seed=seed, stop_token_ids=list(range(2, 30)))
+    eager = fused_engine(model, max_batch_size=16)
+    eager.runner.on_gpu = True
+    want = eager.generate(PROMPTS, params)
+    engine = fused_engine(model, max_batch_size=16)
+    run = engine.runner
+    run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
+    run._capture = lambda b, mode: run.graphs.setdefault((b, mode if mode.in_graph else None), _Replay(run, b, mode))
+    got = engine.generate(PROMPTS, params)
+    assert run.graphs, "no step went through a graph"
+    assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in want]
     for o, w in zip(got, want):
         assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
 
@@ -155,7 +196,7 @@ def test_resharder_fills_the_engine_from_fsdp(process_group):
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    engine = NativeEngine.fused(ref.config, [EOS], PAD, device=DEVICE, dtype=torch.float32)
+    engine = FusedEngine(ref.config, [EOS], PAD, device=DEVICE, dtype=torch.float32)
     assert engine.weight_layout_style == "fused"
     Resharder(ReshardConfig(verify=True), engine, model.config).sync(model)
     assert (engine.last_logits(PROMPTS).cpu() - reference_last_logits(ref, PROMPTS)).abs().max().item() < TOL
@@ -171,10 +212,11 @@ def test_load_weights_rejects_unknown_names_and_shapes():
 
 
 def test_max_model_len_preallocates_and_bounds_the_cache():
-    engine = fused_engine(tiny_model("qwen2").to(DEVICE), max_model_len=16)
+    engine = fused_engine(tiny_model("qwen2").to(DEVICE), max_model_len=16, kv_block_size=4)
     engine.sleep(1)
     engine.wake_up()
-    assert engine.cache is not None and engine.cache.max_len == 16
+    # Allocated at wake-up: max_batch_size sequences of 16 tokens (4 blocks of 4), plus the scratch block.
+    assert engine.cache is not None and engine.cache.num_blocks == 1 + 8 * 4 and engine.runner.width == 4
     with pytest.raises(HybridRLError, match="max_model_len"):
         engine.generate(PROMPTS, SamplingParams(max_new_tokens=8))
 
@@ -196,18 +238,24 @@ def test_rope_scaling_and_unsupported_features():
     dynamic = transformers.LlamaConfig(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert native_impl(EngineConfig(), dynamic) == "hf"
     with pytest.raises(ConfigError, match="rope_type 'dynamic'"):
-        native_impl(EngineConfig(impl="fused"), dynamic)
+        native_impl(EngineConfig(native=NativeOptions(impl="fused")), dynamic)
     assert native_impl(EngineConfig(), transformers.GPT2Config()) == "hf"
-    assert native_impl(EngineConfig(), transformers.Qwen2Config(), tp_size=2) == "fused"  # the topology gives the group
-    assert native_impl(EngineConfig(impl="hf"), transformers.Qwen2Config()) == "hf"
+    assert native_impl(EngineConfig(), transformers.GPT2Config(), tp_size=2) == "hf"  # replicated on each rank
+    assert native_impl(EngineConfig(), transformers.Qwen2Config(), tp_size=2) == "fused"  # the caller's TP group
+    assert native_impl(EngineConfig(native=NativeOptions(impl="hf")), transformers.Qwen2Config()) == "hf"
     assert native_impl(EngineConfig(), transformers.Qwen3Config()) == "fused"
 
 
 def test_build_engine_picks_the_implementation(tiny_path, tokenizer):
+    from hybridrl.models.loading import load_causal_lm
+    from hybridrl.topology import Topology
+
     fused = build_engine(EngineConfig(), ModelConfig(), tiny_path, tokenizer, DEVICE, Topology(1))
     assert isinstance(fused, FusedEngine) and fused.weight_layout_style == "fused" and fused.starts_empty
-    fused.load_from(load_causal_lm(tiny_path, ModelConfig(), torch.float32, DEVICE))  # what the builder's first sync does
-    hf = build_engine(EngineConfig(impl="hf"), ModelConfig(), tiny_path, tokenizer, DEVICE, Topology(1))
+    model = load_causal_lm(tiny_path, ModelConfig(), torch.float32, DEVICE)
+    Resharder(ReshardConfig(), fused, model.config).sync(model)  # what the builder's first weight sync does
+    hf = build_engine(EngineConfig(native=NativeOptions(impl="hf")), ModelConfig(), tiny_path, tokenizer, DEVICE,
+                      Topology(1))
     assert not isinstance(hf, FusedEngine) and hf.weight_layout_style == "hf"
     params = SamplingParams(n=2, max_new_tokens=6, seed=1)
     assert [o.token_ids for o in fused.generate(PROMPTS, params)] == [o.token_ids for o in hf.generate(PROMPTS, params)]
@@ -231,5 +279,5 @@ def test_cuda_graphs_match_eager_and_survive_sleep():
         assert not engine.runner.graphs
         assert before - torch.cuda.memory_allocated(DEVICE) >= 0.9 * held  # weights and KV cache really freed
         engine.wake_up(["weights"])
-        engine.load_from(model)
+        Resharder(ReshardConfig(), engine, model.config).sync(model)
         engine.wake_up(["kv_cache"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.engines.base import SamplingParams
-from hybridrl.engines.native import NativeEngine
+from hybridrl.engines.native import HFEngine
 from hybridrl.engines.sampling import sample_tokens
 from hybridrl.errors import HybridRLError
 from hybridrl.models.config import ModelConfig
@@ -17,7 +17,7 @@ from tests.conftest import chat_prompt
 @pytest.fixture()
 def engine(tiny_path, tokenizer):
     model = load_causal_lm(tiny_path, ModelConfig(), torch.float32)
-    return NativeEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, max_batch_size=8)
+    return HFEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, max_batch_size=8)
 
 
 @pytest.fixture()

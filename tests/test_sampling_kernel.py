@@ -54,3 +54,15 @@ def test_a_row_draws_the_same_alone_or_in_a_batch():
     full, _ = sample_tokens(logits, 1.0, keys=keys, step=5)
     part, _ = sample_tokens(logits[7:19], 1.0, keys=keys[7:19], step=5)
     assert torch.equal(full[7:19], part)
+
+
+def test_kernel_takes_one_step_per_row():
+    """Rows of a continuous batch are at different steps: the kernel's per-row draw equals each row's own."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    logits = torch.randn(16, 7000, device="cuda", generator=g)
+    keys = keys_for(16)
+    steps = torch.arange(16, device="cuda", dtype=torch.int64) * 37 % 11
+    tok, lp = sample_tokens(logits, 0.9, keys=keys, step=steps)
+    for r in range(16):
+        t1, l1 = sample_tokens(logits[r : r + 1], 0.9, keys=keys[r : r + 1], step=int(steps[r]))
+        assert tok[r] == t1[0] and torch.allclose(lp[r], l1[0])

@@ -18,7 +18,7 @@ from hybridrl.data.config import DataConfig
 from hybridrl.data.prompts import Prompt
 from hybridrl.engines.base import SamplingParams
 from hybridrl.engines.config import EngineConfig
-from hybridrl.engines.native import NativeEngine
+from hybridrl.engines.native import HFEngine
 from hybridrl.errors import HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
@@ -45,7 +45,7 @@ def full_params(worker: HybridWorker) -> dict[str, torch.Tensor]:
 
 @pytest.fixture()
 def setup(tiny_path, tokenizer, process_group):
-    engine = NativeEngine(load_causal_lm(tiny_path, ModelConfig(), torch.float32), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    engine = HFEngine(load_causal_lm(tiny_path, ModelConfig(), torch.float32), [tokenizer.eos_token_id], tokenizer.pad_token_id)
     prompts = [Prompt(chat_prompt(tokenizer, t), t, {"answer": "1"}) for t in ("copy: 12", "sort: 987")]
     return engine, prompts
 
@@ -102,7 +102,7 @@ def test_verify_catches_a_stale_engine_tensor(setup, tiny_path, tokenizer):
     engine, _ = setup
     trainer = make_trainer(tiny_path, tokenizer)
 
-    class Forgetful(NativeEngine):
+    class Forgetful(HFEngine):
         def load_weights(self, named):
             super().load_weights([(n, t) for n, t in named if "layers.1.mlp.up_proj" not in n])
 

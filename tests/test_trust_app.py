@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import logging
 import sys
 
@@ -49,7 +51,8 @@ def test_an_unknown_recipe_names_the_recipes_that_exist():
     with pytest.raises(MissingConfigException) as e:
         composed("recipe=gsm8k_grop")
     assert composition_error_line(e.value) == (
-        "in 'config': Could not find 'recipe/gsm8k_grop'; recipe options: countdown_grpo, cpu_demo, gsm8k_grpo"
+        "in 'config': Could not find 'recipe/gsm8k_grop'; recipe options: "
+        + ", ".join(sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "recipes" / "recipe").glob("*.yaml")))
     )
 
 

@@ -1,19 +1,30 @@
-"""Benchmark the native engine (fused decoder, KV cache, CUDA graphs) against transformers' `generate` (dynamic
-cache) on random-init Qwen2.5 shapes, in one run, on the same weights; prints JSON.
+"""Benchmark the native fused engine on random-init Qwen2.5 shapes; prints JSON.
 
-    python tools/bench_engine.py --shape 0.5b --batch 64 --new-tokens 256 --device cuda
-    python tools/bench_engine.py --shape 1.5b --batch 256 --new-tokens 1024 --device cuda --skip-hf
-    python tools/bench_engine.py --shape tiny --device cpu
+    python tools/bench_engine.py --shape 0.5b --batch 64 --new-tokens 256                  # vs HF generate
+    python tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 --skip-hf
+    python tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 256 --turns 4 --tool-ms 50 --skip-hf
+    python tools/bench_engine.py --shape tiny --device cpu --case all                        # a smoke check
 
-Both sample at temperature 1 with no top-k/top-p and never stop early (no EOS), so both produce exactly
-batch × new_tokens tokens. The engine is timed twice: `cold` includes CUDA-graph capture (what every RL
-iteration pays, since sleep drops the graphs), `warm` reuses them. Parity: the engine's log-probs of its own
-tokens against a trainer-style full forward of the transformers model (float32 log_softmax of its logits).
+Cases (all sample at temperature 1, no top-k/top-p, no EOS, so every sample runs to max_new_tokens):
+
+- single: batch × prompt-len prompts, each sampled once; against transformers' `generate` on the same weights,
+  and the log-probs of the engine's tokens against a trainer-style full forward (`parity`).
+- grpo: prompts × samples sharing each prompt (prefilled once per prompt, its blocks shared).
+- multiturn: trajectories × turns through `AsyncEngine` with a simulated tool of tool-ms between turns (its result
+  `tool-tokens` tokens appended to the context), against the same number of tokens per trajectory generated in one
+  turn; the ratio of the two throughputs is `vs_single_turn`.
+
+Every case reports a `roofline`: the bytes one decode step must read (the weights, and the K/V the rows attend at the
+mid-point of generation; `unique` counts a shared prompt once) over the H200's bandwidth (4.8 TB/s datasheet,
+~4.3 TB/s measured copy), and the measured step time's ratio to that bound. The step time is the warm run's decode
+time per step ((total - prefill-only run) / (new tokens - 1)); on GPU also one graph replay timed at the mid-point
+(`step_parts`). `cold` timings include CUDA-graph capture (paid again after every sleep); `warm` reuse the graphs.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -23,9 +34,11 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hybridrl.engines.base import SamplingParams  # noqa: E402
-from hybridrl.engines.config import EngineConfig  # noqa: E402
-from hybridrl.engines.native import NativeEngine  # noqa: E402
+from hybridrl.engines.async_engine import AsyncEngine  # noqa: E402
+from hybridrl.engines.base import GenerationRequest, SamplingParams  # noqa: E402
+from hybridrl.engines.config import NativeOptions  # noqa: E402
+from hybridrl.engines.fused.engine import FusedEngine  # noqa: E402
+from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
 
 # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab, tied)
 SHAPES = {
@@ -33,6 +46,7 @@ SHAPES = {
     "0.5b": (896, 24, 14, 2, 4864, 151936, True),
     "1.5b": (1536, 28, 12, 2, 8960, 151936, True),
 }
+BANDWIDTH = {"datasheet": 4.8e12, "measured_copy": 4.3e12}  # H200 HBM3e, bytes/s
 
 
 def build_model(shape: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -45,6 +59,15 @@ def build_model(shape: str, dtype: torch.dtype, device: torch.device) -> torch.n
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
+
+
+def build_engine(model, args, rows: int) -> FusedEngine:
+    """The fused engine with `model`'s weights, cut by the resharder (as a run fills it)."""
+    options = NativeOptions(max_batch_size=rows, cuda_graphs=not args.no_cuda_graphs, kernels=not args.no_kernels,
+                            kv_block_size=args.kv_block_size)
+    engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
+    Resharder(ReshardConfig(), engine, model.config).sync(model)
+    return engine
 
 
 def sync(device: torch.device) -> None:
@@ -60,16 +83,69 @@ def timed(fn, device: torch.device) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def bench_hf(model, prompts: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
-    """transformers `generate` with its default dynamic cache, sampling, no early stop."""
-    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0,
-              top_p=1.0, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts))
+def cuda_ms(fn, device: torch.device, reps: int = 50) -> float:
+    """Mean milliseconds per call of `fn` (CUDA events; after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / reps
+
+
+# -- what a decode step must read -------------------------------------------------------------------------------
+def roofline(engine: FusedEngine, rows: int, context: float, unique_tokens: float, step_s: float) -> dict:
+    """Bytes of one decode step (weights + the K/V of `rows` rows attending `context` positions each), its time
+    at the H200's bandwidth, and the measured step time over that bound; `unique` counts shared K/V once."""
+    m = engine.model
+    weights = sum(p.numel() * p.element_size() for _, p in engine.named_weights())
+    per_token = 2 * m.shape.num_layers * m.kv_heads * m.head_dim * torch.empty(0, dtype=m.dtype).element_size()
+    out = {"weight_bytes": weights, "kv_bytes_per_token": per_token, "rows": rows, "attended_per_row": context,
+           "step_ms": step_s * 1e3}
+    for name, tokens in (("attended", rows * context), ("unique", unique_tokens)):
+        total = weights + tokens * per_token
+        bounds = {k: total / bw * 1e3 for k, bw in BANDWIDTH.items()}
+        out[name] = {"bytes": total, **{f"bound_ms_{k}": v for k, v in bounds.items()},
+                     **{f"step_over_bound_{k}": step_s * 1e3 / v for k, v in bounds.items()}}
+    return out
+
+
+def step_parts(engine: FusedEngine, prompts: list[list[int]], params: SamplingParams, device: torch.device) -> dict:
+    """One graph-replayed decode step of the whole batch timed at the mid-point of generation, and the sampler as a
+    fused kernel vs the torch path on logits of that batch's shape (with their agreement)."""
+    from hybridrl.engines.sampling import sample_tokens
+
+    s, run = engine.scheduler, engine.runner
+    s.submit_all([GenerationRequest(p, i) for i, p in enumerate(prompts)], params)
     with torch.inference_mode():
-        model.generate(prompts[:, :8], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4,
-                                          "attention_mask": torch.ones_like(prompts[:, :8])})  # warm-up
-        seconds, out = timed(lambda: model.generate(prompts, **kw), device)
-    tokens = (out.shape[1] - prompts.shape[1]) * out.shape[0]
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+        for _ in range(params.max_new_tokens // 2):
+            s.step()
+        sync(device)
+        n = len(s.rows)
+        saved = [t.clone() for t in (run.tokens, run.pos, run.steps)]
+        forward = cuda_ms(lambda: run.launch(n, s.mode, engine.generator, run.width * engine.block_size), device)
+        for t, v in zip((run.tokens, run.pos, run.steps), saved):
+            t.copy_(v)
+        attended = float(run.pos[:n].float().mean() + 1)
+        s.abort()
+        g = torch.Generator(device=device).manual_seed(0)
+        logits = torch.randn(n, engine.vocab, device=device, generator=g).to(engine.model.dtype)
+        keys = torch.arange(n, device=device, dtype=torch.int64) * 7919 + 11
+        out = {"batch": n, "attended_mean": attended, "graphs_enabled": run.use_graphs, "step_ms": forward,
+               "sampler_kernel_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3), device),
+               "sampler_torch_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False),
+                                           device)}
+        same, lp_diff = 0, 0.0
+        for step in range(20):
+            tk, lk = sample_tokens(logits, 1.0, keys=keys, step=step)
+            tt, lt = sample_tokens(logits, 1.0, keys=keys, step=step, kernel=False)
+            same += int((tk == tt).sum())
+            lp_diff = max(lp_diff, float((lk - lt).abs().max()))
+    out["kernel_vs_torch"] = {"draws": 20 * n, "same_token": same / (20 * n), "max_abs_logprob_diff": lp_diff}
+    return out
 
 
 def parity(model, prompts: list[list[int]], outs, rows: int) -> dict:
@@ -86,114 +162,174 @@ def parity(model, prompts: list[list[int]], outs, rows: int) -> dict:
     return {"rows": len(diffs), "tokens": d.numel(), "mean_abs": d.mean().item(), "max_abs": d.max().item()}
 
 
-def cuda_ms(fn, device: torch.device, reps: int = 50) -> float:
-    """Mean milliseconds per call of `fn` (CUDA events; after 3 warm-up calls)."""
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize(device)
-    return start.elapsed_time(end) / reps
+def bench_hf(model, prompts: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
+    """transformers `generate` with its default dynamic cache, sampling, no early stop."""
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0,
+              top_p=1.0, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts))
+    with torch.inference_mode():
+        model.generate(prompts[:, :8], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4,
+                                          "attention_mask": torch.ones_like(prompts[:, :8])})  # warm-up
+        seconds, out = timed(lambda: model.generate(prompts, **kw), device)
+    tokens = (out.shape[1] - prompts.shape[1]) * out.shape[0]
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
 
 
-def step_breakdown(engine, batch: int, attend: int, device: torch.device) -> dict:
-    """What one decode step costs, part by part, at `batch` rows attending `attend` positions: the (graphed)
-    forward, and the sampler as a fused kernel and on the torch path; plus kernel-vs-torch agreement."""
-    from hybridrl.engines.sampling import sample_tokens
+# -- cases ------------------------------------------------------------------------------------------------------
+def run_generate(engine: FusedEngine, prompts, n: int, new: int, device: torch.device):
+    """Cold and warm timings of generate(prompts, n samples × new tokens), the prefill-only time, the decode step;
+    returns (figures, the warm run's completions, its params). Each run starts with an empty prefix table, as a
+    rollout after a weight update does."""
+    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new, seed=0)
+    rows = len(prompts) * n
 
-    run = engine.runner
-    length = run.length_for(attend)
-    logits = run.step(batch, length)[:, : engine.vocab].clone()
-    keys = torch.arange(batch, device=device, dtype=torch.int64) * 7919 + 11
-    out = {"batch": batch, "attended": length,
-           "forward_ms": cuda_ms(lambda: run.step(batch, length), device),
-           "sampler_kernel_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3), device),
-           "sampler_torch_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False), device)}
-    same, lp_diff, rows = 0, 0.0, 0
-    for step in range(20):
-        tk, lk = sample_tokens(logits, 1.0, keys=keys, step=step)
-        tt, lt = sample_tokens(logits, 1.0, keys=keys, step=step, kernel=False)
-        same += int((tk == tt).sum())
-        rows += batch
-        lp_diff = max(lp_diff, float((lk - lt).abs().max()))
-    out["kernel_vs_torch"] = {"draws": rows, "same_token": same / rows, "max_abs_logprob_diff": lp_diff}
-    return out
+    def run(p: SamplingParams):
+        engine.cache.allocator.forget_prefixes() if engine.cache is not None else None
+        before = engine.scheduler.prefilled_tokens
+        seconds, outs = timed(lambda: engine.generate(prompts, p), device)
+        return seconds, outs, engine.scheduler.prefilled_tokens - before
+
+    cold, _, _ = run(params)
+    warm, outs, prefilled = run(params)
+    prefill, _, _ = run(SamplingParams(n=n, max_new_tokens=1, seed=0))
+    produced = sum(len(o.token_ids) for o in outs)
+    out = {"rows": rows, "tokens": produced, "seconds_cold": cold, "seconds_warm": warm, "seconds_prefill": prefill,
+           "tokens_per_s_cold": rows * new / cold, "tokens_per_s": rows * new / warm,
+           "decode_step_ms": (warm - prefill) / max(1, new - 1) * 1e3, "prefilled_tokens": prefilled,
+           "cuda_graphs": len(engine.runner.graphs), "graphs_enabled": engine.runner.use_graphs,
+           "kv_cache_gb": engine.memory_stats()["engine_kv_cache_gb"]}
+    if produced != rows * new:
+        out["error"] = f"engine produced {produced} tokens, expected {rows * new}"
+    return out, outs, params
 
 
-def profile_table(fn, device: torch.device, rows: int = 30) -> str:
-    from torch.profiler import ProfilerActivity, profile
+def case_single(model, engine, args, device) -> dict:
+    gen = torch.Generator().manual_seed(1)
+    prompts_t = torch.randint(2, model.config.vocab_size, (args.batch, args.prompt_len), generator=gen)
+    prompts = prompts_t.tolist()
+    res, outs, params = run_generate(engine, prompts, 1, args.new_tokens, device)
+    res["roofline"] = roofline(engine, args.batch, args.prompt_len + args.new_tokens / 2,
+                               args.batch * (args.prompt_len + args.new_tokens / 2), res["decode_step_ms"] / 1e3)
+    res["parity"] = parity(model, prompts, outs, args.parity_rows)
+    if device.type == "cuda":
+        res["step_parts"] = step_parts(engine, prompts, params, device)
+        res["roofline_graph_step"] = roofline(engine, args.batch, res["step_parts"]["attended_mean"],
+                                              args.batch * res["step_parts"]["attended_mean"],
+                                              res["step_parts"]["step_ms"] / 1e3)
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize(device)
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                engine.generate(prompts, params)
+                torch.cuda.synchronize(device)
+            Path(args.profile).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
+                                                                     max_name_column_width=60))
+    if args.torch_sampler:
+        engine.scheduler.sampler_kernel = False
+        engine.generate(prompts, params)  # captures this sampler's graphs
+        t_torch, _ = timed(lambda: engine.generate(prompts, params), device)
+        engine.scheduler.sampler_kernel = True
+        res["torch_sampler"] = {"seconds_warm": t_torch, "tokens_per_s": args.batch * args.new_tokens / t_torch}
+    if not args.skip_hf:
+        engine.sleep(2)  # give HF generate the memory
+        res["hf_generate"] = bench_hf(model, prompts_t.to(device), args.new_tokens, device)
+        res["speedup"] = res["tokens_per_s"] / res["hf_generate"]["tokens_per_s"]
+    return res
+
+
+def case_grpo(model, engine, args, device) -> dict:
+    gen = torch.Generator().manual_seed(2)
+    prompts = torch.randint(2, model.config.vocab_size, (args.prompts, args.prompt_len), generator=gen).tolist()
+    res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
+    rows, half = args.prompts * args.samples, args.new_tokens / 2
+    res["roofline"] = roofline(engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half,
+                               res["decode_step_ms"] / 1e3)
+    res["parity"] = parity(model, prompts, outs, args.parity_rows)
+    return res
+
+
+def case_multiturn(model, engine, args, device) -> dict:
+    t, turns = args.trajectories, args.turns
+    per_turn = args.new_tokens // turns
+    gen = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size
+    prompts = torch.randint(2, vocab, (t, args.prompt_len), generator=gen).tolist()
+    tools = torch.randint(2, vocab, (t, turns, args.tool_tokens), generator=gen).tolist()
+    params = SamplingParams(temperature=1.0, max_new_tokens=per_turn, seed=0)
+
+    async def trajectory(i: int, agent: AsyncEngine) -> int:
+        context, produced = list(prompts[i]), 0
+        for k in range(turns):
+            out = await agent.generate(GenerationRequest(context, i, k), params)
+            produced += len(out.token_ids)
+            if k < turns - 1:
+                await asyncio.sleep(args.tool_ms / 1e3)  # the tool
+                context = context + out.token_ids + tools[i][k]
+        return produced
+
+    async def all_trajectories() -> int:
+        agent = AsyncEngine(engine)
+        return sum(await asyncio.gather(*(trajectory(i, agent) for i in range(t))))
+
+    cold, _ = timed(lambda: asyncio.run(all_trajectories()), device)
+    engine.cache.allocator.forget_prefixes()  # the timed run finds only what it computed itself
+    before = engine.scheduler.prefilled_tokens
+    warm, produced = timed(lambda: asyncio.run(all_trajectories()), device)
+    prefilled = engine.scheduler.prefilled_tokens - before
+    single, _, _ = run_generate(engine, prompts, 1, per_turn * turns, device)
+    res = {"trajectories": t, "turns": turns, "tokens_per_turn": per_turn, "tool_ms": args.tool_ms,
+           "tool_tokens": args.tool_tokens, "tokens": produced, "seconds_cold": cold, "seconds_warm": warm,
+           "tokens_per_s": produced / warm, "prefilled_tokens": prefilled,
+           "tool_wait_s_per_trajectory": (turns - 1) * args.tool_ms / 1e3,
+           "single_turn": {k: single[k] for k in ("tokens", "seconds_warm", "tokens_per_s", "decode_step_ms")}}
+    res["vs_single_turn"] = res["tokens_per_s"] / single["tokens_per_s"]
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--case", choices=("single", "grpo", "multiturn", "all"), default="single")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=64, help="single: prompts (one sample each)")
+    ap.add_argument("--prompts", type=int, default=32, help="grpo: distinct prompts")
+    ap.add_argument("--samples", type=int, default=8, help="grpo: samples per prompt")
+    ap.add_argument("--trajectories", type=int, default=256, help="multiturn: concurrent trajectories")
+    ap.add_argument("--turns", type=int, default=4, help="multiturn: turns per trajectory (new tokens split evenly)")
+    ap.add_argument("--tool-ms", type=float, default=50.0, help="multiturn: simulated tool latency between turns")
+    ap.add_argument("--tool-tokens", type=int, default=16, help="multiturn: tokens a tool result appends")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="auto", help="auto: bfloat16 on GPU, float32 on CPU")
-    ap.add_argument("--skip-hf", action="store_true", help="skip transformers generate (slow at large sizes)")
+    ap.add_argument("--kv-block-size", type=int, default=16)
+    ap.add_argument("--skip-hf", action="store_true", help="single: skip transformers generate (slow at large sizes)")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
+    ap.add_argument("--no-kernels", action="store_true", help="torch ops instead of the Triton decode kernels")
+    ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
+    ap.add_argument("--profile", help="single, GPU: write a profiler table of one warm generate to this file")
     ap.add_argument("--out", help="also write the JSON here")
-    ap.add_argument("--torch-sampler", action="store_true",
-                    help="also time generation with the sampler on the torch path (no fused kernel), side by side")
-    ap.add_argument("--profile", help="GPU: write profiler tables (one warm generate; step parts) to this file")
     args = ap.parse_args()
 
     device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # tiny shapes gain nothing from more; on a loaded machine OpenMP's waiting costs 10×
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     model = build_model(args.shape, dtype, device)
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(1)
-    prompts_t = torch.randint(2, vocab, (args.batch, args.prompt_len), generator=gen)
-    prompts = prompts_t.tolist()
-
-    cfg = EngineConfig(max_batch_size=args.batch, cuda_graphs=not args.no_cuda_graphs)
-    engine = NativeEngine.fused(model.config, [], 0, device=device, dtype=dtype, cfg=cfg, seed=0)
-    engine.load_from(model)
-    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
-    total = args.batch * args.new_tokens
-    cold, outs = timed(lambda: engine.generate(prompts, params), device)
-    warm, outs = timed(lambda: engine.generate(prompts, params), device)
-    produced = sum(len(o.token_ids) for o in outs)
-    result = {
-        "shape": args.shape, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "engine": {"tokens": produced, "seconds_cold": cold, "seconds_warm": warm,
-                   "tokens_per_s_cold": total / cold, "tokens_per_s": total / warm,
-                   "cuda_graphs": len(engine.runner.graphs), "graphs_enabled": engine.runner.use_graphs,
-                   "kv_cache_gb": engine.memory_stats()["engine_kv_cache_gb"]},
-        "parity": parity(model, prompts, outs, args.parity_rows),
-    }
-    if produced != total:
-        result["error"] = f"engine produced {produced} tokens, expected {total}"
-    if device.type == "cuda":
-        result["engine"]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-        result["step_parts"] = step_breakdown(engine, args.batch, args.prompt_len + args.new_tokens, device)
-        if args.profile:
-            Path(args.profile).write_text(profile_table(lambda: engine.generate(prompts, params), device))
-    if args.torch_sampler:
-        engine.cfg.sampler_kernel = False
-        t_torch, _ = timed(lambda: engine.generate(prompts, params), device)
-        engine.cfg.sampler_kernel = True
-        result["engine_torch_sampler"] = {"seconds_warm": t_torch, "tokens_per_s": total / t_torch}
-    engine.sleep(2)
-    if not args.skip_hf:
-        result["hf_generate"] = bench_hf(model, prompts_t.to(device), args.new_tokens, device)
-        result["speedup"] = result["engine"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"]
-        result["speedup_cold"] = result["engine"]["tokens_per_s_cold"] / result["hf_generate"]["tokens_per_s"]
+    cases = ("single", "grpo", "multiturn") if args.case == "all" else (args.case,)
+    rows = {"single": args.batch, "grpo": args.prompts * args.samples, "multiturn": args.trajectories}
+    result = {"shape": args.shape, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "kv_block_size": args.kv_block_size,
+              "kernels": not args.no_kernels, "cuda_graphs": not args.no_cuda_graphs}
+    for case in cases:
+        engine = build_engine(model, args, max(rows[c] for c in cases))
+        result[case] = {"single": case_single, "grpo": case_grpo, "multiturn": case_multiturn}[case](
+            model, engine, args, device)
+        if device.type == "cuda":
+            result[case]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        engine.shutdown()
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -44,8 +44,8 @@ def main() -> None:
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = "params,optimizer" if device.type == "cuda" else "none"
     cfg = bench_config(path, device, [f"trainer.offload={offload}", "algorithm.kl_coef=0",
-                                      f"engine.max_new_tokens={args.new_tokens}", f"engine.impl={args.impl}",
-                                      f"engine.max_batch_size={max(256, args.batch)}"])
+                                      f"engine.max_new_tokens={args.new_tokens}", f"engine.native.impl={args.impl}",
+                                      f"engine.native.max_batch_size={max(256, args.batch)}"])
     roles = bench_worker(cfg, device)
     trainer, engine, rollout = roles.actor, roles.rollout.engine, roles.rollout
     # Adam state exists only after a step: take one so the optimizer footprint is real.

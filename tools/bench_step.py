@@ -70,7 +70,7 @@ def main() -> None:
     cluster = ["cluster.name=inline"] if args.workers == 1 else ["cluster.name=local", f"cluster.workers_per_node={args.workers}"]
     cfg = bench_config(path, device, [
         *cluster, f"engine.tp_size={args.tp}", f"data.train_batch_size={args.prompts}", f"algorithm.group_size={args.group}",
-        f"engine.max_new_tokens={args.new_tokens}", f"engine.max_batch_size={max(256, args.prompts * args.group)}",
+        f"engine.max_new_tokens={args.new_tokens}", f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
         f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}", "trainer.lr=1e-6",
         f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *args.set,
     ])

@@ -56,6 +56,54 @@ class SglangOptions:
 
 
 @dataclass
+class NativeOptions:
+    """Options only the built-in engine reads (`engine.native.*`)."""
+
+    impl: str = "auto"
+    """fused (our decoder for llama/qwen2/qwen3, paged KV cache, TP-sharded), hf (the transformers model),
+    or auto (fused when the architecture is supported, else hf)."""
+    max_batch_size: int = 256
+    """Most sequences decoded at once (more requests wait for a free row)."""
+    cuda_graphs: bool = True
+    """Fused engine on GPU: run each decode step (forward, sampling, bookkeeping) as a CUDA graph per batch bucket."""
+    sampler_kernel: bool = True
+    """On GPU: sample plain-temperature, seeded rows with the fused Triton kernel."""
+    kernels: bool = True
+    """Fused engine on GPU: Triton kernels for decode attention, RoPE + KV write and fused norms (else torch ops)."""
+    max_model_len: int = 0
+    """Fused engine: most prompt + completion tokens of one sequence; 0 = no fixed limit (the KV cache is sized
+    by demand and grows between batches)."""
+    prefill_tokens: int = 16384
+    """Fused engine: most (padded) prompt tokens prefilled in one forward; bounds activation memory."""
+    kv_block_size: int = 16
+    """Fused engine: tokens per KV-cache block (the unit of allocation and of prompt sharing)."""
+    kv_blocks: int = 0
+    """Fused engine: KV-cache blocks allocated at wake-up; 0 = sized by `kv_memory_fraction`, else by demand."""
+    prefix_cache: bool = True
+    """Fused engine: keep full KV blocks findable by their tokens, so a request that starts like an earlier one
+    (the next turn of an agent loop) prefills only what is new; emptied whenever weights are loaded."""
+    kv_memory_fraction: float = 0.0
+    """Fused engine on GPU, with kv_blocks = 0: size the KV cache to this fraction of the device memory free at
+    wake-up; 0 = by demand (max_batch_size sequences of the longest request, grown when idle)."""
+
+    def __post_init__(self) -> None:
+        if self.impl not in NATIVE_IMPLS:
+            raise ConfigError(f"engine.native.impl must be one of {', '.join(NATIVE_IMPLS)}, got {self.impl!r}")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"engine.native.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"engine.native.max_model_len must be >= 0 (0 = no fixed limit), got {self.max_model_len}")
+        if self.prefill_tokens < 1:
+            raise ConfigError(f"engine.native.prefill_tokens must be >= 1, got {self.prefill_tokens}")
+        if self.kv_block_size < 1 or self.kv_block_size & (self.kv_block_size - 1):
+            raise ConfigError(f"engine.native.kv_block_size must be a power of two, got {self.kv_block_size}")
+        if self.kv_blocks < 0:
+            raise ConfigError(f"engine.native.kv_blocks must be >= 0 (0 = sized automatically), got {self.kv_blocks}")
+        if not 0 <= self.kv_memory_fraction < 1:
+            raise ConfigError(f"engine.native.kv_memory_fraction must be in [0, 1), got {self.kv_memory_fraction}")
+
+
+@dataclass
 class EngineConfig:
     """The rollout engine and how it samples."""
 
@@ -77,20 +125,8 @@ class EngineConfig:
     """Extra token ids that end a sample (the tokenizer's EOS always does)."""
     sleep_level: int = 2
     """Level for sleep after generation: 1 keeps weights in host memory, 2 drops them (the reshard refills)."""
-    max_batch_size: int = 256
-    """Native engine: most sequences decoded at once (larger batches are split)."""
-    impl: str = "auto"
-    """Native engine: fused (our decoder for llama/qwen2/qwen3, TP-sharded), hf (the transformers model),
-    or auto (fused when the architecture is supported, else hf)."""
-    cuda_graphs: bool = True
-    """Native fused engine: run decode steps as CUDA graphs (one per batch/length bucket) on GPU."""
-    sampler_kernel: bool = True
-    """Native engine on GPU: sample plain-temperature, seeded rows with the fused Triton kernel."""
-    max_model_len: int = 0
-    """Native fused engine: prompt + completion tokens each KV-cache slot holds, allocated at wake-up;
-    0 sizes the cache at the first generate (longest prompt + max_new_tokens) and grows it when needed."""
-    prefill_tokens: int = 16384
-    """Native fused engine: most (padded) prompt tokens prefilled in one forward; bounds activation memory."""
+    native: NativeOptions = field(default_factory=NativeOptions)
+    """Options of the built-in engine only."""
     vllm: VllmOptions = field(default_factory=VllmOptions)
     """vLLM-only options."""
     sglang: SglangOptions = field(default_factory=SglangOptions)
@@ -113,11 +149,3 @@ class EngineConfig:
             raise ConfigError(f"engine.top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.sleep_level not in (1, 2):
             raise ConfigError(f"engine.sleep_level must be 1 or 2, got {self.sleep_level}")
-        if self.max_batch_size < 1:
-            raise ConfigError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.impl not in NATIVE_IMPLS:
-            raise ConfigError(f"engine.impl must be one of {', '.join(NATIVE_IMPLS)}, got {self.impl!r}")
-        if self.max_model_len < 0:
-            raise ConfigError(f"engine.max_model_len must be >= 0 (0 = sized at the first generate), got {self.max_model_len}")
-        if self.prefill_tokens < 1:
-            raise ConfigError(f"engine.prefill_tokens must be >= 1, got {self.prefill_tokens}")

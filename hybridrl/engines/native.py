@@ -1,101 +1,100 @@
-"""The built-in rollout engine, two implementations behind one class:
+"""The built-in engine over any transformers causal LM (`engine.native.impl=hf`), and the choice of implementation.
 
-- fused (`NativeEngine.fused`, engines/fused/): our decoder for llama/qwen2/qwen3 with fused, TP-sharded
-  weights (the resharder's "fused" layout), a preallocated KV cache and CUDA-graphed decode steps;
-- hf (`NativeEngine(model, ...)`, this file): any transformers causal LM with a DynamicCache, the fallback.
+`native_impl` says which of the two native engines a model gets: the fused one (engines/fused/, our decoder for
+llama/qwen2/qwen3) or this one, the fallback for every other architecture. This one is batched per call: the
+requests of one `generate_requests` call are cut into chunks of ≤ max_batch_size rows, and one chunk runs as::
 
-`native_impl` picks one for `engine.impl`. The hf path's generation for one chunk of prompts::
+    prefill each run of equal adjacent prompts once  →  repeat its KV cache for the run's samples
+    loop: sample (temperature/top-k/top-p, counter noise keyed per request) → drop finished rows from the batch
+          and the cache → decode one step for the rows still running
 
-    prefill each distinct prompt once  →  repeat its KV cache n times
-    loop: sample (temperature/top-k/top-p) → drop finished rows from the batch and the cache
-          → decode one step for the rows still running
-
-It holds its own copy of the weights and sees new ones only through `load_weights`.
+It has no continuous batching: `AsyncEngine` serves it by collecting the requests that arrive together into one call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig
-from hybridrl.engines.weight_parking import WeightParking
+from hybridrl.engines.native_base import NativeEngineBase, check_requests, prompt_runs
 from hybridrl.engines.sampling import sample_tokens, stream_key
-from hybridrl.errors import ConfigError, HybridRLError
+from hybridrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
 def native_impl(cfg: EngineConfig, hf_config, tp_size: int = 1) -> str:
-    """'fused' or 'hf' for `engine.impl` and this model: auto takes fused when it can (saying why not, once, when
-    it cannot); impl=fused that cannot run raises ConfigError."""
-    if cfg.impl == "hf":
-        return "hf"
+    """'fused' or 'hf' for `engine.native.impl` and this model (pure: no process group is made or needed).
+
+    auto takes fused when it can (saying once why not when it cannot); impl=fused that cannot run raises
+    ConfigError. With tp_size > 1 the hf path runs the whole model on every rank of the group (same prompts,
+    same samples): correct, not sharded.
+    """
     from hybridrl.engines.fused.rope import UnsupportedModel, check_supported
 
+    if cfg.native.impl == "hf":
+        return "hf"
     try:
         check_supported(hf_config)
     except UnsupportedModel as e:
-        if cfg.impl == "fused":
-            raise ConfigError(f"engine.impl=fused cannot run this model: {e}") from None
-        log.info("native engine: transformers path (fused decoder unsupported: %s)", e)
+        if cfg.native.impl == "fused":
+            raise ConfigError(f"engine.native.impl=fused cannot run this model: {e}") from None
+        log.info("native engine: transformers path (fused decoder unsupported: %s)%s", e,
+                 f"; engine.tp_size={tp_size} replicates it on every rank" if tp_size > 1 else "")
         return "hf"
     return "fused"
 
 
-class NativeEngine(RolloutEngine):
-    """Rollout engine in this process: over a Hugging Face causal LM (this constructor), or over our fused
-    decoder (`NativeEngine.fused`, a `FusedEngine`)."""
+class HFEngine(NativeEngineBase):
+    """Rollout engine over a Hugging Face causal LM with a DynamicCache, in this process."""
 
     weight_layout_style = "hf"
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: Sequence[int], pad_token_id: int, max_batch_size: int = 256) -> None:
+    def __init__(self, model: torch.nn.Module, eos_token_ids: Sequence[int], pad_token_id: int,
+                 max_batch_size: int = 256) -> None:
         self.model = model.eval().requires_grad_(False)
-        self.device = next(model.parameters()).device
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         # Shared (tied) parameters appear under every name they are known by, so a load by
         # either name lands in the one tensor.
-        self._params = dict(model.named_parameters(remove_duplicate=False))
-        self._unique = dict(model.named_parameters())
-        self._parking = WeightParking(self._unique, self.device)
-        self._asleep: set[str] = set()
+        self._init_weights(dict(model.named_parameters(remove_duplicate=False)), dict(model.named_parameters()),
+                           next(model.parameters()).device)
         self._generator = torch.Generator(device=self.device)
 
-    @classmethod
-    def fused(cls, hf_config, eos_token_ids: Sequence[int], pad_token_id: int | None, *,
-              device: torch.device | str, dtype: torch.dtype, cfg: EngineConfig | None = None,
-              tp_group=None, seed: int = 0) -> NativeEngine:
-        """The native engine on our fused decoder (llama/qwen2/qwen3), TP-sharded over `tp_group`. Its weights
-        start uninitialized: fill them with `load_weights` (fused names, e.g. by the resharder) or `load_from`."""
-        from hybridrl.engines.fused.engine import FusedEngine
-
-        return FusedEngine(hf_config, eos_token_ids, pad_token_id, device=device, dtype=dtype, cfg=cfg,
-                           tp_group=tp_group, seed=seed)
-
-    # -- generation -----------------------------------------------------------------------
+    # -- generation -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        if self._asleep:
-            raise HybridRLError(f"native engine: generate called while {sorted(self._asleep)} are asleep; call wake_up first")
-        per_chunk = max(1, self.max_batch_size // params.n)
+    def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
+        self._check_awake("generate")
+        check_requests(requests)
         out: list[Completion] = []
-        for start in range(0, len(prompts), per_chunk):
-            out += self._generate_chunk(prompts[start : start + per_chunk], params, start)
+        for chunk in self._chunks(requests):
+            out += self._generate_chunk(chunk, params)
         return out
 
-    def _generate_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams, offset: int) -> list[Completion]:
+    def _chunks(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationRequest]]:
+        """Consecutive chunks of ≤ max_batch_size requests that keep each run of equal prompts whole when it fits
+        (a longer run is cut into pieces of max_batch_size)."""
+        chunks: list[list[GenerationRequest]] = [[]]
+        for start, end in prompt_runs(requests):
+            for piece in range(start, end, self.max_batch_size):
+                run = list(requests[piece : min(end, piece + self.max_batch_size)])
+                if len(chunks[-1]) + len(run) > self.max_batch_size:
+                    chunks.append([])
+                chunks[-1] += run
+        return [c for c in chunks if c]
+
+    def _generate_chunk(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         from transformers import DynamicCache
 
-        n, dev = params.n, self.device
-        lengths = [len(p) for p in prompts]
-        if min(lengths) == 0:
-            raise HybridRLError("native engine: an empty prompt cannot be generated from")
-        width = max(lengths)
+        dev = self.device
+        runs = prompt_runs(requests)
+        prompts = [requests[s].prompt_ids for s, _ in runs]
+        width = max(len(p) for p in prompts)
         # Left padding lines every prompt's last token up in the last column.
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -108,19 +107,18 @@ class NativeEngine(RolloutEngine):
         logits = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1
         ).logits[:, -1]
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-            logits, mask = logits.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-            pos = pos.repeat_interleave(n, 0)
+        counts = [e - s for s, e in runs]
+        if any(c > 1 for c in counts):  # each run's samples share its prefill
+            expand = torch.repeat_interleave(torch.arange(len(runs), device=dev), torch.tensor(counts, device=dev))
+            cache.batch_select_indices(expand)
+            logits, mask, pos = logits[expand], mask[expand], pos[expand]
         next_pos = pos[:, -1] + 1
-        rows = len(prompts) * n
+        rows = len(requests)
         alive = torch.arange(rows, device=dev)  # row (in this chunk) of each batch row still running
         keys = None
         if params.seed is not None:
-            first = params.prompt_offset + offset
-            keys = torch.tensor(
-                [stream_key(params.seed, first + r // n, r % n) for r in range(rows)], dtype=torch.int64, device=dev
-            )
+            keys = torch.tensor([stream_key(params.seed, r.prompt_index, r.sample_index) for r in requests],
+                                dtype=torch.int64, device=dev)
         tokens_out: list[list[int]] = [[] for _ in range(rows)]
         logps_out: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
@@ -157,64 +155,8 @@ class NativeEngine(RolloutEngine):
                 use_cache=True,
             ).logits[:, -1]
             next_pos = next_pos + 1
-        return [
-            Completion(offset + r // n, tokens_out[r], logps_out[r], finish[r]) for r in range(rows)
-        ]
-
-    # -- memory lifecycle ----------------------------------------------------------------
-    def sleep(self, level: int = 1) -> None:
-        """Free the KV cache; level 1 parks weights in pinned host memory (GPU; on CPU they stay where they
-        are), level 2 drops them (the next reshard rewrites every one)."""
-        if level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 or 2, got {level}")
-        self._free_cache()
-        if self._parking.park(level):
-            self._asleep.add("weights")
-        if self.device.type != "cpu":
-            torch.cuda.empty_cache()
-        self._asleep.add("kv_cache")
-
-    def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
-        """Reallocate weights (restored from host after level 1, stale after level 2 until load_weights)
-        and/or the KV cache."""
-        unknown = set(tags) - set(WAKE_TAGS)
-        if unknown:
-            raise ValueError(f"unknown wake_up tags {sorted(unknown)}; valid: {WAKE_TAGS}")
-        if "weights" in tags and "weights" in self._asleep:
-            self._parking.restore()
-            self._asleep.discard("weights")
-        if "kv_cache" in tags and "kv_cache" in self._asleep:
-            self._asleep.discard("kv_cache")
-            self._allocate_cache()
-
-    def _free_cache(self) -> None:
-        """Release the KV cache (the HF path's cache lives only inside `generate`: nothing to do)."""
-
-    def _allocate_cache(self) -> None:
-        """Reallocate the KV cache after a sleep (the HF path allocates per `generate`: nothing to do)."""
-
-    # -- weights --------------------------------------------------------------------------
-    @torch.no_grad()
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        if "weights" in self._asleep:
-            raise HybridRLError("native engine: load_weights while weights are asleep; wake_up(['weights']) first")
-        for name, tensor in named_tensors:
-            param = self._params.get(name)
-            if param is None:
-                raise HybridRLError(f"native engine: no parameter named {name!r} in the rollout model")
-            if param.shape != tensor.shape:
-                raise HybridRLError(f"native engine: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
-            param.copy_(tensor, non_blocking=True)
-
-    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
-        return self._unique.items()
-
-    def memory_stats(self) -> dict[str, float]:
-        weights = sum(p.numel() * p.element_size() for p in self._unique.values())
-        return {"engine_weights_gb": weights / 2**30}
+        return [Completion(r.prompt_index, tokens_out[i], logps_out[i], finish[i]) for i, r in enumerate(requests)]
 
     def shutdown(self) -> None:
-        self._params.clear()
-        self._unique.clear()
-        self._parking.clear()
+        super().shutdown()
         del self.model

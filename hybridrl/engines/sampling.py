@@ -41,15 +41,27 @@ def step_key(step: int) -> int:
     return k - 2**64 if k >= 2**63 else k
 
 
-def counter_exponential(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [len(keys), vocab] that is a pure function of (key, step, token id).
+def step_keys(steps: torch.Tensor) -> torch.Tensor:
+    """`step_key` of every entry of an int64 tensor of step indices (the same numbers: int64 products wrap mod 2**64)."""
+    return _mix((steps + 1) * _GOLDEN)
+
+
+def row_keys(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """Each row's key for this step, ``keys ^ step_key(step)``: `step` is one index for all rows, or one per row
+    (rows of a continuous batch are at different steps)."""
+    return keys ^ (step_key(step) if isinstance(step, int) else step_keys(step))
+
+
+def counter_exponential(keys: torch.Tensor, step: int | torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [len(keys), vocab] that is a pure function of (key, step, token id); `step` an int or one
+    index per row.
 
     Counter-based, like Philox: a row's noise never depends on which other rows share the batch,
     so sampling is reproducible across worker counts, chunking and finished-row removal.
     `sampling_triton` computes the same bits inside its kernel.
     """
     cols = torch.arange(vocab, device=keys.device, dtype=torch.int64)
-    x = _mix(keys[:, None] ^ step_key(step)) + cols[None, :] * _GOLDEN
+    x = _mix(row_keys(keys, step)[:, None]) + cols[None, :] * _GOLDEN
     bits = (_mix(x) >> 40) & ((1 << 24) - 1)  # 24 random bits -> uniform in (0, 1)
     u = (bits.to(torch.float32) + 0.5) / float(1 << 24)
     return -torch.log(u)
@@ -62,7 +74,7 @@ def sample_tokens(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     keys: torch.Tensor | None = None,
-    step: int = 0,
+    step: int | torch.Tensor = 0,
     kernel: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` [B, V]; returns (tokens [B], logprobs [B]).
@@ -70,7 +82,8 @@ def sample_tokens(
     The log-prob is log_softmax(logits / temperature) at the sampled token, taken before
     top-k/top-p filtering, so it equals what the trainer computes for the same token.
     temperature == 0 is greedy, with the log-prob at temperature 1. With `keys` (one int64 stream
-    key per row) the noise comes from `counter_exponential(keys, step, V)`, else from `generator`;
+    key per row) the noise comes from `counter_exponential(keys, step, V)` (`step` one index, or one per row),
+    else from `generator`;
     `kernel` lets such rows go to the fused GPU kernel (`sampling_triton`) when top-k/top-p are off.
     """
     if temperature == 0:
@@ -78,7 +91,9 @@ def sample_tokens(
         tokens = logits.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     if kernel and keys is not None and top_k <= 0 and top_p >= 1.0 and sampling_triton.available(logits):
-        return sampling_triton.sample_counter(logits, temperature, keys, step_key(step))
+        if isinstance(step, int):
+            return sampling_triton.sample_counter(logits, temperature, keys, step_key(step))
+        return sampling_triton.sample_counter(logits, temperature, row_keys(keys, step), 0)  # key ^ 0 = key
     scaled = logits.float() / temperature
     logprobs = torch.log_softmax(scaled, dim=-1)
     filtered = scaled

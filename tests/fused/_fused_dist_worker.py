@@ -24,8 +24,8 @@ def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     from torch.distributed.fsdp import fully_shard
 
     from hybridrl.engines.base import SamplingParams
-    from hybridrl.engines.config import EngineConfig
-    from hybridrl.engines.native import NativeEngine
+    from hybridrl.engines.config import NativeOptions
+    from hybridrl.engines.fused.engine import FusedEngine
     from hybridrl.reshard import ReshardConfig, Resharder
 
     kind, tp = case["kind"], case["tp"]
@@ -34,8 +34,8 @@ def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    engine = NativeEngine.fused(model.config, [0], 1, device="cpu", dtype=torch.float32,
-                                cfg=EngineConfig(max_batch_size=8), tp_group=groups[tp], seed=0)
+    engine = FusedEngine(model.config, [0], 1, device="cpu", dtype=torch.float32,
+                         options=NativeOptions(max_batch_size=8), tp_group=groups[tp], seed=0)
     sync = Resharder(ReshardConfig(verify=True), engine, model.config, tp_rank=rank % tp, tp_size=tp)
     sync.sync(model)
     rounds = 2 if case.get("sleep") else 1
@@ -65,6 +65,21 @@ def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     return "ok"
 
 
+def tp_group(tp: int, rank: int, world: int):
+    """This rank's group of `tp` consecutive ranks (None for 1); every rank makes every group, in the same order,
+    as dist.new_group requires (the run's topology does this in the product)."""
+    import torch.distributed as dist
+
+    if tp == 1:
+        return None
+    mine = None
+    for start in range(0, world, tp):
+        group = dist.new_group(list(range(start, start + tp)))
+        if start <= rank < start + tp:
+            mine = group
+    return mine
+
+
 def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict], paths: list[str]) -> None:
     sys.path[:0] = paths
     results: dict[str, str] = {}
@@ -73,12 +88,10 @@ def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict]
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        from hybridrl.topology import Topology
-
         torch.set_num_threads(1)  # 2-4 ranks share 2 cores
         dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
         mesh = init_device_mesh("cpu", (world,))
-        groups = {tp: Topology(world, tp, rank).engine_tp_group() for tp in (1, 2, 4) if tp <= world}  # every rank, same order
+        groups = {tp: tp_group(tp, rank, world) for tp in (1, 2, 4) if tp <= world}  # every rank, same order
         for case in cases:
             try:
                 results[case["id"]] = check(case, rank, world, mesh, groups)

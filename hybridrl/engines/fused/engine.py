@@ -1,13 +1,14 @@
-"""The native engine on our fused decoder: preallocated KV cache, batched prefill, (graphed) decode steps.
+"""The native engine on our fused decoder: paged KV cache, continuous batching, CUDA-graphed decode steps.
 
-Generation for one chunk of prompts (≤ max_batch_size rows)::
+    engine = FusedEngine(hf_config, eos_ids, pad_id, device=..., dtype=..., options=cfg.native, tp_group=group)
+    <caller fills the weights: load_weights with fused names, e.g. the resharder>
+    engine.generate(prompts, params)                    # single-turn: every request at once, run to the end
+    handle = engine.submit(request, params)             # continuous: requests join while it runs ...
+    for handle, completion in engine.step(): ...        # ... one token per running sequence per step
 
-    prefill prompts in groups of ≤ engine.prefill_tokens (right-padded), each prompt's K/V into its n slots
-    loop: sample (sample_tokens, counter keys) → record token/log-prob on the device
-          → every few steps: read which rows finished; compact the survivors to the front slots
-          → decode one step for slots [0, B) (a CUDA graph per (B, length) bucket on GPU)
-
-Host syncs happen only at those checks and at the end, so the GPU never waits for Python between steps.
+`generate` and `generate_requests` are `submit` for every request, then `step` until all are done (see
+`engines/scheduler.py` for the loop; `engines/async_engine.py` for many coroutines sharing one engine). The engine
+neither makes process groups nor imports the resharder: its TP group and its weights come from the caller.
 """
 
 from __future__ import annotations
@@ -17,186 +18,249 @@ from collections.abc import Sequence
 
 import torch
 
-from hybridrl.engines.base import Completion, SamplingParams
-from hybridrl.engines.config import EngineConfig
-from hybridrl.engines.fused.graphs import LENGTH_BUCKET, DecodeRunner
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.config import NativeOptions
 from hybridrl.engines.fused.groups import TensorParallel
-from hybridrl.engines.fused.kv_cache import KVCache
+from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.fused.model import FusedDecoder
-from hybridrl.engines.native import NativeEngine
-from hybridrl.engines.sampling import sample_tokens, stream_key
-from hybridrl.engines.weight_parking import WeightParking
+from hybridrl.engines.fused.runner import DecodeRunner, SamplerMode, to_device
+from hybridrl.engines.native_base import NativeEngineBase, check_requests
+from hybridrl.engines.sampling import sample_tokens
+from hybridrl.engines.scheduler import PromptGroup, Scheduler
 from hybridrl.errors import HybridRLError
 
 log = logging.getLogger(__name__)
 
 
-class FusedEngine(NativeEngine):
-    """`NativeEngine` over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
+class FusedEngine(NativeEngineBase):
+    """The built-in engine over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
 
     weight_layout_style = "fused"
     starts_empty = True
 
     def __init__(self, hf_config, eos_token_ids: Sequence[int], pad_token_id: int | None, *,
-                 device: torch.device | str, dtype: torch.dtype, cfg: EngineConfig | None = None,
-                 tp_group=None, seed: int = 0) -> None:
-        """Weights start uninitialized: fill them with `load_weights` (the resharder) or `load_from`."""
-        self.cfg = cfg or EngineConfig()
-        self.device = torch.device(device)
+                 device: torch.device | str, dtype: torch.dtype, options: NativeOptions | None = None,
+                 tp_group: torch.distributed.ProcessGroup | None = None, seed: int = 0) -> None:
+        """Weights start uninitialized: the caller fills them with `load_weights` (fused names). `tp_group` is this
+        rank's engine TP group (None: one rank)."""
+        self.options = options or NativeOptions()
+        device = torch.device(device)
         self.tp = TensorParallel.of(tp_group)
-        self.model = FusedDecoder(hf_config, self.tp, dtype, self.device)
+        self.model = FusedDecoder(hf_config, self.tp, dtype, device, kernels=self.options.kernels)
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else 0
-        self.max_batch_size = self.cfg.max_batch_size
         self.vocab = hf_config.vocab_size
-        self._params = dict(self.model.named_parameters())
-        self._unique = self._params  # no tied duplicates: a tied lm_head is the embedding itself
-        self._parking = WeightParking(self._params, self.device)
-        self._asleep: set[str] = set()
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.cache: KVCache | None = None
-        self._cache_dims: tuple[int, int] | None = None  # (slots, max_len) to restore at wake-up
-        self.runner = DecodeRunner(self.model, self.cfg.cuda_graphs)
-        self._check_every = 1 if self.device.type == "cpu" else 4  # steps between reads of finished rows
+        self.block_size = self.options.kv_block_size
+        params = dict(self.model.named_parameters())  # no tied duplicates: a tied lm_head is the embedding itself
+        self._init_weights(params, params, device)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.cache: PagedKVCache | None = None
+        self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
+        self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs)
+        self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
+                                   self.options.sampler_kernel, self.options.prefix_cache)
 
-    @torch.no_grad()
-    def load_from(self, hf_model: torch.nn.Module) -> None:
-        """Fill the weights from an HF causal LM of the same config (cut for this TP rank by the resharder)."""
-        from hybridrl.reshard import ReshardConfig, Resharder
+    # -- requests ---------------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        """Whether a submitted request has not come back from `step` yet."""
+        return self.scheduler.has_work
 
-        Resharder(ReshardConfig(), self, hf_model.config, tp_rank=self.tp.rank, tp_size=self.tp.size).sync(hf_model)
+    def submit(self, request: GenerationRequest, params: SamplingParams) -> int:
+        """Queue one request; its completion comes back from `step` under the returned handle."""
+        self._check_awake("submit")
+        if self.tp.size > 1 and self.scheduler.has_work:
+            # Every rank of a TP group must make the same batches: requests joining a running batch could arrive at
+            # different steps on different ranks.
+            raise HybridRLError("native engine: requests cannot join a running batch with engine.tp_size > 1; "
+                                "submit them together (generate_requests)")
+        return self.scheduler.submit(request, params)
 
-    # -- KV cache -------------------------------------------------------------------------------------
-    def _allocate(self, slots: int, max_len: int) -> None:
-        self._free_cache()
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, Completion]]:
+        """One scheduler step (see engines/scheduler.py): the completions that finished, with their handles."""
+        self._check_awake("step")
+        return self.scheduler.step()
+
+    @torch.inference_mode()
+    def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
+        self._check_awake("generate")
+        check_requests(requests)
+        if self.scheduler.has_work:
+            raise HybridRLError("native engine: generate_requests while other requests run; use submit/step "
+                                "(or AsyncEngine) for both")
+        handles = self.scheduler.submit_all(requests, params)
+        done: dict[int, Completion] = {}
+        try:
+            if requests:  # a cache sized by demand is sized once for the whole call, by its longest sequence
+                longest = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1
+                self.kv_allocator(0, blocks_for(longest, self.block_size))
+            while self.scheduler.has_work:
+                done.update(self.scheduler.step())
+        except BaseException:
+            self.scheduler.abort()  # nothing half-done is left for the next call
+            raise
+        return [done[h] for h in handles]
+
+    @torch.inference_mode()
+    def last_logits(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Each prompt's next-token logits [len(prompts), vocab] in float32 (a prefill; for parity checks)."""
+        self._check_awake("last_logits")
+        per_seq = max(blocks_for(len(p), self.block_size) for p in prompts)
+        alloc = self.kv_allocator(per_seq * len(prompts), per_seq)
+        groups = [PromptGroup(list(p), alloc.allocate(blocks_for(len(p), self.block_size)), []) for p in prompts]
+        try:
+            return self._prefill_logits(groups)[:, : self.vocab].float()
+        finally:
+            for g in groups:
+                alloc.release(g.shared)
+
+    # -- the scheduler's backend --------------------------------------------------------------------------
+    def kv_allocator(self, need: int, per_seq: int) -> BlockAllocator:
+        cache, o = self.cache, self.options
+        if cache is not None and cache.allocator.held:
+            return cache.allocator  # blocks are held: the pool stays as it is
+        if o.kv_blocks or o.kv_memory_fraction:
+            blocks = cache.num_blocks if cache is not None else (o.kv_blocks or self._fraction_blocks())
+            if need > blocks - 1:
+                raise HybridRLError(f"native engine: a sequence needs {need} KV blocks of {self.block_size} tokens, "
+                                    f"the cache holds {blocks - 1}; raise engine.native.kv_blocks (or "
+                                    "engine.native.kv_memory_fraction)")
+        else:  # by demand, never shrinking: max_batch_size sequences of the longest request seen
+            blocks = max(1 + max(need, o.max_batch_size * per_seq), self._pool_blocks)
+        if cache is None:
+            self._allocate(blocks)
+        elif blocks > cache.num_blocks:  # no block is held here: only the prefix table's contents move along
+            width = self.runner.width
+            self.runner.release()
+            cache.grow(blocks)
+            self._pool_blocks = blocks
+            self.runner.bind(cache, width)
+        return self.cache.allocator
+
+    def reserve_width(self, blocks: int) -> None:
+        if self.runner.width < blocks:
+            width = blocks_for(self.options.max_model_len, self.block_size) if self.options.max_model_len else \
+                1 << (blocks - 1).bit_length()  # powers of two: few regrowths, few graph recaptures
+            self.runner.grow_table(max(width, blocks))
+        if self.model.ensure_positions(self.runner.width * self.block_size):
+            self.runner.drop_graphs()
+
+    def prefill(self, groups: list[PromptGroup], mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self._prefill_logits(groups)
+        src, dst = [], []
+        for g in groups:
+            if len(g.prompt) % self.block_size:  # each sample writes its own copy of the partly filled block
+                last = len(g.prompt) // self.block_size
+                src += [g.seqs[0].blocks[last]] * (len(g.seqs) - 1)
+                dst += [s.blocks[last] for s in g.seqs[1:]]
+        if dst:
+            self.cache.copy_blocks(to_device(src, torch.long, self.device), to_device(dst, torch.long, self.device))
+        counts = [len(g.seqs) for g in groups]
+        if any(c > 1 for c in counts):
+            logits = logits[to_device([i for i, c in enumerate(counts) for _ in range(c)], torch.long, self.device)]
+        keys = None
+        if mode.seeded:
+            keys = to_device([s.key for g in groups for s in g.seqs], torch.long, self.device)
+        return sample_tokens(logits[:, : self.vocab], mode.temperature, mode.top_k, mode.top_p, self.generator,
+                             keys=keys, step=0, kernel=mode.kernel)
+
+    def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
+        `shared` for a bare group); logits [groups, padded vocab]. One forward takes ≤ engine.native.prefill_tokens
+        padded new tokens, and rows continuing a cached prefix gather ≤ 4× as many context positions."""
+        out, start, budget = [], 0, self.options.prefill_tokens
+
+        def fits(chunk: list[PromptGroup]) -> bool:
+            new = len(chunk) * max(len(g.prompt) - g.cached for g in chunk)
+            context = len(chunk) * max(len(g.prompt) for g in chunk) if any(g.cached for g in chunk) else 0
+            return new <= budget and context <= 4 * budget
+
+        while start < len(groups):
+            end = start + 1
+            while end < len(groups) and fits(groups[start : end + 1]):
+                end += 1
+            out.append(self._prefill_chunk(groups[start:end]))
+            start = end
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def _prefill_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        bs, dev = self.block_size, self.device
+        tables = [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
+        width = max(len(g.prompt) - g.cached for g in groups)
+        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
+        slots = []
+        for i, g in enumerate(groups):
+            ids[i, : len(g.prompt) - g.cached] = torch.as_tensor(g.prompt[g.cached :], dtype=torch.long)
+            slots += self.cache.slots(tables[i], g.cached, len(g.prompt))
+            # Padding tokens write into the scratch block.
+            slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt) - g.cached, width)]
+        lengths = to_device([len(g.prompt) - g.cached for g in groups], torch.long, dev)
+        slots = to_device(slots, torch.long, dev).view(len(groups), width)
+        start = table = None
+        if any(g.cached for g in groups):  # continue cached prefixes: attend through the block tables
+            start = to_device([g.cached for g in groups], torch.long, dev)
+            wide = max(blocks_for(len(g.prompt), bs) for g in groups)
+            table = to_device([t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables], torch.int32, dev)
+        ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids
+        return self.model.prefill(ids, lengths, slots, self.cache, start, table)
+
+    def load_weights(self, named_tensors) -> None:
+        super().load_weights(named_tensors)
+        if self.cache is not None:
+            self.cache.allocator.forget_prefixes()  # K/V computed with the old weights
+
+    # -- KV cache -----------------------------------------------------------------------------------------
+    def _fraction_blocks(self) -> int:
+        if self.device.type != "cuda":
+            return 0
         m = self.model
-        self.cache = KVCache(m.shape.num_layers, slots, max_len, m.kv_heads, m.head_dim, m.dtype, self.device)
-        self._cache_dims = (slots, max_len)
-        m.ensure_positions(max_len)
-        self.runner.bind(self.cache)
+        per = PagedKVCache.bytes_per_block(m.shape.num_layers, self.block_size, m.kv_heads, m.head_dim, m.dtype)
+        held = self.cache.nbytes() if self.cache is not None else 0
+        return int((torch.cuda.mem_get_info(self.device)[0] + held) * self.options.kv_memory_fraction // per)
+
+    def _allocate(self, blocks: int) -> None:
+        width = self.runner.width if self.runner.table is not None else max(
+            1, blocks_for(self.options.max_model_len, self.block_size))
+        self._drop_pool()  # only ever with no block held: waiting requests stay queued
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # an old pool's memory is too small for the new one: let it go
+        m = self.model
+        self.cache = PagedKVCache(m.shape.num_layers, blocks, self.block_size, m.kv_heads, m.head_dim, m.dtype,
+                                  self.device)
+        self._pool_blocks = blocks
+        self.runner.bind(self.cache, width)
+        self.reserve_width(width)
 
     def _free_cache(self) -> None:
         # Blocks go back to the caching allocator; `sleep` hands them to the device. Emptying the cache here
         # too made every wake-up give the trainer's just-offloaded memory to the driver and take it back.
+        if self.scheduler.has_work:
+            log.warning("native engine: the KV cache is freed with %d requests unfinished; they are dropped",
+                        len(self.scheduler.waiting) + len(self.scheduler.rows))
+        self.scheduler.abort()
+        self._drop_pool()
+
+    def _drop_pool(self) -> None:
         self.runner.release()  # graphs first: they hold the cache's addresses
         self.cache = None
 
-    def _ensure_cache(self, rows: int, length: int) -> KVCache:
-        fixed = self.cfg.max_model_len
-        if fixed and length > fixed:
-            raise HybridRLError(f"native engine: a prompt + max_new_tokens needs {length} tokens per sequence, "
-                                f"more than engine.max_model_len={fixed}")
-        if self.cache is None or not self.cache.fits(rows, length):
-            old = self._cache_dims or (0, 0)
-            slots = max(rows, self.max_batch_size, old[0])
-            max_len = fixed or -(-max(length, old[1]) // LENGTH_BUCKET) * LENGTH_BUCKET
-            if self.cache is not None and self.device.type == "cuda":
-                self._free_cache()
-                torch.cuda.empty_cache()  # the old cache's blocks are too small for the new one: release them
-            self._allocate(slots, max_len)
-        return self.cache
-
-    # -- generation -----------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def last_logits(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Each prompt's next-token logits [len(prompts), vocab] in float32 (a prefill; for parity checks)."""
-        if self._asleep:
-            raise HybridRLError(f"native engine: last_logits while {sorted(self._asleep)} are asleep")
-        cache = self._ensure_cache(len(prompts), max(len(p) for p in prompts))
-        return self._prefill(prompts, 1, cache)[:, : self.vocab].float()
-
-    def _prefill(self, prompts: Sequence[Sequence[int]], n: int, cache: KVCache) -> torch.Tensor:
-        """Prefill in groups of ≤ engine.prefill_tokens padded tokens; logits [len(prompts), padded vocab]."""
-        out, start = [], 0
-        while start < len(prompts):
-            end, width = start + 1, len(prompts[start])
-            while end < len(prompts) and (end - start + 1) * max(width, len(prompts[end])) <= self.cfg.prefill_tokens:
-                width = max(width, len(prompts[end]))
-                end += 1
-            ids = torch.full((end - start, width), self.pad_token_id, dtype=torch.long)
-            for i, p in enumerate(prompts[start:end]):
-                ids[i, : len(p)] = torch.as_tensor(p, dtype=torch.long)
-            lengths = torch.tensor([len(p) for p in prompts[start:end]], device=self.device)
-            out.append(self.model.prefill(ids.to(self.device), lengths, cache, start * n, n))
-            start = end
-        return torch.cat(out) if len(out) > 1 else out[0]
-
-    def _generate_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                        offset: int) -> list[Completion]:
-        n, dev, max_new = params.n, self.device, params.max_new_tokens
-        lengths = [len(p) for p in prompts]
-        if min(lengths) == 0:
-            raise HybridRLError("native engine: an empty prompt cannot be generated from")
-        rows, longest = len(prompts) * n, max(lengths)
-        cache = self._ensure_cache(rows, longest + max_new)
-        logits = self._prefill(prompts, n, cache)
-        if n > 1:
-            logits = logits.repeat_interleave(n, 0)
-        run = self.runner
-        run.pos[:rows] = torch.tensor(lengths, device=dev).repeat_interleave(n)
-        keys = None
-        if params.seed is not None:
-            first = params.prompt_offset + offset
-            keys = torch.tensor([stream_key(params.seed, first + r // n, r % n) for r in range(rows)],
-                                dtype=torch.int64, device=dev)
-        stop_set = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))  # may be empty: no stops
-        stop_ids = torch.tensor(stop_set, dtype=torch.long, device=dev)
-        out_tok = torch.zeros(rows, max_new, dtype=torch.long, device=dev)
-        out_lp = torch.zeros(rows, max_new, dtype=torch.float32, device=dev)
-        done_at = torch.full((rows,), max_new, dtype=torch.long, device=dev)  # step of the stop token
-        row_id = torch.arange(rows, device=dev)  # the chunk row each slot [0, batch) generates for
-        batch = rows
-        for step in range(max_new):
-            tok, lp = sample_tokens(logits[:, : self.vocab], params.temperature, params.top_k, params.top_p,
-                                    self._generator, keys=keys, step=step, kernel=self.cfg.sampler_kernel)
-            out_tok[row_id, step] = tok
-            out_lp[row_id, step] = lp
-            prev = done_at[row_id]
-            done_at[row_id] = torch.where(torch.isin(tok, stop_ids) & (prev == max_new), step, prev)
-            if step == max_new - 1:
-                break
-            if (step + 1) % self._check_every == 0:
-                running = done_at[row_id] == max_new
-                alive = running.nonzero().squeeze(-1)  # the host sync
-                if alive.numel() == 0:
-                    break
-                target = run.batch_target(alive.numel())
-                if target < batch:
-                    # Survivors (plus finished fillers up to the bucket) move to slots [0, target).
-                    keep = torch.cat([alive, (~running).nonzero().squeeze(-1)[: target - alive.numel()]])
-                    cache.compact(keep, longest + step)
-                    run.pos[:target] = run.pos[:batch][keep]
-                    tok, row_id = tok[keep], row_id[keep]
-                    keys = None if keys is None else keys[keep]
-                    batch = target
-            run.tokens[:batch].copy_(tok)
-            logits = run.step(batch, run.length_for(longest + step + 1))
-            run.pos[:batch] += 1
-        toks, lps, ends = out_tok.tolist(), out_lp.tolist(), done_at.tolist()
-        out = []
-        for r in range(rows):
-            stop = ends[r] < max_new
-            count = ends[r] + 1 if stop else max_new
-            out.append(Completion(offset + r // n, toks[r][:count], lps[r][:count], "stop" if stop else "length"))
-        return out
-
-    # -- memory lifecycle -----------------------------------------------------------------------------
     def _allocate_cache(self) -> None:
-        """The KV cache at engine.max_model_len, or at its last size; else it is sized at the first generate."""
-        if self.cfg.max_model_len:
-            self._allocate(max(self.max_batch_size, (self._cache_dims or (0, 0))[0]), self.cfg.max_model_len)
-        elif self._cache_dims:
-            self._allocate(*self._cache_dims)
+        """The KV cache at its configured size, or at its last size; else it is sized at the first generate."""
+        o = self.options
+        if o.kv_blocks or o.kv_memory_fraction:
+            self.kv_allocator(0, 1)
+        elif o.max_model_len:
+            self.kv_allocator(0, blocks_for(o.max_model_len, self.block_size))
+        elif self._pool_blocks:
+            self._allocate(self._pool_blocks)
 
     def memory_stats(self) -> dict[str, float]:
-        weights = sum(p.numel() * p.element_size() for p in self._params.values())
         kv = self.cache.nbytes() if self.cache is not None else 0
-        return {"engine_weights_gb": weights / 2**30, "engine_kv_cache_gb": kv / 2**30}
+        return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
     def shutdown(self) -> None:
-        self._free_cache()
-        self._params.clear()
-        self._parking.clear()
+        super().shutdown()
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

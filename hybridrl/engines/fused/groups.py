@@ -1,4 +1,8 @@
-"""The collectives the fused decoder runs over its engine TP group (the group comes from the run's `Topology`)."""
+"""The fused decoder's view of its engine tensor-parallel group, and the two collectives it runs over it.
+
+The group itself is made by the caller (the run's topology, once, on every rank in the same order), and handed to
+the engine; None means a single rank with no collectives.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; 2.11 has only the former.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

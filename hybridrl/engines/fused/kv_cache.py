@@ -1,64 +1,77 @@
-"""A preallocated per-slot KV cache: K and V of shape [layers, slots, max_len, kv_heads_local, head_dim].
+"""The paged KV cache: fixed-size blocks in one pool per engine, a block table per sequence, a free list.
 
-Slot b holds one sequence's keys and values at positions 0..len-1. Decode batches are always the slots
-[0, B): finished sequences leave by `compact`, which moves the survivors to the front, so attention reads a
-plain strided view (no per-step gather) and a CUDA graph captured for B rows stays valid.
+    K, V: [layers, blocks, kv_heads, block_size, head_dim]      token t of a sequence lives in its block
+                                                                 table[t // block_size], row t % block_size
+
+One mechanism serves joining, leaving and sharing: a new sequence takes blocks from the free list, a finished one
+returns them (no copies, nothing else moves), and the n samples of one prompt hold references to the prompt's full
+blocks (refcounts) while each gets its own copy of the partly filled last one, which its decode steps write into.
+Full blocks also stay findable by their tokens for later requests with the same prefix (`blocks.BlockAllocator`).
+Block 0 is never handed out: padding rows of a decode batch and padding tokens of a prefill write there.
 """
 
 from __future__ import annotations
 
 import torch
 
+from hybridrl.engines.fused.blocks import BlockAllocator
 
-class KVCache:
-    """K/V storage for `slots` sequences of up to `max_len` tokens each."""
+SCRATCH_BLOCK = 0
 
-    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold `tokens` positions."""
+    return -(-tokens // block_size)
+
+
+class PagedKVCache:
+    """The K/V pool on the device, with the allocator of its blocks."""
+
+    def __init__(self, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        shape = (layers, slots, max_len, kv_heads, head_dim)
-        # Zeros, not empty: masked positions still enter q·k, and NaN garbage would survive the mask (NaN * 0).
+        shape = (layers, num_blocks, kv_heads, block_size, head_dim)
+        # Zeros, not empty: the torch attention path multiplies masked positions by 0, and NaN garbage would survive.
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+
+    def grow(self, num_blocks: int) -> None:
+        """More blocks, the existing ones (and what the prefix table knows of them) kept; new tensors, so whatever
+        captured the old ones must be rebuilt."""
+        old = self.num_blocks
+        for name in ("k", "v"):
+            t = getattr(self, name)
+            grown = torch.zeros((t.shape[0], num_blocks, *t.shape[2:]), dtype=t.dtype, device=t.device)
+            grown[:, :old] = t
+            setattr(self, name, grown)
+            del t
+        self.allocator.extend(num_blocks)
 
     @property
-    def slots(self) -> int:
-        """Sequences the cache holds."""
+    def num_blocks(self) -> int:
+        """Blocks in the pool, the scratch block included."""
         return self.k.shape[1]
-
-    @property
-    def max_len(self) -> int:
-        """Tokens per sequence."""
-        return self.k.shape[2]
 
     def nbytes(self) -> int:
         """Bytes of K and V together."""
         return 2 * self.k.numel() * self.k.element_size()
 
-    def fits(self, rows: int, length: int) -> bool:
-        """Whether `rows` sequences of `length` tokens fit."""
-        return rows <= self.slots and length <= self.max_len
+    @staticmethod
+    def bytes_per_block(layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes one block takes in K and V over all layers."""
+        return 2 * layers * block_size * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
-    def write_prefill(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, repeat: int) -> None:
-        """Store prompts' K/V [B, W, kv_heads, head_dim] in slots start.. (each prompt in `repeat` slots in a row)."""
-        b, w = k.shape[:2]
-        if repeat > 1:
-            k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-        self.k[layer, start : start + b * repeat, :w] = k
-        self.v[layer, start : start + b * repeat, :w] = v
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's K and V pools [blocks, kv_heads, block_size, head_dim]."""
+        return self.k[i], self.v[i]
 
-    def write_decode(self, layer: int, rows: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store one token per row: slot rows[i], position pos[i] ← k[i], v[i] ([B, kv_heads, head_dim])."""
-        self.k[layer].index_put_((rows, pos), k)
-        self.v[layer].index_put_((rows, pos), v)
+    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy blocks src[i] → dst[i] in every layer (the per-sample copies of a shared prompt's last block)."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
 
-    def view(self, layer: int, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of slots [0, batch), positions [0, length), as [batch, kv_heads, length, head_dim] views."""
-        return (self.k[layer, :batch, :length].transpose(1, 2), self.v[layer, :batch, :length].transpose(1, 2))
-
-    def compact(self, keep: torch.Tensor, length: int) -> None:
-        """Move slots `keep` (ascending) to [0, len(keep)), positions [0, length) only; one layer at a time
-        so the temporary stays one layer's size."""
-        m = keep.numel()
-        for cache in (self.k, self.v):
-            for layer in range(cache.shape[0]):
-                cache[layer, :m, :length] = cache[layer, keep, :length]  # the gather copies first: no overlap
+    def slots(self, table: list[int], start: int, end: int) -> list[int]:
+        """The cache slots (block · block_size + offset) of positions start..end-1 of a sequence with `table`."""
+        bs = self.block_size
+        return [table[t // bs] * bs + t % bs for t in range(start, end)]

@@ -1,16 +1,18 @@
-"""Our decoder for the Llama / Qwen2 / Qwen3 families, in plain PyTorch, holding one engine TP rank's shard.
+"""Our decoder for the Llama / Qwen2 / Qwen3 families, holding one engine TP rank's shard, over a paged KV cache.
 
-Parameter names and shapes are exactly `build_layout(hf_config, "fused", tp_rank, tp_size)`'s specs, so the
-resharder fills it by name. Per layer::
+Parameter names and shapes are exactly the resharder's "fused" layout for (tp_rank, tp_size), so it is filled by
+name (tests check the two agree). A decode step, per layer::
 
-    x → RMSNorm → qkv_proj (column-parallel, [Q;K;V] of this rank's heads) → [q_norm/k_norm] → RoPE
-      → attention (SDPA) → o_proj (row-parallel) → all-reduce → + residual
-      → RMSNorm → gate_up_proj (column-parallel) → SiLU(gate)·up → down_proj (row-parallel) → all-reduce
-      → + residual
+    h → qkv_proj (column-parallel) → [q/k RMSNorm] + RoPE + K/V written at each token's cache slot   (rope_write)
+      → paged split-K decode attention (decode_attention) → o_proj (row-parallel) → all-reduce
+      → x, h = x + attn, RMSNorm(x + attn)                                                          (add_rms_norm)
+      → gate_up_proj → SiLU(gate)·up (silu_mul) → down_proj (row-parallel) → all-reduce
+      → x, h = x + mlp, RMSNorm of the next layer (or the final norm)                              (add_rms_norm)
 
-Embedding and lm_head are vocab-parallel (rows padded to a multiple of 64): a masked lookup + all-reduce,
-and logits all-gathered over the group. The math follows transformers op for op (float32 RMSNorm, RoPE
-tables cast to the weight dtype), so log-probs match a trainer's full forward.
+Each op is a Triton kernel on GPU (`engine.native.kernels`) and the torch code it replaces elsewhere; the torch
+code follows transformers op for op (float32 RMSNorm, RoPE tables cast to the weight dtype), so float32 log-probs
+match a trainer's full forward. Embedding and lm_head are vocab-parallel (rows padded to a multiple of 64): a
+masked lookup + all-reduce, and logits all-gathered over the group.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hybridrl.engines.fused.groups import TensorParallel
-from hybridrl.engines.fused.kv_cache import KVCache
+from hybridrl.engines.fused.kv_cache import PagedKVCache
 from hybridrl.engines.fused.rope import check_supported, rope_tables
-from hybridrl.errors import HybridRLError
+from hybridrl.engines.kernels import use_triton
+from hybridrl.engines.kernels.attention import decode_attention
+from hybridrl.engines.kernels.norms import add_rms_norm, rms_norm, silu_mul
+from hybridrl.engines.kernels.rope_cache import rope_write, split_qkv_torch, write_kv_torch
+from hybridrl.errors import ConfigError
 from hybridrl.models.shape import ModelShape, padded_vocab
-from hybridrl.reshard.layout import build_layout
 
-
-# Flash (prefill) and memory-efficient (masked decode) kernels: both capture in CUDA graphs and take strided K/V.
+# Flash attention for the (causal, unmasked) prefill; the others as fallbacks.
 _GPU_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -51,17 +55,12 @@ class _Weights(nn.Module):
         self.bias = _param(shape[:1], dtype, device) if bias else None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm: normalize in float32, round to x's dtype, then scale in that dtype.
-    F.rms_norm computes in float32 and rounds once, the same steps (one fused kernel on GPU)."""
-    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """transformers' x·cos + rotate_half(x)·sin over the last dim (x [N, heads, d], tables [N, 1, d]).
-    rotate_half(x)·sin = [x_hi, x_lo]·[-sin_lo, sin_hi] exactly (negation is exact): one kernel fewer."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
+def check_tp(s: ModelShape, tp: int) -> None:
+    """The divisibility rules of the fused TP layout (the resharder's, and vLLM's), as a ConfigError up front."""
+    if s.heads % tp or (s.kv_heads % tp and tp % s.kv_heads) or s.intermediate % tp or padded_vocab(s.vocab) % tp:
+        raise ConfigError(f"engine.tp_size={tp} does not split this model: heads {s.heads}, kv heads {s.kv_heads}, "
+                          f"intermediate {s.intermediate} and padded vocab {padded_vocab(s.vocab)} must divide "
+                          "by it (kv heads may instead divide it)")
 
 
 class FusedLayer(nn.Module):
@@ -86,26 +85,23 @@ class FusedLayer(nn.Module):
 class FusedDecoder(nn.Module):
     """A causal LM shard: `model.embed_tokens`, `model.layers.{i}.…`, `model.norm`, `lm_head` (untied only)."""
 
-    def __init__(self, hf_config, tp: TensorParallel, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, hf_config, tp: TensorParallel, dtype: torch.dtype, device: torch.device,
+                 kernels: bool = True) -> None:
         super().__init__()
         check_supported(hf_config)
         self.hf_config, self.tp, self.dtype, self.device = hf_config, tp, dtype, torch.device(device)
         s = self.shape = ModelShape.from_hf_config(hf_config)
-        layout = build_layout(hf_config, "fused", tp.rank, tp.size)  # also checks TP divisibility
+        check_tp(s, tp.size)
         self.q_heads, self.kv_heads, self.head_dim = s.heads // tp.size, max(1, s.kv_heads // tp.size), s.head_dim
         self.vocab_rows = padded_vocab(s.vocab) // tp.size
         self.eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
+        self.kernels = use_triton(torch.empty(0, device=self.device), kernels)
         self.model = nn.Module()
         self.model.embed_tokens = _Weights((self.vocab_rows, s.hidden), False, dtype, self.device)
         self.model.layers = nn.ModuleList(FusedLayer(s, tp.size, dtype, self.device) for _ in range(s.num_layers))
         self.model.norm = _Weights((s.hidden,), False, dtype, self.device)
         if not s.tied:
             self.lm_head = _Weights((self.vocab_rows, s.hidden), False, dtype, self.device)
-        got = {n: tuple(p.shape) for n, p in self.named_parameters()}
-        want = {spec.name: spec.shape for spec in layout.specs()}
-        if got != want:  # a guarantee, not a hope: the resharder fills exactly these tensors
-            diff = sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n))
-            raise HybridRLError(f"fused decoder: parameters differ from the fused layout: {diff}")
         self.cos = self.sin = torch.empty(0)
         self.ensure_positions(1)
 
@@ -114,12 +110,14 @@ class FusedDecoder(nn.Module):
         return (self.model.embed_tokens if self.shape.tied else self.lm_head).weight
 
     # -- tables -------------------------------------------------------------------------------------
-    def ensure_positions(self, length: int) -> None:
-        """RoPE tables for at least `length` positions (the decode graphs read them in place)."""
-        if self.cos.shape[0] < length:
-            self.cos, sin = rope_tables(self.hf_config, length, self.dtype, self.device)
-            half = sin.shape[-1] // 2
-            self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # signed for `rope`
+    def ensure_positions(self, length: int) -> bool:
+        """RoPE tables for at least `length` positions (decode graphs read them in place: True when they moved)."""
+        if self.cos.shape[0] >= length:
+            return False
+        self.cos, sin = rope_tables(self.hf_config, length, self.dtype, self.device)
+        half = sin.shape[-1] // 2
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # signed: rotate_half(x)·sin = swap(x)·sin
+        return True
 
     # -- pieces ---------------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -136,77 +134,106 @@ class FusedDecoder(nn.Module):
         out = self.tp.all_reduce(F.linear(x, proj.weight))
         return out if proj.bias is None else out + proj.bias  # the bias is added once, after the sum
 
-    def _qkv(self, layer: FusedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q [N, q_heads, d], k and v [N, kv_heads, d] of normed hidden states x [N, hidden], RoPE applied."""
-        a, n, d, hq = layer.self_attn, x.shape[0], self.head_dim, self.q_heads
-        qkv = F.linear(x, a.qkv_proj.weight, a.qkv_proj.bias).view(n, hq + 2 * self.kv_heads, d)
-        qk, v = qkv[:, : hq + self.kv_heads], qkv[:, hq + self.kv_heads :]
-        if self.shape.qk_norm:
-            qk = torch.cat((rms_norm(qk[:, :hq], a.q_norm.weight, self.eps),
-                            rms_norm(qk[:, hq:], a.k_norm.weight, self.eps)), dim=1)
-        qk = rope(qk, cos, sin)  # q and k heads together: one RoPE pass
-        return qk[:, :hq], qk[:, hq:], v
+    def _norms(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's post-attention norm weight, and the norm after its MLP (the next layer's input norm, or the
+        final norm)."""
+        layers = self.model.layers
+        after = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
+        return layers[i].post_attention_layernorm.weight, after
 
-    def _mlp_block(self, layer: FusedLayer, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
+    def _qk_norms(self, attn: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Qwen3's per-head q and k norm weights (None, None for models without them)."""
+        return (attn.q_norm.weight, attn.k_norm.weight) if self.shape.qk_norm else (None, None)
+
+    def _mlp(self, layer: FusedLayer, h: torch.Tensor) -> torch.Tensor:
         m = layer.mlp
-        gate, up = F.linear(h, m.gate_up_proj.weight, m.gate_up_proj.bias).chunk(2, dim=-1)
-        return x + self._row_parallel(m.down_proj, F.silu(gate) * up)
+        return self._row_parallel(m.down_proj, silu_mul(F.linear(h, m.gate_up_proj.weight, m.gate_up_proj.bias),
+                                                        self.kernels))
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [N, padded vocab] (columns past the real vocab are padding) of final hidden states [N, hidden]."""
-        h = rms_norm(x, self.model.norm.weight, self.eps)
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits [N, padded vocab] (columns past the real vocab are padding) of final-normed hidden states."""
         return self.tp.gather_last(F.linear(h, self.head_weight()))
 
     # -- forwards -------------------------------------------------------------------------------------
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, cache: KVCache, slot: int, repeat: int) -> torch.Tensor:
-        """Run right-padded prompts ids [B, W] (true lengths [B]); store their K/V in slots slot.. (each prompt
-        `repeat` times); return the logits [B, padded vocab] at each prompt's last token."""
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, cache: PagedKVCache,
+                start: torch.Tensor | None = None, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Run right-padded prompts ids [B, W] (true lengths [B]); store each token's K/V at its slot (slots [B, W];
+        padding tokens point into the scratch block); return the logits [B, padded vocab] at each last token.
+
+        With `start` [B], row b's ids continue a sequence whose first start[b] tokens are already in the cache:
+        its tokens sit at positions start[b].. and attend to that prefix too, read through `tables` [B, blocks]
+        (the sequence's block table, wide enough for start + length)."""
         b, w = ids.shape
-        n, d = b * w, self.head_dim
-        x = self.embed(ids.reshape(-1))
-        cos = self.cos[:w].expand(b, w, d).reshape(n, 1, d)
-        sin = self.sin[:w].expand(b, w, d).reshape(n, 1, d)
-        with _attention_backends(self.device):
-            x = self._prefill_layers(x, b, w, cos, sin, cache, slot, repeat)
-        last = x.view(b, w, -1)[torch.arange(b, device=x.device), lengths - 1]
-        return self.logits(last)
-
-    def _prefill_layers(self, x: torch.Tensor, b: int, w: int, cos: torch.Tensor, sin: torch.Tensor,
-                        cache: KVCache, slot: int, repeat: int) -> torch.Tensor:
-        n, d, g = b * w, self.head_dim, self.q_heads // self.kv_heads
-        for i, layer in enumerate(self.model.layers):
-            q, k, v = self._qkv(layer, rms_norm(x, layer.input_layernorm.weight, self.eps), cos, sin)
-            cache.write_prefill(i, slot, k.view(b, w, self.kv_heads, d), v.view(b, w, self.kv_heads, d), repeat)
-            q = q.view(b, w, self.q_heads, d).transpose(1, 2)
-            # GQA: each kv head serves g consecutive query heads (transformers' repeat_kv order).
-            k = k.view(b, w, self.kv_heads, 1, d).expand(b, w, self.kv_heads, g, d).reshape(b, w, self.q_heads, d)
-            v = v.view(b, w, self.kv_heads, 1, d).expand(b, w, self.kv_heads, g, d).reshape(b, w, self.q_heads, d)
-            # Right padding: a real token attends only to earlier real tokens, so the causal mask suffices.
-            o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=d**-0.5)
-            x = x + self._row_parallel(layer.self_attn.o_proj, o.transpose(1, 2).reshape(n, self.q_heads * d))
-            x = self._mlp_block(layer, x)
-        return x
-
-    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, key_idx: torch.Tensor,
-               cache: KVCache) -> torch.Tensor:
-        """One token per slot 0..B-1 (tokens, positions [B]; rows = arange(B); key_idx = arange(L) with L > every
-        position): store its K/V, attend to positions ≤ its own; return logits [B, padded vocab].
-        No host syncs and static shapes, so it can be captured in a CUDA graph."""
-        b, d, g, length = tokens.shape[0], self.head_dim, self.q_heads // self.kv_heads, key_idx.shape[0]
-        x = self.embed(tokens)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
-        # Additive mask [B, 1, 1, L], built once per step rather than converted from bool in every layer.
-        mask = torch.zeros(b, 1, 1, length, dtype=x.dtype, device=x.device)
-        mask.masked_fill_((key_idx[None, :] > pos[:, None])[:, None, None, :], float("-inf"))
+        n, d, eps, kern = b * w, self.head_dim, self.eps, self.kernels
+        pos = torch.arange(w, device=ids.device).expand(b, w)
+        if start is not None:
+            pos = pos + start[:, None]
+        cos, sin = self.cos[pos].view(n, 1, d), self.sin[pos].view(n, 1, d)
+        slots = slots.reshape(n)
+        x = self.embed(ids.reshape(n))
+        h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
         with _attention_backends(self.device):
             for i, layer in enumerate(self.model.layers):
-                q, k, v = self._qkv(layer, rms_norm(x, layer.input_layernorm.weight, self.eps), cos, sin)
-                cache.write_decode(i, rows, pos, k, v)
-                kc, vc = cache.view(i, b, length)
-                # The g query heads of one kv head ride in SDPA's query-length dim: GQA with no K/V repeat.
-                q = q.view(b, self.kv_heads, g, d)
-                o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=d**-0.5)
-                x = x + self._row_parallel(layer.self_attn.o_proj, o.reshape(b, self.q_heads * d))
-                x = self._mlp_block(layer, x)
-        return self.logits(x)
+                a = layer.self_attn
+                q, k, v = split_qkv_torch(F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias), self.q_heads,
+                                          self.kv_heads, cos, sin, *self._qk_norms(a), eps)
+                write_kv_torch(*cache.layer(i), slots, k, v)
+                q = q.view(b, w, self.q_heads, d).transpose(1, 2)
+                if start is None:
+                    k, v = k.view(b, w, self.kv_heads, d), v.view(b, w, self.kv_heads, d)
+                    mask = None  # right padding: a real token attends only to earlier real tokens, causal suffices
+                else:
+                    k, v, mask = self._context(cache, i, tables, pos, q.dtype)
+                o = self._prefill_attention(q, k, v, mask)
+                post, after = self._norms(i)
+                x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.transpose(1, 2).reshape(n, -1)), post, eps, kern)
+                x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)
+        last = h.view(b, w, -1)[torch.arange(b, device=h.device), lengths - 1]
+        return self.logits(last)
+
+    def _context(self, cache: PagedKVCache, layer: int, tables: torch.Tensor, pos: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """K and V [B, L, kv_heads, d] of every cached position of each row's blocks, and the additive mask
+        [B, 1, W, L] that lets the token at position p see positions ≤ p."""
+        b, nb = tables.shape
+        kc, vc = cache.layer(layer)
+        length = nb * cache.block_size
+        t = tables.long()
+        k = kc[t].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
+        v = vc[t].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
+        keys = torch.arange(length, device=pos.device)
+        mask = torch.zeros(b, 1, pos.shape[1], length, dtype=dtype, device=pos.device)
+        mask.masked_fill_((keys[None, None, :] > pos[:, :, None])[:, None], float("-inf"))
+        return k, v, mask
+
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           mask: torch.Tensor | None) -> torch.Tensor:
+        """SDPA of q [B, q_heads, W, d] over k, v [B, L, kv_heads, d]: causal without a mask, else masked."""
+        b, length, _, d = k.shape
+        g = self.q_heads // self.kv_heads
+        # GQA: each kv head serves g consecutive query heads (transformers' repeat_kv order).
+        k = k.view(b, length, self.kv_heads, 1, d).expand(b, length, self.kv_heads, g, d).reshape(b, length, -1, d)
+        v = v.view(b, length, self.kv_heads, 1, d).expand(b, length, self.kv_heads, g, d).reshape(b, length, -1, d)
+        return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                              is_causal=mask is None, scale=d**-0.5)
+
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
+               cache: PagedKVCache, max_len: int, n_splits: int = 1) -> torch.Tensor:
+        """One token per row (tokens, positions, cache slots [B]; block tables [B, blocks]): store its K/V, attend to
+        positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
+        in a CUDA graph. `max_len` (> every position) is the torch attention path's gathered width; `n_splits` the
+        Triton kernel's key split."""
+        eps, kern = self.eps, self.kernels
+        seq_lens = pos + 1
+        x = self.embed(tokens)
+        h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
+        for i, layer in enumerate(self.model.layers):
+            a = layer.self_attn
+            kc, vc = cache.layer(i)
+            q = rope_write(F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias), self.q_heads, self.kv_heads,
+                           self.cos, self.sin, pos, slots, kc, vc, *self._qk_norms(a), eps, kern)
+            o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern)
+            post, after = self._norms(i)
+            x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.reshape(o.shape[0], -1)), post, eps, kern)
+            x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)
+        return self.logits(h)

@@ -1,6 +1,6 @@
 """What the fused decoder supports of an HF config, and its rotary-embedding tables.
 
-Unsupported features raise `UnsupportedModel`, so `engine.impl=auto` falls back to the transformers model.
+Unsupported features raise `UnsupportedModel`, so `engine.native.impl=auto` falls back to the transformers model.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class UnsupportedModel(HybridRLError):
-    """The fused decoder cannot run this model; use the transformers path (`engine.impl=hf`)."""
+    """The fused decoder cannot run this model; use the transformers path (`engine.native.impl=hf`)."""
 
 
 def rope_parameters(config) -> dict:

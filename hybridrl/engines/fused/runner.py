@@ -1,0 +1,249 @@
+"""The decode step over rows [0, B) of a running batch: per-row state on the device, and a CUDA graph per batch
+bucket that runs the whole step (forward, sampling, bookkeeping) in one launch.
+
+Per-row state, in static buffers the graphs read and write in place::
+
+    tokens  the input token of the next step        pos     its position (= tokens the row has cached)
+    steps   the sample index it will draw next      keys    its random-stream key (seeded sampling)
+    active  1 for a sequence, 0 for a padding row   table   its block table (padding rows: all scratch block 0)
+
+One step: each row's cache slot from (table, pos) → `FusedDecoder.decode` → sample with each row's own key and
+step → outputs to `out_tok` / `out_lp`, tokens ← sampled, pos and steps += active. Rows join with `place` and
+leave with `compact` (a few [rows]-sized copies; no KV moves), between steps, so a graph stays valid while
+sequences come and go. A graph is captured lazily per (bucket, sampler mode), and dropped by `release` whenever
+what it points at moves (sleep, a larger cache or block table, new RoPE tables). Unseeded sampling draws from a
+torch.Generator, which a graph cannot replay: then the graph covers the forward and the sampler runs after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from hybridrl.engines.fused.kv_cache import PagedKVCache
+from hybridrl.engines.fused.model import FusedDecoder
+from hybridrl.engines.kernels.attention import split_count
+from hybridrl.engines.sampling import sample_tokens
+
+log = logging.getLogger(__name__)
+
+_SMALL = (1, 2, 4, 8, 12, 16, 24, 32, 48)
+
+
+def batch_buckets(limit: int) -> list[int]:
+    """Batch sizes a GPU step runs at: 1, 2, 4, 8, then two per octave (x, 1.5x): ≤ 33% padding rows."""
+    out, b = list(_SMALL), 64
+    while out[-1] < limit:
+        out += [b, b * 3 // 2]
+        b *= 2
+    return sorted({min(x, limit) for x in out})
+
+
+@dataclass(frozen=True)
+class SamplerMode:
+    """How the rows of one running batch sample (the same for all of them)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    seeded: bool
+    kernel: bool
+
+    @property
+    def in_graph(self) -> bool:
+        """Whether the sampler can run inside a CUDA graph (counter noise, or greedy: no generator state)."""
+        return self.seeded or self.temperature == 0
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without waiting for the stream (pinned staging on CUDA)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class HostCopy:
+    """Device tensors on their way to host memory: the copy is queued now and waited for in `result`."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.event = None
+        if tensors and tensors[0].is_cuda:
+            self.host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+            for h, t in zip(self.host, tensors):
+                h.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = [t.clone() for t in tensors]
+
+    def result(self) -> list[list]:
+        """The tensors as Python lists (waits for the copy, and only for it)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return [h.tolist() for h in self.host]
+
+
+class DecodeRunner:
+    """Owns the per-row decode state of up to `rows` sequences and the CUDA graphs captured over it."""
+
+    def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool) -> None:
+        self.model, self.rows = model, rows
+        self.device = model.device
+        self.on_gpu = self.device.type == "cuda"
+        self.use_graphs = cuda_graphs and self.on_gpu
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.cache: PagedKVCache | None = None
+        self._buckets = batch_buckets(rows)
+        self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_gpu else 1
+        self.release()  # no buffers until `bind`
+
+    # -- buffers ------------------------------------------------------------------------------------------
+    def bind(self, cache: PagedKVCache, width: int) -> None:
+        """Fresh state buffers over `cache` with block tables `width` blocks wide (drops every graph)."""
+        self.release()
+        dev, n = self.device, self.rows
+        self.cache = cache
+        self.tokens, self.pos, self.steps, self.keys, self.active = (
+            torch.zeros(n, dtype=torch.long, device=dev) for _ in range(5))
+        self.table = torch.zeros(n, width, dtype=torch.int32, device=dev)
+        self.out_tok = torch.zeros(n, dtype=torch.long, device=dev)
+        self.out_lp = torch.zeros(n, dtype=torch.float32, device=dev)
+        vocab_cols = self.model.vocab_rows * self.model.tp.size
+        self.logits = torch.empty(n, vocab_cols, dtype=self.model.dtype, device=dev) if self.use_graphs else None
+
+    @property
+    def width(self) -> int:
+        """Blocks per block table."""
+        return self.table.shape[1]
+
+    def grow_table(self, width: int) -> None:
+        """Widen the block tables (contents kept); the graphs read the old tensor, so they go."""
+        old = self.table
+        self.table = torch.zeros(self.rows, width, dtype=torch.int32, device=self.device)
+        self.table[:, : old.shape[1]] = old
+        self.drop_graphs()
+
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (they are captured again on first use)."""
+        self.graphs.clear()
+        self.pool = None
+
+    def release(self) -> None:
+        """Drop the graphs, the buffers and the cache reference; `bind` again before the next step."""
+        self.drop_graphs()
+        self.cache = None
+        self.tokens = self.pos = self.steps = self.keys = self.active = self.table = None
+        self.out_tok = self.out_lp = self.logits = None
+
+    # -- rows joining and leaving ---------------------------------------------------------------------------
+    def place(self, start: int, tokens: torch.Tensor, pos: list[int], keys: list[int] | None,
+              tables: list[list[int]]) -> None:
+        """Rows start.. become sequences with input `tokens` (device) at positions `pos`, about to draw step 1."""
+        k, dev = len(pos), self.device
+        rows = slice(start, start + k)
+        self.tokens[rows] = tokens
+        self.pos[rows] = to_device(pos, torch.long, dev)
+        self.steps[rows] = 1
+        self.active[rows] = 1
+        self.keys[rows] = to_device(keys, torch.long, dev) if keys is not None else 0
+        wide = max(len(t) for t in tables)
+        padded = [t + [0] * (wide - len(t)) for t in tables]
+        self.table[rows] = 0
+        self.table[rows, :wide] = to_device(padded, torch.int32, dev)
+
+    def compact(self, keep: list[int], n_old: int) -> None:
+        """Rows `keep` (ascending) move to [0, len(keep)); rows up to n_old become padding again."""
+        m = len(keep)
+        if keep != list(range(m)):
+            idx = to_device(keep, torch.long, self.device)
+            for buf in (self.tokens, self.pos, self.steps, self.keys, self.active, self.table):
+                buf[:m] = buf[idx]  # the gather copies first: overlapping rows are safe
+        if n_old > m:
+            for buf in (self.pos, self.active, self.table):
+                buf[m:n_old] = 0
+
+    # -- stepping -------------------------------------------------------------------------------------------
+    def bucket(self, n: int) -> int:
+        """Rows a step runs over when n are live: exact on CPU, the next bucket on GPU."""
+        if not self.on_gpu:
+            return n
+        return next(b for b in self._buckets if b >= n)
+
+    def _forward(self, b: int, attend: int) -> torch.Tensor:
+        pos, table = self.pos[:b], self.table[:b]
+        bs = self.cache.block_size
+        block = table.gather(1, (pos // bs).clamp(max=self.width - 1)[:, None]).squeeze(1).long()
+        slots = block * bs + pos % bs
+        splits = split_count(b, self.model.kv_heads, self.width, bs, self._sms)
+        return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits)
+
+    def _sample_advance(self, b: int, logits: torch.Tensor, mode: SamplerMode,
+                        generator: torch.Generator | None) -> None:
+        tok, lp = sample_tokens(logits[:, : self.model.shape.vocab], mode.temperature, mode.top_k, mode.top_p,
+                                generator, keys=self.keys[:b] if mode.seeded else None, step=self.steps[:b],
+                                kernel=mode.kernel)
+        self.out_tok[:b] = tok
+        self.out_lp[:b] = lp
+        self.tokens[:b] = tok
+        self.pos[:b] += self.active[:b]
+        self.steps[:b] += self.active[:b]
+
+    def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend: int) -> HostCopy:
+        """Queue one decode step of rows [0, n) and the copy of their sampled tokens and log-probs to the host.
+        `attend` > every live row's position (the torch attention path's gathered width; graphs use the table's)."""
+        b = self.bucket(n)
+        if self.use_graphs:
+            key = (b, mode if mode.in_graph else None)
+            graph = self.graphs.get(key) or self._capture(b, mode)
+            if graph is not None:
+                graph.replay()
+                if not mode.in_graph:
+                    self._sample_advance(b, self.logits[:b], mode, generator)
+                return HostCopy([self.out_tok[:n], self.out_lp[:n]])
+        self._sample_advance(b, self._forward(b, attend), mode, generator)
+        return HostCopy([self.out_tok[:n], self.out_lp[:n]])
+
+    def _graph_body(self, b: int, mode: SamplerMode) -> None:
+        logits = self._forward(b, self.width * self.cache.block_size)
+        if mode.in_graph:
+            self._sample_advance(b, logits, mode, None)
+        else:
+            self.logits[:b].copy_(logits)
+
+    def _capture(self, b: int, mode: SamplerMode) -> torch.cuda.CUDAGraph | None:
+        # The warm-up runs the real step (lazy inits, Triton compiles, cuBLAS workspaces) and advances the row state;
+        # it is put back before the capture, so the replay computes the step exactly once. The K/V the warm-up
+        # writes are the values the replay writes again.
+        state = [t.clone() for t in (self.tokens, self.pos, self.steps, self.out_tok, self.out_lp)]
+        try:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()  # shared: one graph runs at a time
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._graph_body(b, mode)
+            torch.cuda.current_stream().wait_stream(side)
+            for t, saved in zip((self.tokens, self.pos, self.steps, self.out_tok, self.out_lp), state):
+                t.copy_(saved)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: other threads' CUDA calls (the NCCL watchdog's event queries) must not void the capture.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                self._graph_body(b, mode)
+        except Exception as e:  # noqa: BLE001 - any capture failure: decode eagerly, say so once
+            log.warning("native engine: CUDA graph capture failed (%s: %s); decoding eagerly from now on",
+                        type(e).__name__, e)
+            self.use_graphs = False
+            self.drop_graphs()
+            try:
+                torch.cuda.synchronize(self.device)
+            except Exception:  # noqa: BLE001 - the eager path reports any real device error itself
+                pass
+            for t, saved in zip((self.tokens, self.pos, self.steps, self.out_tok, self.out_lp), state):
+                t.copy_(saved)
+            return None
+        self.graphs[(b, mode if mode.in_graph else None)] = graph
+        return graph

@@ -1,0 +1,170 @@
+"""Decode attention over the paged KV cache: one query token per sequence, GQA, split-K (flash-decoding).
+
+The cache of one layer is [blocks, kv_heads, block_size, head_dim]; row b of `block_table` lists sequence b's blocks
+in order and `seq_lens[b]` how many of their positions it attends. The Triton path runs in two kernels:
+
+    split:  one program per (sequence, kv head, split): the split's share of the sequence's blocks, read once for
+            all g query heads of that kv head (a [g, d] × [d, tile] product), with an online softmax; writes the
+            split's normalized output and its log-sum-exp (with one split: the output itself, and no reduce)
+    reduce: one program per (sequence, query head): the splits combined by their log-sum-exps
+
+Splitting the keys keeps every SM busy when batch × kv heads is small (0.5B: 2 kv heads); the split count is a
+launch parameter, so a CUDA graph captured once serves every sequence length. The torch path gathers the blocks
+into a padded [B, kv_heads, L, d] view and runs SDPA with a length mask: the reference, and the CPU path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.engines.kernels import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+
+def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+    """Attention output [B, q_heads, d] of q [B, q_heads, d] over the first `seq_lens[b]` cached positions of each
+    sequence (`max_len` ≥ every seq_lens[b]: the gathered width, padding masked)."""
+    b, hq, d = q.shape
+    _, hkv, bs, _ = k_cache.shape
+    g = hq // hkv
+    table = block_table[:, : -(-max_len // bs)].long()
+    length = max_len
+    k = k_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)[:, :, :length]
+    v = v_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)[:, :, :length]
+    keep = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None]
+    mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill_(~keep[:, None, None, :],
+                                                                                     float("-inf"))
+    # The g query heads of one kv head ride in SDPA's query-length dim: GQA with no K/V repeat
+    # (transformers' repeat_kv order: kv head j serves query heads j·g .. j·g + g - 1).
+    o = F.scaled_dot_product_attention(q.view(b, hkv, g, d), k, v, attn_mask=mask, scale=scale)
+    return o.reshape(b, hq, d)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits, group,
+                      stride_table, stride_blk, stride_head,
+                      BS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                      IEEE: tl.constexpr, DIRECT: tl.constexpr):
+        seq = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        q_heads = tl.num_programs(1) * group
+        seq_len = tl.load(lens_ptr + seq)
+        n_blocks = tl.cdiv(seq_len, BS)
+        per = tl.cdiv(tl.cdiv(n_blocks, n_splits), TILE_BLOCKS) * TILE_BLOCKS
+        first = split * per
+        last = tl.minimum(first + per, n_blocks)
+
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        heads = kvh * group + g
+        q_mask = (g < group)[:, None]
+        q = tl.load(q_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], mask=q_mask, other=0.0)
+        t = tl.arange(0, TILE_BLOCKS * BS)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for start in range(first, last, TILE_BLOCKS):
+            blk = start + t // BS
+            in_range = blk < last
+            phys = tl.load(table_ptr + seq * stride_table + blk, mask=in_range, other=0).to(tl.int64)
+            valid = in_range & (blk * BS + t % BS < seq_len)
+            off = phys * stride_blk + kvh * stride_head + (t % BS) * D
+            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            if IEEE:
+                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                qk = tl.dot(q, tl.trans(k))
+            qk = tl.where(valid[None, :], qk * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            p = tl.exp(qk - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        has = l_i > 0
+        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        if DIRECT:  # one split: this is the answer, no reduce kernel
+            tl.store(out_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=q_mask)
+        else:
+            row = (seq * q_heads + heads) * n_splits + split
+            tl.store(o_ptr + row[:, None] * D + d[None, :], out, mask=q_mask)
+            tl.store(lse_ptr + row, lse, mask=g < group)
+
+    @triton.jit
+    def _reduce_kernel(o_ptr, lse_ptr, out_ptr, n_splits, D: tl.constexpr, SP: tl.constexpr):
+        head_row = tl.program_id(0).to(tl.int64)  # sequence × q_heads + head
+        s = tl.arange(0, SP)
+        d = tl.arange(0, D)
+        inside = s < n_splits
+        lse = tl.load(lse_ptr + head_row * n_splits + s, mask=inside, other=float("-inf"))
+        top = tl.max(lse, axis=0)
+        w = tl.where(inside, tl.exp(lse - top), 0.0)
+        o = tl.load(o_ptr + (head_row * n_splits + s)[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
+        out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+        tl.store(out_ptr + head_row * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def split_count(batch: int, kv_heads: int, max_blocks: int, block_size: int, sms: int) -> int:
+    """Key splits per (sequence, kv head): enough programs for ~2 waves over the SMs, at most one per 64 keys."""
+    want = -(-2 * sms // max(1, batch * kv_heads))
+    return max(1, min(want, -(-max_blocks * block_size // 64), 32))
+
+
+def _tile_blocks(block_size: int) -> int:
+    return max(1, 64 // block_size)
+
+
+def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                            seq_lens: torch.Tensor, scale: float, n_splits: int) -> torch.Tensor:
+    """The Triton form of `decode_attention_torch` (head_dim a power of two ≥ 16; block_table int32 or int64)."""
+    b, hq, d = q.shape
+    _, hkv, bs, _ = k_cache.shape
+    group = hq // hkv
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    direct = n_splits == 1
+    parts = torch.empty(0 if direct else b * hq * n_splits * d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(0 if direct else b * hq * n_splits, dtype=torch.float32, device=q.device)
+    _split_kernel[(b, hkv, n_splits)](
+        q, k_cache, v_cache, block_table, seq_lens, parts, lse, out, scale, n_splits, group,
+        block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
+        BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs),
+        IEEE=q.dtype == torch.float32, DIRECT=direct,
+    )
+    if not direct:
+        _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
+    return out
+
+
+def triton_supports(head_dim: int, block_size: int) -> bool:
+    """Whether the Triton kernel takes this shape (a power-of-two head dim of at least 16; tiles of ≥ 16 keys)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _tile_blocks(block_size) * block_size >= 16
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, max_len: int, scale: float | None = None, n_splits: int = 1,
+                     kernels: bool = True) -> torch.Tensor:
+    """Decode attention [B, q_heads, d]; the Triton split-K kernel on CUDA when `kernels` and the shape allows,
+    else `decode_attention_torch` (which gathers `max_len` positions per sequence)."""
+    d = q.shape[-1]
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    if use_triton(q, kernels) and triton_supports(d, k_cache.shape[2]):
+        return decode_attention_triton(q, k_cache, v_cache, block_table, seq_lens, scale, n_splits)
+    return decode_attention_torch(q, k_cache, v_cache, block_table, seq_lens, max_len, scale)

@@ -1,0 +1,117 @@
+"""RMSNorm fused with its neighbours: the residual add before it, and SiLU(gate)·up of the MLP.
+
+In a decode step each layer ends two residual branches with ``x = x + branch; h = norm(x)``; the kernel reads x and
+the branch once and writes both the new residual and the normed input of the next block. Roundings follow
+transformers in the weight dtype: the sum is rounded, the norm is computed in float32 and rounded, then scaled by the
+weight and rounded again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.engines.kernels import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+
+# -- torch (reference and CPU path) ------------------------------------------------------------------------------
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: normalize in float32, round to x's dtype, then scale in that dtype.
+    F.rms_norm computes in float32 and rounds once, the same steps."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
+def add_rms_norm_torch(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)): the residual stream and the next block's normed input."""
+    s = x + delta
+    return s, rms_norm_torch(s, weight, eps)
+
+
+def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) · up of a fused [N, 2I] gate_up projection (gate first), as transformers' MLP computes it."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# -- Triton ------------------------------------------------------------------------------------------------------
+if HAS_TRITON:
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, hidden, eps,
+                             HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < hidden
+        x = tl.load(x_ptr + row * hidden + cols, mask=inside, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(d_ptr + row * hidden + cols, mask=inside, other=0.0)
+            x = (x.to(tl.float32) + d.to(tl.float32)).to(res_ptr.dtype.element_ty)
+            tl.store(res_ptr + row * hidden + cols, x, mask=inside)
+        xf = x.to(tl.float32)
+        var = tl.sum(xf * xf, axis=0) / hidden
+        normed = (xf * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * hidden + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < inter
+        g = tl.load(gu_ptr + row * 2 * inter + cols, mask=inside, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=inside, other=0.0).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + row * inter + cols, (act * u).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton form of `add_rms_norm_torch` over rows of x [N, H]; with delta None, a plain RMSNorm
+    (the first element is then x itself)."""
+    x = x.contiguous()
+    n, hidden = x.shape
+    out = torch.empty_like(x)
+    res = torch.empty_like(x) if delta is not None else x
+    d = delta.contiguous() if delta is not None else x
+    _add_rms_norm_kernel[(n,)](x, d, weight, res, out, hidden, eps, HAS_DELTA=delta is not None,
+                               BLOCK=triton.next_power_of_2(hidden))
+    return res, out
+
+
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """The Triton form of `silu_mul_torch`."""
+    gate_up = gate_up.contiguous()
+    n, two_i = gate_up.shape
+    inter = two_i // 2
+    out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(n, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
+    return out
+
+
+# -- dispatch ----------------------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kernels: bool = True) -> torch.Tensor:
+    """RMSNorm of rows of x [N, H] (Triton on CUDA when `kernels`)."""
+    if use_triton(x, kernels) and x.dim() == 2:
+        return add_rms_norm_triton(x, None, weight, eps)[1]
+    return rms_norm_torch(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                 kernels: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)) of rows [N, H] (one Triton kernel on CUDA when `kernels`)."""
+    if use_triton(x, kernels) and x.dim() == 2:
+        return add_rms_norm_triton(x, delta, weight, eps)
+    return add_rms_norm_torch(x, delta, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor, kernels: bool = True) -> torch.Tensor:
+    """SiLU(gate) · up of a fused [N, 2I] projection (one Triton kernel on CUDA when `kernels`)."""
+    if use_triton(gate_up, kernels) and gate_up.dim() == 2:
+        return silu_mul_triton(gate_up)
+    return silu_mul_torch(gate_up)

@@ -1,0 +1,296 @@
+"""Continuous batching for the fused engine: requests join a running batch as rows and blocks free up, finished
+ones leave; single-turn GRPO rollouts and multi-turn agent loops run through the same loop.
+
+    submit(request, params) → handle          queued; nothing runs yet
+    step() → [(handle, Completion), ...]      one turn of the loop below; returns what finished
+
+One `step`::
+
+    1. leave   rows whose sequence finished, or reached max_new_tokens, leave the batch (`DecodeRunner.compact`)
+    2. join    waiting requests, in order, while rows and KV blocks last: a run of adjacent requests with the same
+               prompt shares one prefill and the prompt's full blocks; each gets its own copy of the last,
+               partly filled block; its first token is sampled from the prefill's logits
+    3. launch  one decode step of every row (a CUDA graph on GPU), its tokens copied to the host asynchronously
+    4. read    the outputs queued before that launch: append tokens, detect stops and lengths, free finished
+               sequences' blocks
+
+Reading one step behind the launch keeps the device busy while the host does its bookkeeping; the price is that a
+row that sampled a stop token runs one more (discarded) step before it leaves. Blocks are reserved at admission for
+the whole sequence (prompt + max_new_tokens), so a running sequence never waits for memory and nothing is preempted.
+All rows of a batch sample the same way (temperature, top-k/top-p, seeded or not); a request that samples
+differently waits until the running batch drains. Each row draws from its own counter stream keyed by
+(seed, prompt_index, sample_index) at its own step, so a request's tokens do not depend on what it is batched with.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.fused.blocks import BlockAllocator, BlockKey, block_keys
+from hybridrl.engines.fused.kv_cache import blocks_for
+from hybridrl.engines.fused.runner import DecodeRunner, HostCopy, SamplerMode, to_device
+from hybridrl.engines.sampling import stream_key
+from hybridrl.errors import HybridRLError
+
+
+@dataclass(eq=False)
+class Sequence_:
+    """One request while the scheduler holds it."""
+
+    handle: int
+    request: GenerationRequest
+    mode: SamplerMode
+    key: int | None
+    stops: frozenset[int]
+    max_new: int
+    blocks: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    launched: int = 0  # tokens sampled or on their way (the host's count, ahead of `tokens`)
+    finish: str | None = None
+    keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
+    cohort_len: int = 0  # the longest prompt admitted with it
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    def total_blocks(self, block_size: int) -> int:
+        """Blocks the sequence can ever write: positions 0 .. prompt + max_new - 2 (the last token is never fed)."""
+        return blocks_for(self.prompt_len + self.max_new - 1, block_size)
+
+
+@dataclass(eq=False)
+class PromptGroup:
+    """Adjacent requests with one prompt, admitted together: one prefill, shared full blocks."""
+
+    prompt: list[int]
+    shared: list[int]
+    seqs: list[Sequence_]
+    cached: int = 0
+    """Leading prompt tokens whose K/V were found in the prefix table (not prefilled again)."""
+
+
+class Backend(Protocol):
+    """What the scheduler needs of its engine (`FusedEngine` implements it)."""
+
+    runner: DecodeRunner
+    block_size: int
+    generator: torch.Generator
+
+    def kv_allocator(self, need: int, per_seq: int) -> BlockAllocator:
+        """The KV cache's allocator. When no block is held, the cache is first made or grown so that `need` blocks
+        are free (by demand: room for max_batch_size sequences of `per_seq` blocks), or a clear error raised where
+        its size is fixed and too small."""
+
+    def reserve_width(self, blocks: int) -> None:
+        """Block tables (and RoPE tables) at least `blocks` wide."""
+
+    def prefill(self, groups: list[PromptGroup], mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run each group's prompt once into its first sequence's blocks, copy the partial last block to the others,
+        and sample every sequence's first token: (tokens, log-probs) on the device, in group order."""
+
+
+class Scheduler:
+    """The queue, the running batch and the host side of every sequence of one fused engine."""
+
+    def __init__(self, backend: Backend, max_rows: int, eos_token_ids: Sequence[int], max_model_len: int = 0,
+                 sampler_kernel: bool = True, prefix_cache: bool = True) -> None:
+        self.backend, self.max_rows, self.max_model_len = backend, max_rows, max_model_len
+        self.prefix_cache = prefix_cache
+        self.eos = frozenset(eos_token_ids)
+        self.sampler_kernel = sampler_kernel
+        self.waiting: deque[Sequence_] = deque()
+        self.rows: list[Sequence_] = []  # row i of the device state holds rows[i]
+        self.pending: list[tuple[list[Sequence_], HostCopy]] = []  # outputs queued, not yet read
+        self.mode: SamplerMode | None = None
+        self._next_handle = 0
+        self._alloc: BlockAllocator | None = None  # the allocator every held block came from
+        self.prefilled_tokens = 0  # prompt tokens run through prefill (tests check prompts run once per group)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any submitted request has not been returned by `step` yet."""
+        return bool(self.waiting or self.rows or self.pending)
+
+    def submit(self, request: GenerationRequest, params: SamplingParams) -> int:
+        """Queue one request (params.n is ignored); returns the handle its completion comes back under."""
+        return self.submit_all([request], params)[0]
+
+    def submit_all(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[int]:
+        """Queue requests in order, all or none (each is checked first); returns their handles."""
+        seqs = [self._sequence(r, params) for r in requests]
+        for i, seq in enumerate(seqs):
+            seq.handle = self._next_handle + i
+        self._next_handle += len(seqs)
+        self.waiting.extend(seqs)
+        return [s.handle for s in seqs]
+
+    def _sequence(self, request: GenerationRequest, params: SamplingParams) -> Sequence_:
+        if not request.prompt_ids:
+            raise HybridRLError(f"native engine: request (prompt {request.prompt_index}, sample "
+                                f"{request.sample_index}) has an empty prompt")
+        need = len(request.prompt_ids) + params.max_new_tokens
+        if self.max_model_len and need > self.max_model_len:
+            raise HybridRLError(f"native engine: a prompt of {len(request.prompt_ids)} tokens + max_new_tokens="
+                                f"{params.max_new_tokens} needs {need} tokens, more than engine.native.max_model_len="
+                                f"{self.max_model_len}")
+        seeded = params.seed is not None
+        mode = SamplerMode(float(params.temperature), int(params.top_k), float(params.top_p), seeded,
+                           self.sampler_kernel)
+        key = stream_key(params.seed, request.prompt_index, request.sample_index) if seeded else None
+        return Sequence_(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), params.max_new_tokens)
+
+    def abort(self) -> None:
+        """Forget every request (an error, or the engine going to sleep); their handles never complete."""
+        held = {id(s): s for s in self.rows} | {id(s): s for seqs, _ in self.pending for s in seqs}
+        for s in held.values():
+            if s.blocks:
+                self._alloc.release(s.blocks)
+                s.blocks = []
+        if self.rows and self.backend.runner.table is not None:
+            self.backend.runner.compact([], len(self.rows))
+        self.waiting.clear()
+        self.rows.clear()
+        self.pending.clear()
+        self.mode = None
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def step(self) -> list[tuple[int, Completion]]:
+        """Advance every running sequence by one token and admit waiting ones; returns those that finished."""
+        run = self.backend.runner
+        keep = [i for i, s in enumerate(self.rows) if s.finish is None and s.launched < s.max_new]
+        if len(keep) < len(self.rows):
+            run.compact(keep, len(self.rows))
+            self.rows = [self.rows[i] for i in keep]
+        self._admit()
+        launched = []
+        if self.rows:
+            # The torch attention path's width: positions up to the cohort's longest prompt plus the steps taken
+            # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit).
+            attend = run.width * self.backend.block_size if run.on_gpu else max(
+                s.cohort_len + s.launched for s in self.rows)
+            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend)
+            launched = [(list(self.rows), copy)]
+            for s in self.rows:
+                s.launched += 1
+        if run.on_gpu:  # read one step behind: the device runs the next step meanwhile
+            ready, self.pending = self.pending, launched
+        else:  # nothing runs ahead on CPU: read at once, so finished rows never run a wasted step
+            ready, self.pending = self.pending + launched, []
+        done: list[tuple[int, Completion]] = []
+        for seqs, copy in ready:
+            self._read(seqs, copy, done)
+        if not self.rows and not self.waiting and not self.pending:
+            self.mode = None
+        return done
+
+    def _admit(self) -> None:
+        if not self.waiting or len(self.rows) >= self.max_rows:
+            return
+        mode = self.waiting[0].mode
+        if self.rows and mode != self.mode:
+            return  # samples differently: waits until the running batch drains
+        groups: list[PromptGroup] = []
+        taken: list[Sequence_] = []
+        alloc: BlockAllocator | None = None
+        while self.waiting and len(self.rows) + len(taken) < self.max_rows:
+            seq = self.waiting[0]
+            if seq.mode != mode:
+                break
+            total = seq.total_blocks(self.backend.block_size)
+            if alloc is None:  # the pool is made, or grown by demand, only while no block is held
+                alloc = self._alloc = self.backend.kv_allocator(0, total)
+            if not self._give_blocks(seq, groups, alloc):
+                if taken or alloc.held:
+                    break  # running sequences free blocks as they finish
+                alloc = self._alloc = self.backend.kv_allocator(self._need(seq), total)
+                if not self._give_blocks(seq, groups, alloc):
+                    break
+            self.backend.reserve_width(total)
+            taken.append(self.waiting.popleft())
+        if not taken:
+            return
+        self.mode = mode
+        longest = max(s.prompt_len for s in taken)
+        for s in taken:
+            s.cohort_len = longest
+        tok, lp = self.backend.prefill(groups, mode)
+        self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
+        if self.prefix_cache:  # the prompt's full blocks are final once the prefill is queued
+            for g in groups:
+                alloc.register(g.seqs[0].keys, g.shared)
+        self.pending.append((taken, HostCopy([tok, lp])))
+        for s in taken:
+            s.launched = 1
+        going = [i for i, s in enumerate(taken) if s.max_new > 1]
+        if going:
+            idx = to_device(going, torch.long, tok.device) if len(going) < len(taken) else None
+            self.backend.runner.place(len(self.rows), tok if idx is None else tok[idx],
+                                      [taken[i].prompt_len for i in going],
+                                      [taken[i].key for i in going] if mode.seeded else None,
+                                      [taken[i].blocks for i in going])
+            self.rows += [taken[i] for i in going]
+
+    def _need(self, seq: Sequence_) -> int:
+        """Blocks `seq` takes when nothing is shared with it."""
+        return seq.total_blocks(self.backend.block_size)
+
+    def _give_blocks(self, seq: Sequence_, groups: list[PromptGroup], alloc: BlockAllocator) -> bool:
+        """Assign `seq` its block table: the prompt's full blocks shared with the group it joins (the previous
+        request had the same prompt) or found in the prefix table, the rest its own. False if they are not free."""
+        bs = self.backend.block_size
+        full, own = seq.prompt_len // bs, seq.total_blocks(bs) - seq.prompt_len // bs
+        if groups and groups[-1].prompt == seq.request.prompt_ids:
+            group = groups[-1]
+            if own > alloc.free:
+                return False
+            alloc.share(group.shared)
+            seq.keys, seq.blocks = group.seqs[0].keys, group.shared + alloc.allocate(own)
+            group.seqs.append(seq)
+            return True
+        keys = block_keys(seq.request.prompt_ids, bs, full) if self.prefix_cache else []
+        # At least the last prompt token is run again: its logits give the first sample.
+        found = alloc.match(keys[: (seq.prompt_len - 1) // bs])
+        if full - len(found) + own > alloc.free:
+            alloc.release(found)
+            return False
+        shared = found + alloc.allocate(full - len(found))
+        seq.keys, seq.blocks = keys, shared + alloc.allocate(own)
+        groups.append(PromptGroup(seq.request.prompt_ids, shared, [seq], len(found) * bs))
+        return True
+
+    def _finish(self, s: Sequence_) -> None:
+        """Enter the sequence's full blocks of final K/V in the prefix table, then drop its references."""
+        if self.prefix_cache:
+            bs = self.backend.block_size
+            written = s.prompt_len + len(s.tokens) - 1  # K/V exist for every token but the last
+            full = written // bs
+            if full > len(s.keys):
+                s.keys = s.keys + block_keys(s.request.prompt_ids + s.tokens, bs, full, start=len(s.keys),
+                                             parent=s.keys[-1] if s.keys else None)
+            self._alloc.register(s.keys[:full], s.blocks[:full])
+        self._alloc.release(s.blocks)
+        s.blocks = []
+
+    def _read(self, seqs: list[Sequence_], copy: HostCopy, done: list[tuple[int, Completion]]) -> None:
+        toks, lps = copy.result()
+        for s, t, lp in zip(seqs, toks, lps):
+            if s.finish is not None:
+                continue  # the step a finished row ran before it could leave: discarded
+            s.tokens.append(t)
+            s.logprobs.append(lp)
+            if t in s.stops:
+                s.finish = "stop"
+            elif len(s.tokens) == s.max_new:
+                s.finish = "length"
+            else:
+                continue
+            self._finish(s)
+            done.append((s.handle, Completion(s.request.prompt_index, s.tokens, s.logprobs, s.finish)))

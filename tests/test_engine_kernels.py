@@ -1,0 +1,188 @@
+"""The fused engine's decode kernels: the torch paths against independent references (transformers' own modules, a
+per-sequence softmax over a contiguous cache), and the Triton kernels against the torch paths.
+
+The Triton tests run on CUDA (`HYBRIDRL_TEST_DEVICE=cuda`, skipped without it) or, to check their logic on CPU,
+under Triton's interpreter: `TRITON_INTERPRET=1 python -m pytest tests/test_engine_kernels.py` with triton installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_pos_emb
+
+import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
+from hybridrl.engines.kernels import HAS_TRITON, attention, norms, rope_cache
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available() and os.environ.get("HYBRIDRL_TEST_DEVICE", "cuda" if not INTERPRET else "") == "cuda"
+TRITON_DEVICE = "cuda" if CUDA else ("cpu" if INTERPRET else None)
+needs_triton = pytest.mark.skipif(not HAS_TRITON or TRITON_DEVICE is None,
+                                  reason="Triton kernels need CUDA, or TRITON_INTERPRET=1 with triton installed")
+# float32 under the interpreter or on CUDA; bfloat16 only on CUDA (the interpreter's bf16 is numpy emulation).
+DTYPES = [torch.float32] + ([torch.bfloat16] if CUDA else [])
+
+
+def _tol(dtype: torch.dtype) -> float:
+    return 1e-5 if dtype == torch.float32 else 2e-2
+
+
+def paged_cache(seqs: list[torch.Tensor], block_size: int, num_blocks: int, gen: torch.Generator):
+    """Scatter per-sequence K (or V) [L_b, kv_heads, d] into a shuffled paged cache; returns (cache, block table)."""
+    hkv, d = seqs[0].shape[1:]
+    cache = torch.randn(num_blocks, hkv, block_size, d, generator=gen)  # garbage where nothing is stored
+    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()  # block 0 stays scratch
+    width = max(-(-len(s) // block_size) for s in seqs)
+    table = torch.zeros(len(seqs), width, dtype=torch.int32)
+    for b, s in enumerate(seqs):
+        for j in range(-(-len(s) // block_size)):
+            blk = free.pop()
+            table[b, j] = blk
+            chunk = s[j * block_size : (j + 1) * block_size]
+            cache[blk, :, : len(chunk)] = chunk.transpose(0, 1)
+    return cache, table
+
+
+def naive_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
+    """softmax(q·kᵀ·scale)·v per sequence and query head over contiguous K/V, in float64 (kv head = head // g)."""
+    out = []
+    hq, hkv = q.shape[1], ks[0].shape[1]
+    for b in range(q.shape[0]):
+        rows = []
+        for h in range(hq):
+            k, v = ks[b][:, h // (hq // hkv)].double(), vs[b][:, h // (hq // hkv)].double()
+            w = torch.softmax(k @ q[b, h].double() * scale, dim=0)
+            rows.append(w @ v)
+        out.append(torch.stack(rows))
+    return torch.stack(out)
+
+
+def attention_case(lens, hq=14, hkv=2, d=64, block_size=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ks = [torch.randn(n, hkv, d, generator=gen) for n in lens]
+    vs = [torch.randn(n, hkv, d, generator=gen) for n in lens]
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    kc, table = paged_cache(ks, block_size, num_blocks, torch.Generator().manual_seed(seed + 1))
+    vc, table_v = paged_cache(vs, block_size, num_blocks, torch.Generator().manual_seed(seed + 1))
+    assert torch.equal(table, table_v)
+    q = torch.randn(len(lens), hq, d, generator=gen)
+    return q, ks, vs, kc, vc, table, torch.tensor(lens)
+
+
+@pytest.mark.parametrize("hq,hkv,d,block_size", [(14, 2, 64, 16), (4, 4, 16, 4), (8, 1, 32, 32)])
+def test_torch_decode_attention_matches_a_per_sequence_softmax(hq, hkv, d, block_size):
+    lens = [1, 17, 40, 5]
+    q, ks, vs, kc, vc, table, seq_lens = attention_case(lens, hq, hkv, d, block_size)
+    got = attention.decode_attention_torch(q, kc, vc, table, seq_lens, max(lens), d**-0.5)  # the least width
+    want = naive_attention(q, ks, vs, d**-0.5)
+    assert (got.double() - want).abs().max().item() < 1e-5
+
+
+def test_rms_norms_match_transformers():
+    gen = torch.Generator().manual_seed(0)
+    x, delta = torch.randn(5, 48, generator=gen), torch.randn(5, 48, generator=gen)
+    ref = Qwen2RMSNorm(48, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.copy_(1 + 0.3 * torch.randn(48, generator=gen))
+        for dtype in (torch.float32, torch.bfloat16):
+            r = ref.to(dtype)
+            xs, ds = x.to(dtype), delta.to(dtype)
+            assert torch.equal(norms.rms_norm_torch(xs, r.weight, 1e-6), r(xs))
+            s, h = norms.add_rms_norm_torch(xs, ds, r.weight, 1e-6)
+            assert torch.equal(s, xs + ds) and torch.equal(h, r(xs + ds))
+
+
+def test_split_qkv_matches_transformers_rope_and_qk_norm():
+    from hybridrl.engines.fused.rope import rope_tables
+    from tests.tiny_models import tiny_config
+
+    config = tiny_config("qwen3")
+    hq, hkv, d, n = 4, 2, 16, 6
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen)
+    pos = torch.tensor([0, 3, 7, 1, 30, 2])
+    cos, sin = rope_tables(config, 32, torch.float32, torch.device("cpu"))
+    sin_signed = torch.cat((-sin[:, : d // 2], sin[:, d // 2 :]), dim=-1)
+    qn, kn = Qwen2RMSNorm(d, eps=1e-6), Qwen2RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        qn.weight.copy_(1 + 0.3 * torch.randn(d, generator=gen))
+        kn.weight.copy_(1 + 0.3 * torch.randn(d, generator=gen))
+        q, k, v = rope_cache.split_qkv_torch(qkv, hq, hkv, cos[pos][:, None], sin_signed[pos][:, None],
+                                             qn.weight, kn.weight, 1e-6)
+        x = qkv.view(n, hq + 2 * hkv, d)
+        # transformers: [batch, heads, seq, d] with cos/sin [batch, seq, d]; one sequence of n tokens here.
+        q_ref, k_ref = apply_rotary_pos_emb(qn(x[:, :hq]).transpose(0, 1)[None], kn(x[:, hq : hq + hkv]).transpose(0, 1)[None],
+                                            cos[pos][None], sin[pos][None])
+    assert (q - q_ref[0].transpose(0, 1)).abs().max() < 1e-6
+    assert (k - k_ref[0].transpose(0, 1)).abs().max() < 1e-6
+    assert torch.equal(v, x[:, hq + hkv :])
+
+
+def test_write_kv_places_each_token_at_its_slot():
+    kc, vc = torch.zeros(4, 2, 8, 3), torch.zeros(4, 2, 8, 3)
+    k, v = torch.randn(3, 2, 3), torch.randn(3, 2, 3)
+    slots = torch.tensor([8 * 2 + 5, 8 * 1 + 0, 8 * 3 + 7])
+    rope_cache.write_kv_torch(kc, vc, slots, k, v)
+    assert torch.equal(kc[2, :, 5], k[0]) and torch.equal(kc[1, :, 0], k[1]) and torch.equal(vc[3, :, 7], v[2])
+    assert int((kc != 0).any(-1).sum()) == 6  # 3 tokens × 2 heads, nothing else touched
+
+
+# -- Triton against torch ------------------------------------------------------------------------------------------
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d,block_size,splits", [(14, 2, 64, 16, 1), (14, 2, 64, 16, 5), (4, 4, 16, 4, 3),
+                                                        (8, 1, 128, 32, 2), (16, 2, 64, 64, 7)])
+def test_triton_decode_attention_matches_torch(dtype, hq, hkv, d, block_size, splits):
+    lens = [1, 17, 40, 5, 130]
+    q, _, _, kc, vc, table, seq_lens = attention_case(lens, hq, hkv, d, block_size, seed=3)
+    dev = TRITON_DEVICE
+    q, kc, vc, table, seq_lens = (t.to(dev) for t in (q.to(dtype), kc.to(dtype), vc.to(dtype), table, seq_lens))
+    want = attention.decode_attention_torch(q, kc, vc, table, seq_lens, table.shape[1] * block_size, d**-0.5)
+    got = attention.decode_attention_triton(q, kc, vc, table, seq_lens, d**-0.5, splits)
+    assert got.dtype == dtype
+    assert (got.float() - want.float()).abs().max().item() < _tol(dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_norms_match_torch(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x, delta = torch.randn(7, 96, generator=gen), torch.randn(7, 96, generator=gen)
+    w = 1 + 0.3 * torch.randn(96, generator=gen)
+    x, delta, w = (t.to(dtype).to(TRITON_DEVICE) for t in (x, delta, w))
+    s_ref, h_ref = norms.add_rms_norm_torch(x, delta, w, 1e-6)
+    s, h = norms.add_rms_norm_triton(x, delta, w, 1e-6)
+    assert torch.equal(s, s_ref)
+    assert (h.float() - h_ref.float()).abs().max().item() <= _tol(dtype) * 2
+    _, plain = norms.add_rms_norm_triton(x, None, w, 1e-6)
+    assert (plain.float() - norms.rms_norm_torch(x, w, 1e-6).float()).abs().max().item() <= _tol(dtype) * 2
+    gu = torch.randn(5, 2 * 80, generator=gen).to(dtype).to(TRITON_DEVICE)
+    assert (norms.silu_mul_triton(gu).float() - norms.silu_mul_torch(gu).float()).abs().max().item() <= _tol(dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_triton_rope_write_matches_torch(dtype, qk_norm):
+    from hybridrl.engines.fused.rope import rope_tables
+    from tests.tiny_models import tiny_config
+
+    hq, hkv, d, n, bs = 4, 2, 16, 5, 4
+    gen = torch.Generator().manual_seed(0)
+    dev = TRITON_DEVICE
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen).to(dtype).to(dev)
+    cos, sin = rope_tables(tiny_config("qwen3"), 64, dtype, torch.device(dev))
+    sin = torch.cat((-sin[:, : d // 2], sin[:, d // 2 :]), dim=-1)
+    pos = torch.tensor([0, 9, 33, 4, 63], device=dev)
+    slots = torch.tensor([5, 0, 13, 14, 31], device=dev)
+    qn = (1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(dev) if qk_norm else None
+    kn = (1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(dev) if qk_norm else None
+    caches = [torch.zeros(8, hkv, bs, d, dtype=dtype, device=dev) for _ in range(4)]
+    q_ref = rope_cache.rope_write_torch(qkv, hq, hkv, cos, sin, pos, slots, caches[0], caches[1], qn, kn, 1e-6)
+    q = rope_cache.rope_write_triton(qkv, hq, hkv, cos, sin, pos, slots, caches[2], caches[3], qn, kn, 1e-6)
+    tol = 1e-6 if dtype == torch.float32 else 2e-2  # the same roundings in the same order (rsqrt may differ by an ulp)
+    assert (q.float() - q_ref.float()).abs().max().item() <= tol
+    assert (caches[2].float() - caches[0].float()).abs().max().item() <= tol
+    assert torch.equal(caches[3], caches[1])

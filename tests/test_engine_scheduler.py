@@ -1,0 +1,242 @@
+"""The native engines' request form, the paged KV cache's sharing, and continuous batching (the scheduler and the
+asyncio adapter): a request's tokens must not depend on when it started or what it shared a batch with.
+
+Runs on CPU in float32 (HYBRIDRL_TEST_DEVICE=cuda runs the same on a GPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from hybridrl.engines.async_engine import AsyncEngine
+from hybridrl.engines.base import GenerationRequest, SamplingParams
+from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.fused.engine import FusedEngine
+from hybridrl.engines.native import HFEngine
+from hybridrl.errors import HybridRLError
+from hybridrl.reshard import ReshardConfig, Resharder
+import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
+from tests.tiny_models import PROMPTS, reference_logprobs, tiny_model
+
+DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
+TOL = 1e-5 if DEVICE.type == "cpu" else 5e-5
+EOS, PAD = 0, 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("qwen3").to(DEVICE)  # GQA, q/k norm, head_dim 16
+
+
+def fused(model, **options) -> FusedEngine:
+    engine = FusedEngine(model.config, [EOS], PAD, device=DEVICE, dtype=torch.float32,
+                         options=NativeOptions(**{"max_batch_size": 8, **options}), seed=0)
+    Resharder(ReshardConfig(), engine, model.config).sync(model)
+    return engine
+
+
+def same(got, want) -> None:
+    """Identical tokens and finish reasons; log-probs within TOL."""
+    assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in want]
+    for o, w in zip(got, want):
+        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+
+
+PARAMS = SamplingParams(max_new_tokens=10, seed=11, stop_token_ids=[3, 7])
+
+
+def requests(n_prompts: int = 3, samples: int = 2, offset: int = 0) -> list[GenerationRequest]:
+    return [GenerationRequest(PROMPTS[i], offset + i, j) for i in range(n_prompts) for j in range(samples)]
+
+
+@pytest.mark.parametrize("kind", ["fused", "hf"])
+def test_generate_is_generate_requests(model, kind):
+    engine = fused(model) if kind == "fused" else HFEngine(model, [EOS], PAD, max_batch_size=8)
+    params = SamplingParams(n=2, max_new_tokens=8, seed=4, prompt_offset=5)
+    outs = engine.generate(PROMPTS, params)
+    reqs = engine.generate_requests(requests(samples=2, offset=5), params)
+    same(outs, reqs)
+    assert [o.prompt_index for o in outs] == [0, 0, 1, 1, 2, 2]  # local to the call
+    assert [o.prompt_index for o in reqs] == [5, 5, 6, 6, 7, 7]  # the requests' own
+
+
+@pytest.mark.parametrize("kind", ["fused", "hf"])
+def test_a_request_draws_the_same_alone_or_batched(model, kind):
+    engine = fused(model) if kind == "fused" else HFEngine(model, [EOS], PAD, max_batch_size=8)
+    reqs = requests()
+    together = engine.generate_requests(reqs, PARAMS)
+    reordered = engine.generate_requests(reqs[::-1], PARAMS)[::-1]
+    alone = [engine.generate_requests([r], PARAMS)[0] for r in reqs]
+    same(reordered, together)
+    same(alone, together)
+    for r, o in zip(reqs, together):
+        want = reference_logprobs(model, r.prompt_ids, o.token_ids)
+        assert (torch.tensor(o.logprobs) - want).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_shared_prompt_blocks_give_each_sample_the_right_context(model, block_size):
+    """Prompts of 2, 5, 8 and 9 tokens (with 4-token blocks: no full block, one, two exactly, two plus a tail)."""
+    prompts = [[21, 2], [5, 17, 3, 9, 11], [4, 8, 15, 16, 23, 42, 5, 6], PROMPTS[2]]
+    engine = fused(model, kv_block_size=block_size, max_batch_size=12)  # all 12 samples in one batch
+    outs = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=7, seed=2))
+    for o in outs:
+        want = reference_logprobs(model, prompts[o.prompt_index], o.token_ids)
+        assert (torch.tensor(o.logprobs) - want).abs().max().item() < TOL
+    assert engine.scheduler.prefilled_tokens == sum(len(p) for p in prompts)  # once per prompt, not per sample
+    assert engine.cache.allocator.held == 0  # every block came back
+
+
+def test_block_accounting_of_a_group(model):
+    """9-token prompt, 4-token blocks, 3 samples of ≤ 4 new tokens: positions 0..11 are ever written (the last
+    token is never fed back), so each sample spans 3 blocks: 2 shared full prompt blocks + 1 of its own."""
+    engine = fused(model, kv_block_size=4)
+    for j in range(3):
+        engine.submit(GenerationRequest(PROMPTS[2], 0, j), SamplingParams(max_new_tokens=4, seed=0))
+    engine.step()
+    assert engine.cache.allocator.held == 2 + 3 * 1
+    tables = [s.blocks for s in engine.scheduler.rows]
+    assert len({tuple(t[:2]) for t in tables}) == 1 and len({t[2] for t in tables}) == 3
+    while engine.has_work:
+        engine.step()
+    assert engine.cache.allocator.held == 0
+
+
+def test_staggered_starts_equal_solo_generation(model):
+    """Sequences that join a running batch at different steps, wait for a free row or for KV blocks, and leave at
+    stops, each equal their solo generation under the same seed."""
+    reqs = [GenerationRequest(PROMPTS[i % 3] + [40 + i], i, i % 2) for i in range(7)]
+    params = SamplingParams(max_new_tokens=9, seed=3, stop_token_ids=[5, 9, 13])
+    solo = [fused(model).generate_requests([r], params)[0] for r in reqs]
+    same(solo, HFEngine(model, [EOS], PAD).generate_requests(reqs, params))  # an independent anchor
+    # 3 rows, and blocks for about 3 sequences of 4-token blocks: later requests wait for earlier ones to leave.
+    engine = fused(model, max_batch_size=3, kv_block_size=4, kv_blocks=1 + 3 * 5)
+    start_at = {0: [0, 1], 2: [2], 3: [3, 4], 6: [5], 9: [6]}  # step → requests submitted before it
+    got, handles, step = {}, {}, 0
+    while step <= max(start_at) or engine.has_work:
+        for i in start_at.get(step, []):
+            handles[engine.submit(reqs[i], params)] = i
+        for h, c in engine.step():
+            got[handles[h]] = c
+        step += 1
+    assert sorted(got) == list(range(7))
+    same([got[i] for i in range(7)], solo)
+    assert any(o.finish_reason == "stop" for o in solo) and any(o.finish_reason == "length" for o in solo)
+    assert engine.cache.allocator.held == 0
+
+
+def test_requests_that_sample_differently_wait_for_the_batch(model):
+    engine = fused(model)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    a, b = GenerationRequest(PROMPTS[0], 0), GenerationRequest(PROMPTS[1], 1)
+    ha = engine.submit(a, PARAMS)
+    engine.step()
+    hb = engine.submit(b, greedy)
+    got = {}
+    while engine.has_work:
+        got.update(engine.step())
+    same([got[ha], got[hb]], [fused(model).generate_requests([a], PARAMS)[0],
+                              fused(model).generate_requests([b], greedy)[0]])
+
+
+def test_cache_limits_fail_clearly(model):
+    with pytest.raises(HybridRLError, match="engine.native.kv_blocks"):
+        fused(model, kv_blocks=3, kv_block_size=4).generate(PROMPTS, SamplingParams(max_new_tokens=8))
+    engine = fused(model, max_model_len=12)
+    with pytest.raises(HybridRLError, match="engine.native.max_model_len"):
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=8))
+    assert not engine.has_work  # nothing half-queued stays behind
+    with pytest.raises(HybridRLError, match="empty prompt"):
+        engine.generate([[]], SamplingParams(max_new_tokens=2))
+
+
+def _conversations(engine_like, params, turns: int = 3, trajectories: int = 6):
+    """Multi-turn loops: generate, 'run a tool' (sleep a random-ish while), append tool tokens, generate again."""
+    async def trajectory(t: int, agent: AsyncEngine) -> list:
+        context, outs = list(PROMPTS[t % 3]), []
+        for turn in range(turns):
+            out = await agent.generate(GenerationRequest(list(context), t, turn), params)
+            outs.append((list(context), out))
+            await asyncio.sleep(0.001 * ((t * 7 + turn * 3) % 5))  # the tool
+            context += out.token_ids + [50 + turn, 60 + t]
+        return outs
+
+    async def main():
+        agent = AsyncEngine(engine_like)
+        return await asyncio.gather(*(trajectory(t, agent) for t in range(trajectories)))
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["fused", "hf"])
+def test_async_engine_serves_concurrent_trajectories(model, kind):
+    """Every turn of every trajectory equals the same request generated alone (continuous batching for the fused
+    engine, per-arrival batches for the HF one)."""
+    params = SamplingParams(max_new_tokens=6, seed=8, stop_token_ids=[4, 12])
+    engine = fused(model, max_batch_size=4) if kind == "fused" else HFEngine(model, [EOS], PAD, max_batch_size=4)
+    results = _conversations(engine, params)
+    solo = fused(model)
+    for t, turns in enumerate(results):
+        for turn, (context, out) in enumerate(turns):
+            same([out], solo.generate_requests([GenerationRequest(context, t, turn)], params))
+    if kind == "fused":
+        assert not engine.has_work and engine.cache.allocator.held == 0
+
+
+def test_async_engine_reports_engine_errors_to_every_waiter(model):
+    engine = fused(model, max_model_len=10)
+    params = SamplingParams(max_new_tokens=8, seed=0)
+
+    async def main():
+        agent = AsyncEngine(engine)
+        return await asyncio.gather(agent.generate(GenerationRequest(PROMPTS[1], 0), params),
+                                    agent.generate(GenerationRequest(PROMPTS[2], 1), params),
+                                    return_exceptions=True)
+
+    ok, failed = asyncio.run(main())
+    assert len(ok.token_ids) >= 1 and isinstance(failed, HybridRLError)  # 9 + 8 > 10: refused at submit
+
+
+def test_the_next_turn_prefills_only_what_is_new(model):
+    """Turn 2 continues turn 1's context: the full blocks turn 1 wrote (prompt and generated tokens) come from the
+    prefix table, only the rest is prefilled, and the log-probs still match a full forward."""
+    engine = fused(model, kv_block_size=4)
+    params = SamplingParams(max_new_tokens=8, seed=1)  # stop ids none but EOS
+    first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
+    context = PROMPTS[2] + first.token_ids + [50, 51]
+    before = engine.scheduler.prefilled_tokens
+    second = engine.generate_requests([GenerationRequest(context, 0, 1)], params)[0]
+    # K/V exist for 9 + n - 1 positions (the last sampled token is never fed); their full blocks are reused.
+    reused = (9 + len(first.token_ids) - 1) // 4 * 4
+    assert engine.scheduler.prefilled_tokens - before == len(context) - reused
+    want = reference_logprobs(model, context, second.token_ids)
+    assert (torch.tensor(second.logprobs) - want).abs().max().item() < TOL
+    same([second], fused(model, kv_block_size=4, prefix_cache=False).generate_requests(
+        [GenerationRequest(context, 0, 1)], params))
+    # New weights make every cached block stale: the whole context is prefilled again.
+    Resharder(ReshardConfig(), engine, model.config).sync(model)
+    before = engine.scheduler.prefilled_tokens
+    engine.generate_requests([GenerationRequest(context, 0, 1)], params)
+    assert engine.scheduler.prefilled_tokens - before == len(context)
+
+
+def test_a_full_cache_evicts_prefixes_and_keeps_serving(model):
+    engine = fused(model, kv_block_size=4, kv_blocks=1 + 12, max_batch_size=2)
+    params = SamplingParams(max_new_tokens=6, seed=5)
+    reqs = [GenerationRequest([30 + i] + PROMPTS[2], i) for i in range(6)]  # 10 tokens: 2 full blocks each
+    got = engine.generate_requests(reqs, params)
+    same(got, fused(model, prefix_cache=False).generate_requests(reqs, params))
+    alloc = engine.cache.allocator
+    assert alloc.held == 0 and 0 < alloc.cached <= 12 and alloc.free == 12
