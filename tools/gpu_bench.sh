@@ -3,7 +3,9 @@
 #
 #   OUT=/tmp/out bash tools/gpu_bench.sh kernel engine trainer      # groups below, in any order
 #
-#   kernel    CUDA tests of the fused sampler, the fused log-prob kernel and the fused engine              → kernel_tests.log
+#   kernel    CUDA tests of the engine's Triton kernels, the sampler, the log-prob kernel, the engine, its scheduler
+#   engine_grpo  bench_engine 1.5B GRPO-shaped: 32 prompts × 8 samples × 512 new (one prefill per group)
+#   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn
 #   engine    bench_engine 0.5B, batch 64 × 256 new, vs HF generate and vs the torch sampler, with a profile
 #   engine_more  bench_engine without CUDA graphs, and at batch 256 (0.5B × 256 new, 1.5B × 1024 new)
 #   trainer   bench_trainer 1.5B, batch 8 × 1024: our update's variants vs plain FSDP2, with profiles
@@ -41,8 +43,14 @@ step() {  # step NAME TIMEOUT_S CMD...
 for group in "$@"; do
   case $group in
     kernel)
-      step kernel_tests 150 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
-        tests/test_sampling_kernel.py tests/test_logprob_kernel.py tests/test_fused_engine.py ;;
+      step kernel_tests 240 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/test_engine_kernels.py \
+        tests/test_sampling_kernel.py tests/test_logprob_kernel.py tests/test_fused_engine.py tests/test_engine_scheduler.py ;;
+    engine_grpo)
+      step engine_1.5b_grpo 200 $PY tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \
+        --out "$OUT/bench_engine_1.5b_grpo_p32x8_n512.json" ;;
+    multiturn)
+      step engine_0.5b_multiturn 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 256 --turns 4 \
+        --tool-ms 50 --new-tokens 256 --out "$OUT/bench_engine_0.5b_multiturn_256x4.json" ;;
     engine)
       step engine_0.5b_b64 200 $PY tools/bench_engine.py --device cuda --shape 0.5b --batch 64 --prompt-len 128 \
         --new-tokens 256 --torch-sampler --profile "$OUT/profile_engine_0.5b.txt" --out "$OUT/bench_engine_0.5b_b64_n256.json" ;;
@@ -74,8 +82,10 @@ for group in "$@"; do
     reshard_2gpu)
       step reshard_7b_w2_tp2 240 $PY tools/bench_reshard.py --shape 7b --device cuda --workers 2 --tp-size 2 --repeat 5 ;;
     step_7b_2gpu)
-      step step_7b_w2_tp2 540 $PY tools/bench_step.py --shape 7b --model-dir $MODELS/7b --workers 2 --tp 2 \
-        --prompts 16 --new-tokens 256 --micro 8 --steps 2 --warmup 1 --offload params,optimizer ;;
+      for off in ${STEP7B_OFFLOADS:-params,optimizer}; do
+        step "step_7b_w2_tp2_${off//,/-}" 540 $PY tools/bench_step.py --shape 7b --model-dir $MODELS/7b --workers 2 \
+          --tp 2 --prompts ${STEP7B_PROMPTS:-16} --new-tokens 256 --micro 8 --steps 2 --warmup 2 --offload $off
+      done ;;
     same_seed_2gpu)
       RUNS=$(realpath "$OUT")/runs
       A="$PY -m hybridrl trainer.steps=20 trainer.eval_every=0 logger.progress_bar=false"
