@@ -182,7 +182,9 @@ def test_triton_rope_write_matches_torch(dtype, qk_norm):
     caches = [torch.zeros(8, hkv, bs, d, dtype=dtype, device=dev) for _ in range(4)]
     q_ref = rope_cache.rope_write_torch(qkv, hq, hkv, cos, sin, pos, slots, caches[0], caches[1], qn, kn, 1e-6)
     q = rope_cache.rope_write_triton(qkv, hq, hkv, cos, sin, pos, slots, caches[2], caches[3], qn, kn, 1e-6)
-    tol = 1e-6 if dtype == torch.float32 else 2e-2  # the same roundings in the same order (rsqrt may differ by an ulp)
-    assert (q.float() - q_ref.float()).abs().max().item() <= tol
-    assert (caches[2].float() - caches[0].float()).abs().max().item() <= tol
+    # The same roundings in the same order, but rsqrt may differ by an ulp before the last rounding: in bf16 one ulp
+    # of the result (2^-7 relative; seen on the H200: 0.03125 at a value of 4.56).
+    rtol = 1e-6 if dtype == torch.float32 else 2**-7
+    assert ((q.float() - q_ref.float()).abs() <= rtol * q_ref.float().abs() + 1e-6).all()
+    assert ((caches[2].float() - caches[0].float()).abs() <= rtol * caches[0].float().abs() + 1e-6).all()
     assert torch.equal(caches[3], caches[1])
