@@ -55,6 +55,8 @@ def test_two_step_run_writes_everything(tmp_path):
         (["data.max_prompt_tokens=5"], "data.max_prompt_tokens=5"),
         (["+trainer.lrr=1e-3"], "trainer.lrr is not a config key (did you mean trainer.lr?)"),
         (["recipe=gsm8k_grop"], "recipe options: " + ", ".join(RECIPES)),
+        (["engine.impl=hf"], "engine.native.impl"),
+        (["+engine.max_batch_size=8"], "engine.native.max_batch_size"),
         (["trainer.lr=nan"], "trainer.lr=nan is not a number"),
     ],
 )

@@ -133,3 +133,33 @@ def test_two_workers_save_and_resume_through_the_verified_safe_loader(tmp_path):
     r = run_app([*two, "trainer.steps=2", "trainer.resume=auto"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "at step 1" in r.stdout + r.stderr and steps(run) == [1, 2]
+
+
+@pytest.mark.multiproc
+def test_a_stopped_worker_is_named_within_the_collective_timeout(tmp_path):
+    """Rank 1 stops itself (SIGSTOP) as the second update starts; rank 0 waits for it inside a collective. The error names
+    rank 1 and the phase, one line on the console, within cluster.collective_timeout_s plus a small grace, and the
+    healthy rank's timeout traceback is not printed as if it were the cause."""
+    from tests.test_cluster import FAULTS
+
+    timeout_s = 20
+    env = {"HYBRIDRL_TEST_FAULT": "1:update:2:stop",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")]))}
+    args = [*FAST, "trainer.steps=2", "cluster=local", "cluster.workers_per_node=2",
+            f"cluster.collective_timeout_s={timeout_s}", f"hydra.run.dir={tmp_path / 'run'}"]
+    r = run_app(args, tmp_path, env=env, timeout=240)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out[-3000:]
+    errors = [l for l in console_lines(r) if "ERROR" in l]
+    assert len(errors) == 1, out[-3000:]
+    assert "worker rank 1 stopped answering during 'update'" in errors[0], errors[0]
+    # Detected after the collective timeout, not after twice it: read the log's own clock.
+    log = (tmp_path / "run" / "hybridrl.log").read_text()
+    stamps = [line[1:24] for line in log.splitlines() if line.startswith("[")]
+    step1 = next(line[1:24] for line in log.splitlines() if "step 1 reward" in line)
+    from datetime import datetime
+
+    fmt = "%Y-%m-%d %H:%M:%S,%f"
+    waited = (datetime.strptime(stamps[-1], fmt) - datetime.strptime(step1, fmt)).total_seconds()
+    assert timeout_s <= waited + 2 and waited <= timeout_s + 15, (waited, log[-2000:])
+    assert "Traceback" not in "\n".join(console_lines(r)), out[-3000:]

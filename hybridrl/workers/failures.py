@@ -29,8 +29,9 @@ log = logging.getLogger("hybridrl")
 FAILURE_GRACE_S = 2.0  # after a first failure, how long to listen for the others (to name the cause)
 STARTUP_S = 300.0  # start-up (imports, model loading) may take this much longer than a phase
 
-# What a rank's error says when it timed out waiting for a peer inside a collective (gloo, NCCL, the store).
-_COLLECTIVE_TIMEOUT_MARKS = ("timed out", "timeout", "Timeout", "DistBackendError", "DistNetworkError")
+# What a rank's error says when it timed out waiting for a peer inside a collective (gloo, NCCL, the store);
+# compared in lower case.
+_COLLECTIVE_TIMEOUT_MARKS = ("timed out", "timeout", "distbackenderror", "distnetworkerror", "watchdog")
 
 
 def phase_deadline_s(collective_timeout_s: float) -> float:
@@ -58,7 +59,8 @@ class Failure:
     @property
     def waited_on_peer(self) -> bool:
         """An error that is a timeout inside a collective: a symptom of another rank, not a cause."""
-        return self.kind == "raised" and any(m in self.message for m in _COLLECTIVE_TIMEOUT_MARKS)
+        text = self.message.lower()
+        return self.kind == "raised" and any(m in text for m in _COLLECTIVE_TIMEOUT_MARKS)
 
 
 class Answers:
