@@ -67,7 +67,7 @@ from pathlib import Path
 
 import torch
 
-from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
+from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sampling import stream_key
 from hybridrl.topology import Topology
@@ -138,6 +138,8 @@ class VllmEngine(RolloutEngine):
         )
         from vllm import LLM
 
+        if self.on_cpu and tp_size > 1:
+            _remove_stale_cpu_shm()
         set_num_threads = torch.set_num_threads
         try:
             self._llm = LLM(**self.llm_kwargs)
@@ -151,16 +153,47 @@ class VllmEngine(RolloutEngine):
     # -- generation -------------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        from vllm import SamplingParams as VSP
+        self._check_awake()
+        if not prompts:
+            return []
+        if params.seed is None:
+            sp = self._vllm_params(params, params.n)
+        else:
+            # A request's n samples are seeded seed + j by vLLM; the request seed comes from the prompt's
+            # global index, so samples do not depend on how prompts were split over engine groups.
+            sp = [self._vllm_params(params, params.n, stream_key(params.seed, params.prompt_offset + i, 0))
+                  for i in range(len(prompts))]
+        outputs = self._llm.generate([self._input(p) for p in prompts], sp, use_tqdm=False)
+        return [c for i, out in enumerate(outputs) for c in self._completions(i, out, params.n)]
 
+    def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
+        """One completion per request, all in one `LLM.generate` call (vLLM batches them continuously inside it).
+        The agent loop's turns arrive here batched per turn (`agent.engine.TurnBatchingAdapter`): the in-process
+        `LLM` has no async interface. Each request is seeded from (seed, prompt_index, sample_index)."""
+        self._check_awake()
+        if not requests:
+            return []
+        sp = [self._vllm_params(params, 1, None if params.seed is None else
+                                stream_key(params.seed, r.prompt_index, r.sample_index)) for r in requests]
+        outputs = self._llm.generate([self._input(r.prompt_ids) for r in requests], sp, use_tqdm=False)
+        out = []
+        for r, o in zip(requests, outputs, strict=True):
+            (c,) = self._completions(r.prompt_index, o, 1)
+            out.append(c)
+        return out
+
+    def _check_awake(self) -> None:
         if self._sleeping:
             raise RuntimeError(f"generate while {sorted(self._sleeping)} sleep; call wake_up first")
         if self._weights_discarded:
             raise RuntimeError("sleep(level=2) discarded the weights; load_weights before generate")
-        if not prompts:
-            return []
+
+    def _vllm_params(self, params: SamplingParams, n: int, key: int | None = None):
+        """vLLM's SamplingParams for ours: n samples, processed log-probs of the sampled tokens, token ids only."""
+        from vllm import SamplingParams as VSP
+
         base = dict(
-            n=params.n,
+            n=n,
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1,
@@ -169,28 +202,24 @@ class VllmEngine(RolloutEngine):
             logprobs=0,
             detokenize=False,
         )
-        if params.seed is None:
-            sp = VSP(**base)
-        else:
-            # A request's n samples are seeded seed + j by vLLM; the request seed comes from the prompt's
-            # global index, so samples do not depend on how prompts were split over engine groups.
-            sp = [
-                VSP(**base, seed=stream_key(params.seed, params.prompt_offset + i, 0) & 0x3FFFFFFF)
-                for i in range(len(prompts))
-            ]
-        inputs = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
-        outputs = self._llm.generate(inputs, sp, use_tqdm=False)
+        return VSP(**base) if key is None else VSP(**base, seed=key & 0x3FFFFFFF)
 
+    @staticmethod
+    def _input(ids: Sequence[int]) -> dict:
+        return {"prompt_token_ids": [int(t) for t in ids]}
+
+    @staticmethod
+    def _completions(index: int, out, n: int) -> list[Completion]:
+        """Our completions of one vLLM request output, sample order."""
+        if len(out.outputs) != n:
+            raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for prompt {index}, expected {n}")
         completions = []
-        for i, out in enumerate(outputs):
-            if len(out.outputs) != params.n:
-                raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for prompt {i}, expected {params.n}")
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                if c.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM sample {i}/{c.index} finished with {c.finish_reason!r}")
-                ids = list(c.token_ids)
-                lps = [pos[t].logprob for pos, t in zip(c.logprobs, ids, strict=True)]
-                completions.append(Completion(i, ids, lps, c.finish_reason))
+        for c in sorted(out.outputs, key=lambda c: c.index):
+            if c.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM sample {index}/{c.index} finished with {c.finish_reason!r}")
+            ids = list(c.token_ids)
+            lps = [pos[t].logprob for pos, t in zip(c.logprobs, ids, strict=True)]
+            completions.append(Completion(index, ids, lps, c.finish_reason))
         return completions
 
     # -- memory -----------------------------------------------------------------------------------------------
@@ -347,6 +376,35 @@ def _repack_tied_lm_head(worker) -> None:
     method = getattr(head, "quant_method", None)
     if method is not None:
         method.process_weights_after_loading(head)
+
+
+def _remove_stale_cpu_shm(root: str = "/dev/shm") -> list[str]:
+    """Remove vLLM-CPU's tensor-parallel shared-memory segments that no live process maps; returns their names.
+
+    vLLM on CPU names them by group and rank list only (`…-tp:0-[0-1]-cpushm_<rank>`), the same name in every
+    run, and unlinks them when its SHM manager is destroyed at a normal interpreter exit. Our workers leave with
+    `os._exit` (DeviceMesh teardown can abort, PLATFORM_FACTS), so the segments stay, and the next TP engine on
+    this machine fails to create them (errno 17, EEXIST). A segment still mapped belongs to a running engine and
+    is left alone.
+    """
+    shm = Path(root)
+    stale = [f for f in shm.glob("*cpushm*") if f.is_file() and f.stat().st_uid == os.getuid()] if shm.is_dir() else []
+    if not stale:
+        return []
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(None, 5)[-1].strip() for line in maps.read_text().splitlines() if root in line)
+        except OSError:  # a process that ended or is not ours to read
+            continue
+    removed = []
+    for f in stale:
+        if str(f) not in mapped:
+            f.unlink(missing_ok=True)
+            removed.append(f.name)
+    if removed:
+        log.info("vLLM CPU: removed %d stale shared-memory segment(s) of an earlier engine: %s", len(removed), removed)
+    return removed
 
 
 def _teardown(engine_core, owns_process_group: bool) -> None:
