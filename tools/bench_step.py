@@ -136,7 +136,7 @@ def main() -> None:
     peak = gpu_peak_flops()
     result = {
         "shape": args.shape, "device": str(device), "params": n_params, "engine": type(engine).__name__,
-        "trainer_offload": tcfg.offload,
+        "trainer_offload": ",".join(tcfg.offload) or "none",
         "engine_impl": getattr(engine, "impl", args.impl),
         "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
         "step_s_median": total, "phases_s_median": med,
@@ -155,7 +155,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
-        Path(out, f"bench_step_{args.shape}_p{args.prompts}_n{args.new_tokens}_offload-{tcfg.offload.replace(',', '-')}.json").write_text(json.dumps(result, indent=2))
+        Path(out, f"bench_step_{args.shape}_p{args.prompts}_n{args.new_tokens}_offload-{'-'.join(tcfg.offload) or 'none'}.json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
 
