@@ -51,12 +51,15 @@ def parse_answer(answer: str) -> list[Any]:
 
 def parse_response(response: str) -> list[Any]:
     """math-verify's own reading of a whole response (last \\boxed{}, last LaTeX expression, ...)."""
-    if not response or len(response) > 20 * MAX_CHARS:
+    if not response:
         return []
     from math_verify import parse
 
+    tail = response[-4 * MAX_CHARS :]
+    if len(tail) < len(response):  # the final answer is near the end; start the cut at a word boundary
+        tail = tail.split(None, 1)[-1]
     try:
-        return parse(response[-MAX_CHARS:], extraction_config=_configs(), parsing_timeout=_timeout())
+        return parse(tail, extraction_config=_configs(), parsing_timeout=_timeout())
     except Exception as e:  # noqa: BLE001
         log.debug("math-verify could not parse the response: %s", e)
         return []
