@@ -4,7 +4,7 @@ Both are saved once to a cache folder and then loaded through the same `from_pre
 path a real checkpoint (`model.path=/path/to/Qwen2.5-0.5B-Instruct`) takes, so tests and the
 CPU demo exercise the real loading code. With `pretrain=PretrainSpec(steps=N)` the random
 initialization is first trained for N steps on generic digit text (`hybridrl.models.pretrain`);
-the default run does this once (about half a minute on 2 cores) and reuses the cached result.
+the default run does this once (about a minute of CPU time) and reuses the cached result.
 """
 
 from __future__ import annotations
