@@ -23,7 +23,14 @@ class TinyModelOptions:
     intermediate_size: int = 192
     """MLP width."""
     seed: int = 0
-    """Seed of the random initialization (part of the cache key)."""
+    """Seed of the random initialization and of the pre-training text (part of the cache key)."""
+    pretrain_steps: int = 0
+    """Steps of language-model pre-training on generic digit text when the model is first made (0 = random
+    init; hybridrl/models/pretrain.py says what it teaches). Part of the cache key."""
+
+    def __post_init__(self) -> None:
+        if self.pretrain_steps < 0:
+            raise ConfigError(f"model.tiny.pretrain_steps must be >= 0, got {self.pretrain_steps}")
 
 
 @dataclass

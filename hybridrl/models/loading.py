@@ -10,6 +10,7 @@ import torch
 
 from hybridrl.errors import ConfigError
 from hybridrl.models.config import ModelConfig
+from hybridrl.models.pretrain import PretrainSpec
 from hybridrl.models.tiny import ensure_tiny_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -28,6 +29,7 @@ def resolve_model_path(cfg: ModelConfig) -> str:
                 num_kv_heads=t.num_kv_heads,
                 intermediate_size=t.intermediate_size,
                 seed=t.seed,
+                pretrain_spec=PretrainSpec(steps=t.pretrain_steps, seed=t.seed),
             )
         )
     path = Path(os.path.expanduser(cfg.path))

@@ -2,17 +2,24 @@
 
 Both are saved once to a cache folder and then loaded through the same `from_pretrained`
 path a real checkpoint (`model.path=/path/to/Qwen2.5-0.5B-Instruct`) takes, so tests and the
-CPU demo exercise the real loading code.
+CPU demo exercise the real loading code. With `pretrain=PretrainSpec(steps=N)` the random
+initialization is first trained for N steps on generic digit text (`hybridrl.models.pretrain`);
+the default run does this once (about a minute of CPU time) and reuses the cached result.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 import torch
+
+from hybridrl.models.pretrain import PretrainSpec, pretrain
+
+log = logging.getLogger(__name__)
 
 # Qwen's chat markup, so prompts look like a real instruct model's.
 CHAT_TEMPLATE = (
@@ -77,8 +84,10 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
-def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, **shape) -> Path:
-    """Return the folder of the tiny model with this shape, creating it on first use.
+def ensure_tiny_model(
+    cache_dir: str | os.PathLike | None = None, pretrain_spec: PretrainSpec | None = None, **shape
+) -> Path:
+    """Return the folder of the tiny model with this shape (and pre-training), creating it on first use.
 
     The folder is written under a temporary name and renamed when complete, so a run killed
     half-way never leaves a folder that looks finished.
@@ -86,6 +95,8 @@ def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, **shape) -> Pa
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     spec = tiny_model_config(**shape)
+    if pretrain_spec is not None and pretrain_spec.steps > 0:
+        spec["pretrain"] = pretrain_spec.key()  # a random-init model keeps the key it always had
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     target = root / f"tiny-qwen2-{key}"
@@ -111,6 +122,13 @@ def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, **shape) -> Pa
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if "pretrain" in spec:
+        log.info(
+            "making the tiny model: %d steps of pre-training on digit text, once (cached in %s)",
+            pretrain_spec.steps, target,
+        )
+        losses = pretrain(model, tokenizer, pretrain_spec)
+        log.info("tiny model pre-trained: loss %.3f -> %.3f", losses[0], sum(losses[-50:]) / len(losses[-50:]))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(tmp, safe_serialization=True)

@@ -30,9 +30,17 @@ class LoggerConfig:
     """Show a progress bar over steps on the console."""
     plot: bool = True
     """Write reward and response-length curves to plots.png in the run dir at the end (and each checkpoint)."""
+    samples_every: int = 10
+    """Write rollout samples (prompt, response, reward, components) to samples.jsonl at step 1 and every N
+    steps, and as a wandb Table with logger=wandb; 0 = never."""
+    samples_per_step: int = 4
+    """Samples written on such a step (from different prompts)."""
 
     def __post_init__(self) -> None:
         if self.name not in ("console", "wandb"):
             raise ConfigError(f"logger.name must be console or wandb, got {self.name!r}")
+        for key in ("samples_every", "samples_per_step"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"logger.{key} must be >= 0, got {getattr(self, key)}")
         if self.mode not in (None, "online", "offline", "disabled"):
             raise ConfigError(f"logger.mode must be online, offline or disabled, got {self.mode!r}")

@@ -12,6 +12,7 @@ from typing import Any
 
 from hybridrl.tracking.config import LoggerConfig
 from hybridrl.tracking.plot import plot_run
+from hybridrl.tracking.samples import TABLE_KEY, SampleLog, wandb_table
 
 log = logging.getLogger("hybridrl")
 
@@ -42,6 +43,7 @@ class Tracker:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._continuing = False  # set by resume_at: the rows already in metrics.jsonl belong to this run
         self.wandb = None
+        self.sample_log = SampleLog(self.run_dir, cfg.samples_every, cfg.samples_per_step)
         if cfg.name == "wandb":
             self.wandb = self._init_wandb(full_config, job_name, sweep_group)
 
@@ -78,6 +80,7 @@ class Tracker:
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(l + "\n" for l in keep))
         os.replace(tmp, self.metrics_path)
+        self.sample_log.resume_at(step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one row to metrics.jsonl (flushed), log one console line, send to wandb."""
@@ -111,6 +114,19 @@ class Tracker:
             dest, n = self.metrics_path.with_name(f"metrics.jsonl.stale-{stamp}-{n}"), n + 1
         os.replace(self.metrics_path, dest)
         log.warning("metrics.jsonl of an earlier run in this folder moved to %s (this run resumed no checkpoint)", dest.name)
+
+    def samples_due(self, step: int) -> bool:
+        """Whether `step` writes samples (step 1 and every logger.samples_every steps)."""
+        return self.sample_log.due(step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Append rollout samples to samples.jsonl (each row gets "step"), and a wandb Table "samples".
+
+        A row: {"prompt", "response", "answer"?, "reward", "reward/<component>"..., "finish_reason"}, as
+        `hybridrl.tracking.samples.sample_rows` builds them; at most logger.samples_per_step are kept."""
+        written = self.sample_log.write(step, rows)
+        if written and self.wandb is not None:
+            self.wandb.log({TABLE_KEY: wandb_table(written)}, step=step)
 
     def plot(self) -> Path | None:
         """plots.png from metrics.jsonl (when enabled and there is something to draw)."""

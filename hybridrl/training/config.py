@@ -4,11 +4,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hybridrl.errors import ConfigError
 
 OFFLOAD_PARTS = ("params", "optimizer")
+
+
+def parse_offload(value: Any) -> list[str]:
+    """`trainer.offload` as a list of parts: [params,optimizer] / params / none / [] (and, from Python, the
+    older comma string "params,optimizer"). Raises ConfigError naming trainer.offload for anything else."""
+    if value is None:
+        items: list[Any] = []
+    elif isinstance(value, str):
+        items = [] if value.strip().lower() in ("", "none") else value.split(",")
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ConfigError(f"trainer.offload must be a list of {list(OFFLOAD_PARTS)} or none, got {value!r}")
+    parts: list[str] = []
+    for item in items:
+        part = str(item).strip()
+        if part not in OFFLOAD_PARTS:
+            raise ConfigError(
+                f"trainer.offload: unknown part {part!r}; use a list of {', '.join(OFFLOAD_PARTS)} "
+                f"(trainer.offload=[params,optimizer], trainer.offload=params) or trainer.offload=none"
+            )
+        if part not in parts:
+            parts.append(part)
+    return parts
 
 
 @dataclass
@@ -61,8 +85,9 @@ class TrainerConfig:
     compile: bool = True
     """GPU: torch.compile each decoder layer's forward (fused elementwise ops, fewer launches); compiling
     costs ~10-20 s in the first steps. false runs eagerly."""
-    offload: str = "none"
-    """What to move to host memory during rollout: none, params, optimizer or params,optimizer (GPU only)."""
+    offload: Any = field(default_factory=list)
+    """What to move to host memory during rollout (GPU only): a list of parts, e.g. [params,optimizer]; a single
+    name (params) or none also works. Any-typed because a command line gives a list or a plain name."""
     device: str = "auto"
     """auto (cuda if available), cpu or cuda."""
     seed: int = 0
@@ -80,7 +105,7 @@ class TrainerConfig:
 
     def offload_parts(self) -> set[str]:
         """The parts named by `offload`."""
-        return set() if self.offload == "none" else {p.strip() for p in self.offload.split(",")}
+        return set(parse_offload(self.offload))
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -101,9 +126,7 @@ class TrainerConfig:
             raise ConfigError(f"trainer.param_dtype must be auto, float32 or bfloat16, got {self.param_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda, got {self.device!r}")
-        bad = self.offload_parts() - set(OFFLOAD_PARTS)
-        if bad:
-            raise ConfigError(f"trainer.offload must be none or a comma list of {OFFLOAD_PARTS}, got {self.offload!r}")
+        self.offload = parse_offload(self.offload)
         for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size", "eval_samples", "max_nonfinite_steps",
                     "fsdp_layers_per_unit"):
             if getattr(self, key) < 0:
