@@ -27,6 +27,7 @@ from hybridrl.data.prompts import Prompt, PromptLoader, load_prompts
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.estimation import estimate, shaped_scores
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
+from hybridrl.tracking.samples import pick_samples, sample_rows
 from hybridrl.tracking.tracker import Tracker
 from hybridrl.errors import in_phase
 from hybridrl.phases import TIMED_PHASES, Phase
@@ -86,9 +87,9 @@ class Controller:
 
         `prompts` replaces the configured data (benchmarks feed token ids of a chosen length this way)."""
         cfg = self.cfg
+        self.tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
         if prompts is None:
-            tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
-            self.train_prompts, self.val_prompts = load_prompts(cfg.data, tokenizer)
+            self.train_prompts, self.val_prompts = load_prompts(cfg.data, self.tokenizer)
         else:
             self.train_prompts, self.val_prompts = prompts, []
         self.loader = PromptLoader(self.train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
@@ -193,6 +194,9 @@ class Controller:
         with self.timed("advantages"):
             metrics.update(estimate(self.cfg.algorithm, batch, scores, extras, self.cfg.engine.max_new_tokens))
             metrics["reward/errors"] = self.reward_errors
+        if self.tracker.samples_due(step):  # a few rollouts in samples.jsonl: what the model wrote, what it scored
+            rows = pick_samples(len(batch), self.cfg.logger.samples_per_step, self.cfg.algorithm.group_size)
+            self.tracker.log_samples(step, sample_rows(batch, rows, self.tokenizer, scores, extras))
         with self.timed(Phase.UPDATE):
             metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE, batch)))
         with self.timed(Phase.RESHARD):

@@ -70,6 +70,7 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("reshard.*", APPLY, "weight sync mechanics"),
     ("logger.*", APPLY, "logging"),
     ("cluster.collective_timeout_s", APPLY, "failure detection"),
+    ("cluster.cpu_threads", APPLY, "speed only"),
     ("cluster.ray_address", APPLY, "where the cluster is"),
     ("cluster.name", APPLY, "process launcher (the world size is checked separately)"),
     ("reward.max_error_frac", APPLY, "failure tolerance"),

@@ -13,8 +13,17 @@ from hybridrl.agent.loop import AgentLoop
 from hybridrl.agent.tasks import calc_exact, calc_shaped, make_calc_rows
 from hybridrl.errors import ConfigError
 from hybridrl.models.chat_template import TOOL_TOKENS, install_chat_template, renders_tool_messages
-from hybridrl.models.tiny import CHAT_TEMPLATE, build_tokenizer
+from hybridrl.models.tiny import build_tokenizer
 from hybridrl.rewards import RewardInput, resolve_reward
+
+# The tiny tokenizer's template before it rendered tools (Qwen's chat markup): plain conversations must render the
+# same under the tool template.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 @pytest.mark.parametrize(

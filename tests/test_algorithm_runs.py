@@ -11,7 +11,7 @@ import pytest
 from tests.test_e2e import run_app
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = ["trainer.steps=2", "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false",
+FAST = ["model.tiny.pretrain_steps=0", "trainer.steps=2", "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false",
         "trainer.eval_every=0"]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 FAULTS = Path(__file__).parent / "faults"  # the test-only fault hook (a sitecustomize module)
-FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false"]
+FAST = ["model.tiny.pretrain_steps=0", "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false"]
 LOCAL2 = ["cluster=local", "cluster.workers_per_node=2"]
 # Metrics that depend on the clock or the process layout, not on what was learned.
 LAYOUT_KEYS = ("time/", "perf/", "memory/", "reshard/", "offload/")  # timings, memory, offload figures

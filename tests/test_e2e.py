@@ -19,7 +19,7 @@ REQUIRED_METRICS = [
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "recipes" / "recipe").glob("*.yaml"))
 
 # Small and quick: 4 prompts x 4 samples, 2 steps.
-FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false"]
+FAST = ["model.tiny.pretrain_steps=0", "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false"]
 
 
 def run_app(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:

@@ -234,7 +234,7 @@ def test_offload_names_the_key_for_an_unknown_part(override: str) -> None:
 _GROUPS = ("model", "engine", "trainer", "algorithm", "data", "reward", "logger", "cluster", "reshard", "recipe")
 _OVERRIDE_SPAN_RE = re.compile(rf"^(?:{'|'.join(_GROUPS)})[\w.]*=\S+$")
 # Printed in README.md and not runnable as printed; the lead fixes the README (then this list empties).
-AWAITING_README_FIX = {"trainer.offload=params,optimizer"}
+AWAITING_README_FIX: set[str] = set()
 
 
 def readme_inline_overrides(text: str) -> list[str]:

@@ -39,8 +39,8 @@ def item(response: str, answer: object = "72", finish_reason: str = "stop", key:
 
 
 # (response, reference answer, expected reward). Decisions pinned here: the `####` marker wins over any later
-# number or \boxed; \boxed wins over a later plain number; "%" is stripped, not divided; "1e3" is not a number
-# (the fallback then reads its last digit run, "3"); a marker line that starts with words is not a marker.
+# number or \boxed; \boxed wins over a later plain number; "1e3" is scientific notation for 1000 (it used to be
+# read as its last digit run, a wrong verdict); a marker line that starts with words is not a marker.
 VERIFIER_CASES = [
     ("The answer is 72 dollars.", "72", 1.0),
     ("Step by step ... so #### 72", GSM8K_SOLUTION, 1.0),
@@ -76,7 +76,7 @@ VERIFIER_CASES = [
     ("#### 5.00", "5", 1.0),
     ("0.50", "1/2", 1.0),
     (".5", "\\frac{1}{2}", 1.0),
-    ("1e3", "1000", 0.0),
+    ("1e3", "1000", 1.0),
     ("The answer is 72", "72.0001", 0.0),
     ("0.3333333", "1/3", 1.0),  # within the 1e-6 relative tolerance
     ("0.333", "1/3", 0.0),
@@ -105,7 +105,7 @@ def test_math_verifier(response: str, answer: object, expected: float) -> None:
         ("0.50", "0.5"), (".5", "0.5"), ("1/2", "0.5"), ("1/3", "1/3"), ("$1,234.50", "1234.5"),
         ("\u22125", "-5"), ("\\frac{3}{4}", "0.75"), ("\\dfrac{-3}{4}", "-0.75"), ("\\frac12", "0.5"),
         ("+7", "7"), ("72 dollars.", "72"), ("(5)", "5"), ("50\\%", "50"), ("90^\\circ", "90"),
-        ("3 to 5", None), ("1,2", None), ("abc", None), ("1e3", None), ("5/0", None), ("", None), (None, None),
+        ("3 to 5", None), ("1,2", None), ("abc", None), ("1e3", "1000"), ("5/0", None), ("", None), (None, None),
     ],
 )
 def test_normalize_number(text: str | None, expected: str | None) -> None:

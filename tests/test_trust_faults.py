@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.eval_every=0"]
+FAST = ["model.tiny.pretrain_steps=0", "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.eval_every=0"]
 SHARD = "dcp/__0_0.distcp"
 
 

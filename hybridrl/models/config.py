@@ -24,6 +24,8 @@ class TinyModelOptions:
     """MLP width."""
     seed: int = 0
     """Seed of the random initialization and of the pre-training text (part of the cache key)."""
+    tool_tokens: bool = False
+    """Give the tokenizer the four tool-call tags as tokens of their own (the agent recipe); part of the cache key."""
     pretrain_steps: int = 0
     """Steps of language-model pre-training on generic digit text when the model is first made (0 = random
     init; hybridrl/models/pretrain.py says what it teaches). Part of the cache key."""

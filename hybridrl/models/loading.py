@@ -29,6 +29,7 @@ def resolve_model_path(cfg: ModelConfig) -> str:
                 num_kv_heads=t.num_kv_heads,
                 intermediate_size=t.intermediate_size,
                 seed=t.seed,
+                tool_tokens=t.tool_tokens,
                 pretrain_spec=PretrainSpec(steps=t.pretrain_steps, seed=t.seed),
             )
         )

@@ -17,19 +17,13 @@ from pathlib import Path
 
 import torch
 
+from hybridrl.models.chat_template import install_chat_template
 from hybridrl.models.pretrain import PretrainSpec, pretrain
 
 log = logging.getLogger(__name__)
 
-# Qwen's chat markup, so prompts look like a real instruct model's.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2  # 2: the chat template renders tool calls and results
 
 
 def tiny_model_config(
@@ -40,9 +34,10 @@ def tiny_model_config(
     intermediate_size: int = 192,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    tool_tokens: bool = False,
 ) -> dict:
     """The tiny model's shape as a plain dict (also the cache key)."""
-    return {
+    spec = {
         "hidden_size": hidden_size,
         "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads,
@@ -52,13 +47,18 @@ def tiny_model_config(
         "seed": seed,
         "format": TINY_FORMAT_VERSION,
     }
+    if tool_tokens:  # only then: every other tiny model keeps its key
+        spec["tool_tokens"] = True
+    return spec
 
 
-def build_tokenizer():
+def build_tokenizer(tool_tokens: bool = False):
     """A byte-level tokenizer with no merges (one token per byte), built as Qwen2's tokenizer is.
 
     Using Qwen2's own tokenizer class and pre-tokenizer means `AutoTokenizer` (and vLLM, which
-    loads tokenizers the same way) reconstructs exactly this tokenizer from the saved folder.
+    loads tokenizers the same way) reconstructs exactly this tokenizer from the saved folder. Its chat template
+    renders tool calls and tool results (Qwen2.5's layout, `models/chat_template.py`); `tool_tokens` adds the
+    four tool tags as tokens of their own (the agent recipe's model), else they are spelled in bytes.
     """
     from tokenizers import pre_tokenizers
     from transformers import Qwen2Tokenizer
@@ -74,7 +74,7 @@ def build_tokenizer():
         unk_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    install_chat_template(tokenizer, add_tokens=tool_tokens)
     return tokenizer
 
 
@@ -105,7 +105,7 @@ def ensure_tiny_model(
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{target.name}-{os.getpid()}"
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(tool_tokens=spec.get("tool_tokens", False))
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=spec["hidden_size"],

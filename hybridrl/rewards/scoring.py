@@ -9,21 +9,30 @@ from hybridrl.rewards.base import RewardInput, RewardScores, score_rewards
 from hybridrl.rewards.config import RewardConfig
 
 
+def response_length(batch: Batch, i: int) -> int:
+    """Tokens of row i's response (with rollout=agent every token after the prompt, tool outputs included)."""
+    real = batch["response_attention_mask"] if "response_attention_mask" in batch else batch["response_mask"]
+    return int(real[i].sum().item())
+
+
+def response_text(batch: Batch, i: int, tokenizer: Any) -> str:
+    """Row i's response decoded, special tokens dropped."""
+    return tokenizer.decode(batch["responses"][i, : response_length(batch, i)].tolist(), skip_special_tokens=True)
+
+
 def reward_inputs(batch: Batch, tokenizer: Any) -> list[RewardInput]:
     """What a reward function sees for each row: prompt text, the decoded response (with rollout=agent the whole
     trajectory after the prompt, tool outputs included), the dataset row, the finish, and the conversation."""
-    real = batch["response_attention_mask"] if "response_attention_mask" in batch else batch["response_mask"]
-    lengths = real.sum(-1).tolist()
     messages = batch.meta.get("messages")
     return [
         RewardInput(
             prompt=batch.meta["prompt_text"][i],
-            response=tokenizer.decode(batch["responses"][i, : int(n)].tolist(), skip_special_tokens=True),
+            response=response_text(batch, i, tokenizer),
             sample=batch.meta["sample"][i],
             finish_reason=batch.meta["finish_reason"][i],
             messages=messages[i] if messages is not None else None,
         )
-        for i, n in enumerate(lengths)
+        for i in range(len(batch))
     ]
 
 

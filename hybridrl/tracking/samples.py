@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hybridrl.rewards.scoring import response_text
+
 SAMPLES_FILE = "samples.jsonl"
 TABLE_KEY = "samples"
 """The wandb key the Table is logged under."""
@@ -42,14 +44,9 @@ def sample_rows(
     Each row: prompt (the rendered text the policy saw), response (decoded, special tokens dropped), answer
     (the data row's reference, when it has one), reward, reward/<component> for each component, and
     finish_reason ("stop" or "length")."""
-    responses, mask = batch["responses"], batch["response_mask"]
     rows = []
     for i in indices:
-        n = int(mask[i].sum().item())
-        row: dict[str, Any] = {
-            "prompt": batch.meta["prompt_text"][i],
-            "response": tokenizer.decode(responses[i, :n].tolist(), skip_special_tokens=True),
-        }
+        row: dict[str, Any] = {"prompt": batch.meta["prompt_text"][i], "response": response_text(batch, i, tokenizer)}
         sample = batch.meta["sample"][i]
         if isinstance(sample, dict) and "answer" in sample:
             row["answer"] = _plain(sample["answer"])

@@ -20,6 +20,9 @@ class ClusterConfig:
     """Nodes (ray only)."""
     collective_timeout_s: float = 600.0
     """A collective or phase command taking longer than this becomes an error naming the phase and rank."""
+    cpu_threads: Optional[int] = None
+    """torch intra-op threads per worker on CPU; None = OMP_NUM_THREADS if set, else 1 for a model under 20M
+    parameters, else the cores divided among this node's workers."""
     ray_address: Optional[str] = None
     """Address of an existing Ray cluster (ray start --head); None starts a local one."""
 
@@ -34,6 +37,8 @@ class ClusterConfig:
             raise ConfigError("cluster=inline runs exactly one worker; use cluster=local for cluster.workers_per_node > 1")
         if self.name == "local" and self.nnodes != 1:
             raise ConfigError(f"cluster=local runs on one node, got cluster.nnodes={self.nnodes}; use cluster=ray")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"cluster.cpu_threads must be >= 1 (or null for the automatic choice), got {self.cpu_threads}")
         if self.collective_timeout_s <= 0:
             raise ConfigError(f"cluster.collective_timeout_s must be > 0, got {self.collective_timeout_s}")
 

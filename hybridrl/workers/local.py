@@ -118,9 +118,7 @@ def _worker_main(conn: Connection, log_queue, cfg, rank: int, world_size: int, e
     root.handlers[:] = [forward]
     root.setLevel(log_level)
     try:
-        # Workers share the CPU cores: oversubscribed threads slow every rank down.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        prepare_worker_process(modules, max(1, cores // world_size))
+        prepare_worker_process(modules)
         from hybridrl.workers.worker import HybridWorker
 
         worker = HybridWorker(cfg, rank=rank, world_size=world_size, local_rank=rank)

@@ -15,11 +15,9 @@ def reward_modules() -> list[str]:
     return sorted(m for m in mods if m and m != "__main__")
 
 
-def prepare_worker_process(modules: Sequence[str], threads: int) -> None:
-    """Thread count, the rewards' modules imported (they register themselves), no multiprocessing locks in tqdm."""
-    import torch
-
-    torch.set_num_threads(threads)
+def prepare_worker_process(modules: Sequence[str]) -> None:
+    """The rewards' modules imported (they register themselves), no multiprocessing locks in tqdm. (Thread counts
+    are the worker's own choice: `hybridrl.cpu_threads`.)"""
     for name in modules:
         importlib.import_module(name)
     try:  # tqdm's default lock is a multiprocessing semaphore that an os._exit leaves "leaked"

@@ -56,10 +56,10 @@ class RayWorkerActor:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port, os.getpid()
 
-    def setup(self, cfg, rank: int, world_size: int, env: dict[str, str], modules: list[str], threads: int) -> None:
+    def setup(self, cfg, rank: int, world_size: int, env: dict[str, str], modules: list[str]) -> None:
         """Build the HybridWorker (joins the process group named by env's MASTER_ADDR/PORT)."""
         os.environ.update(env)
-        prepare_worker_process(modules, threads)
+        prepare_worker_process(modules)
         from hybridrl.workers.worker import HybridWorker
 
         self.worker = HybridWorker(cfg, rank=rank, world_size=world_size, local_rank=0)
@@ -158,9 +158,9 @@ class RayWorkerGroup(WorkerGroup):
         )
         base = {k: v for k, v in os.environ.items() if k.startswith("HYBRIDRL_")}  # e.g. the model cache
         base.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), WORLD_SIZE=str(self.world_size))
-        modules, threads = reward_modules(), int(bundle["CPU"])
+        modules = reward_modules()
         refs = [
-            a.setup.remote(cfg, r, self.world_size, dict(base, RANK=str(r), LOCAL_RANK="0"), modules, threads)
+            a.setup.remote(cfg, r, self.world_size, dict(base, RANK=str(r), LOCAL_RANK="0"), modules)
             for r, a in enumerate(self.actors)
         ]
         self._gather("init", refs, startup)
