@@ -19,7 +19,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 # reward/* keys that are statistics of the reward, not components of it.
 REWARD_STATS = ("reward/mean", "reward/std", "reward/max", "reward/kl_penalty_mean", "reward/solve_none_frac",
-                "reward/zero_std_frac")
+                "reward/zero_std_frac", "reward/errors", "reward/overlong_penalty_mean", "reward/generated_mean")
 
 
 def reward_components(rows: list[dict]) -> list[str]:
