@@ -12,10 +12,11 @@ register rewards are imported.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.errors import ConfigError
+from hybridrl.rewards.remote import RemoteRewardConfig
 
 _FN_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -29,6 +30,13 @@ class RewardConfig:
     """A registered reward: "synthetic" (the default task), "math", "format", "math_with_format", ..."""
     fn: Optional[str] = None
     """A custom reward as "pkg.module:func" (batched or per-sample, see hybridrl.rewards.registry); overrides name."""
+    weight: float = 1.0
+    """Weight of this reward function's score in combine=sum (beside the reward models' weights)."""
+    combine: str = "sum"
+    """How the function's and the reward models' scores become one: sum (weighted) or "pkg.module:func" taking
+    {source: [scores]} (hybridrl.rewards.combine)."""
+    remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
+    """The endpoint of reward=remote (hybridrl.rewards.remote)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -42,6 +50,10 @@ class RewardConfig:
                 f"reward.fn={self.fn!r} is not of the form 'pkg.module:func' (a dotted module path, one colon, "
                 "a function name), e.g. reward.fn=my_rewards:exact_match"
             )
+        if self.name == "remote" and not self.fn:
+            self.remote.check()
+        if not isinstance(self.combine, str) or not self.combine.strip():
+            raise ConfigError("reward.combine is empty; use sum or 'pkg.module:func'")
 
     @property
     def spec(self) -> str:
