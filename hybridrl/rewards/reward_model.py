@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 #: with the reward function's score ("function").
 RESERVED_NAMES = ("mean", "std", "max", "solve_none_frac", "zero_std_frac", "kl_penalty_mean", "overlong_penalty_mean",
                   "generated_mean", "function")
+TINY = "tiny"
+"""`path` of the tiny reward model made locally."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -40,8 +42,8 @@ class RewardModelConfig:
     name: str = ""
     """Its name in metrics (`reward/<name>`, `time/reward_model/<name>`) and in `reward.combine`; required."""
     path: Optional[str] = None
-    """A Hugging Face sequence-classification folder with one label; None = the tiny reward model made locally
-    (random weights: its scores mean nothing, it checks the wiring with zero downloads)."""
+    """A Hugging Face sequence-classification folder with one label, or "tiny": the tiny reward model made locally
+    (random weights: its scores mean nothing, it checks the wiring with zero downloads); required."""
     weight: float = 1.0
     """Its weight in reward.combine=sum."""
     micro_batch_size: int = 16
@@ -52,7 +54,7 @@ class RewardModelConfig:
     offload: bool = True
     """Keep it in host memory outside its turn in the reward phase (GPU only)."""
     seed: int = 1
-    """Seed of the tiny reward model's random weights (path None only)."""
+    """Seed of the tiny reward model's random weights (path=tiny only)."""
 
     def check(self, where: str) -> None:
         """ConfigError naming `<where>.<key>` for a bad value."""
@@ -60,6 +62,9 @@ class RewardModelConfig:
             raise ConfigError(f"{where}.name must be a non-empty name of letters, digits, '_', '.', '-'; got {self.name!r}")
         if self.name in RESERVED_NAMES:
             raise ConfigError(f"{where}.name={self.name!r} is reserved (reward/{self.name} is another metric); pick another")
+        if not self.path or self.path == "???":
+            raise ConfigError(f"{where}.path is required: the folder of a sequence-classification model, or tiny "
+                              f"(e.g. {where.replace('[', '.').replace(']', '')}.path=/path/to/reward-model)")
         if self.micro_batch_size < 1:
             raise ConfigError(f"{where}.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.max_length < 2:
@@ -113,8 +118,9 @@ def load_reward_model(path: str, dtype: torch.dtype, device: torch.device, trust
         first = (str(e).strip().splitlines() or [""])[0]
         raise HybridRLError(f"{where}: cannot load the reward model at {path!r}: {type(e).__name__}: {first}") from e
     if model.config.num_labels != 1:
-        raise HybridRLError(f"{where}: the reward model at {path!r} has num_labels={model.config.num_labels}; "
-                            "a reward model gives one score per sequence (num_labels=1)")
+        arch = ", ".join(getattr(model.config, "architectures", None) or ["?"])
+        raise HybridRLError(f"{where}: the model at {path!r} ({arch}) has num_labels={model.config.num_labels}; a reward "
+                            "model is a sequence classifier with one score per sequence (num_labels=1)")
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 
@@ -132,6 +138,8 @@ class RewardModel:
         model, self.tokenizer = load_reward_model(path, precision.frozen_dtype, device, trust_remote_code, where)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+        if model.config.get_text_config().pad_token_id is None:  # HF refuses batches without one (we pool ourselves)
+            model.config.get_text_config().pad_token_id = self.pad_id
         self._head_out: torch.Tensor | None = None
         head = getattr(model, "score", None)
         if isinstance(head, torch.nn.Module):  # the decoder families' head: per-token scores before pooling
@@ -156,8 +164,8 @@ class RewardModel:
         from hybridrl.training.offload import timed_moves
 
         if not wait:
-            self.offloader.onload(wait=False)
-            return {}
+            moved = self.offloader.onload(wait=False)
+            return {f"offload/{self.name}/onload_gb": moved / 1e9} if moved else {}
         return timed_moves(f"offload/{self.name}/onload", self.device, self.offloader.onload)
 
     def offload(self) -> dict[str, float]:

@@ -26,7 +26,7 @@ from hybridrl.reshard import Resharder
 from hybridrl.rewards import resolve_reward
 from hybridrl.rewards.combine import RewardScorer
 from hybridrl.rewards.remote import RemoteReward
-from hybridrl.rewards.reward_model import RewardModel
+from hybridrl.rewards.reward_model import TINY, RewardModel
 from hybridrl.topology import Topology
 from hybridrl.training.critic import Critic
 from hybridrl.training.fsdp import Precision
@@ -136,7 +136,7 @@ def build_reward_models(cfg: RunConfig, device: torch.device, mesh) -> list[Rewa
     out = []
     for i, m in enumerate(cfg.reward_model.models):
         where = f"reward_model.models[{i}] ({m.name})"
-        path = m.path if m.path else str(ensure_tiny_reward_model(cfg.model.cache_dir, seed=m.seed))
+        path = str(ensure_tiny_reward_model(cfg.model.cache_dir, seed=m.seed)) if m.path == TINY else m.path
         with torch.random.fork_rng(devices=[]):  # loading draws no number the run's other roles would see
             out.append(RewardModel(m, path, device, mesh, precision, cfg.data.prompt_key, cfg.data.system_prompt,
                                    cfg.model.trust_remote_code, where))
