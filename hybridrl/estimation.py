@@ -1,7 +1,8 @@
 """The controller's "advantages" phase: from a scored rollout batch to what the update trains on.
 
     metrics = estimate(cfg, batch, scores, extras)
-    # batch now holds advantages [B, T] (and returns [B, T] for ppo, with critic/* metrics), and with a rollout correction the
+    # batch now holds advantages [B, T] (and returns [B, T] for ppo, with critic/* metrics), and with a rollout
+    # correction the
     # importance weights and the loss mask; metrics hold reward/*, rollout_corr/*, mismatch/*, actor/entropy
 
 In order: reward metrics of the raw scores → DAPO's overlong shaping → the KL to the reference in the reward

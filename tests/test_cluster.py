@@ -136,7 +136,7 @@ def assert_same_metrics(rows: list[dict], ref: list[dict]) -> None:
             if key.startswith(LAYOUT_KEYS) or not isinstance(value, (int, float)):
                 continue
             assert key in row, key
-            # The same tokens were sampled: their scores are exact (the KL in the reward comes from log-probs: close).
+            # The same tokens were sampled: their scores are exact (the reward's KL comes from log-probs: close).
             if key.startswith(("reward/", "response/")) and key != "reward/kl_penalty_mean":
                 assert row[key] == value, (row["step"], key, row[key], value)
             else:

@@ -1,4 +1,4 @@
-"""Composition of algorithm=ppo, critic.*, reward_model=... and reward=remote: what composes, what fails, naming what."""
+"""Composition of algorithm=ppo, critic.*, reward_model=... and reward=remote: what composes, what fails and how."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def test_reward_model_options_compose():
     assert [m.seed for m in composed("reward_model=two_tiny").reward_model.models] == [1, 2]
     hf = composed("reward_model=hf", "reward_model.models.0.path=/models/rm").reward_model.models
     assert hf[0].path == "/models/rm"
-    two = composed("reward_model.models=[{name: a, path: /p/a, weight: 0.5}, {name: b, path: tiny}]").reward_model.models
+    two = composed("reward_model.models=[{name: a, path: /p/a, weight: 0.5}, {name: b, path: tiny}]")
+    two = two.reward_model.models
     assert [(m.name, m.weight) for m in two] == [("a", 0.5), ("b", 1.0)]
     with pytest.raises(ConfigError, match=r"reward_model.models\[0\].path is required: .*reward_model.models.0.path="):
         composed("reward_model=hf")  # the path is required

@@ -11,7 +11,8 @@ from tests.test_checkpoints import app, rows, volatile, wait_for
 from tests.test_e2e import run_app
 
 FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.eval_every=0"]
-PHASES = ("wake", "generate", "sleep", "logprob", "values", "reward", "advantages", "update_critic", "update", "reshard")
+PHASES = ("wake", "generate", "sleep", "logprob", "values", "reward", "advantages", "update_critic", "update",
+          "reshard")
 
 
 def test_ppo_run_with_two_reward_models(tmp_path):
@@ -38,8 +39,8 @@ def test_ppo_run_with_two_reward_models(tmp_path):
 
 def test_a_reward_model_that_fails_to_load_stops_the_run_at_setup(tmp_path):
     missing = tmp_path / "no-such-rm"
-    r = run_app(["reward_model=hf", f"reward_model.models.0.path={missing}", *FAST, f"hydra.run.dir={tmp_path / 'run'}"],
-                tmp_path, timeout=180)
+    r = run_app(["reward_model=hf", f"reward_model.models.0.path={missing}", *FAST,
+                 f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, timeout=180)
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert f"reward_model.models[0] (rm): cannot load the reward model at '{missing}'" in out, out[-2000:]

@@ -47,7 +47,8 @@ class RemoteRewardConfig:
     def check(self) -> None:
         """ConfigError naming `reward.remote.<key>` for a bad value (the caller knows whether a URL is needed)."""
         if not self.url or not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"reward.remote.url must be an http:// or https:// URL with reward=remote, got {self.url!r}")
+            raise ConfigError(f"reward.remote.url must be an http:// or https:// URL with reward=remote, "
+                              f"got {self.url!r}")
         if self.timeout_s <= 0:
             raise ConfigError(f"reward.remote.timeout_s must be > 0, got {self.timeout_s}")
         if self.max_retries < 0:
@@ -84,7 +85,8 @@ class RemoteReward:
                 return self._post(body, len(items))
             except _Retryable as e:
                 if attempt == cfg.max_retries:
-                    raise HybridRLError(f"reward.remote.url={cfg.url}: {e} (gave up after {attempt + 1} attempts)") from None
+                    raise HybridRLError(
+                        f"reward.remote.url={cfg.url}: {e} (gave up after {attempt + 1} attempts)") from None
                 wait = cfg.backoff_s * 2**attempt
                 log.warning("reward.remote.url=%s: %s; retrying in %.1f s (%d of %d)", cfg.url, e, wait, attempt + 1,
                             cfg.max_retries)

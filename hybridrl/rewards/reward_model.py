@@ -59,9 +59,11 @@ class RewardModelConfig:
     def check(self, where: str) -> None:
         """ConfigError naming `<where>.<key>` for a bad value."""
         if not self.name or not _NAME_RE.match(self.name):
-            raise ConfigError(f"{where}.name must be a non-empty name of letters, digits, '_', '.', '-'; got {self.name!r}")
+            raise ConfigError(f"{where}.name must be a non-empty name of letters, digits, '_', '.', '-'; "
+                              f"got {self.name!r}")
         if self.name in RESERVED_NAMES:
-            raise ConfigError(f"{where}.name={self.name!r} is reserved (reward/{self.name} is another metric); pick another")
+            raise ConfigError(f"{where}.name={self.name!r} is reserved (reward/{self.name} is another metric); "
+                              "pick another")
         if not self.path or self.path == "???":
             raise ConfigError(f"{where}.path is required: the folder of a sequence-classification model, or tiny "
                               f"(e.g. {where.replace('[', '.').replace(']', '')}.path=/path/to/reward-model)")
@@ -119,8 +121,8 @@ def load_reward_model(path: str, dtype: torch.dtype, device: torch.device, trust
         raise HybridRLError(f"{where}: cannot load the reward model at {path!r}: {type(e).__name__}: {first}") from e
     if model.config.num_labels != 1:
         arch = ", ".join(getattr(model.config, "architectures", None) or ["?"])
-        raise HybridRLError(f"{where}: the model at {path!r} ({arch}) has num_labels={model.config.num_labels}; a reward "
-                            "model is a sequence classifier with one score per sequence (num_labels=1)")
+        raise HybridRLError(f"{where}: the model at {path!r} ({arch}) has num_labels={model.config.num_labels}; "
+                            "a reward model is a sequence classifier with one score per sequence (num_labels=1)")
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 

@@ -114,8 +114,8 @@ class HybridWorker:
         """Score each completion: the reward function, then each reward model in turn (one on the device at a
         time), combined per `reward.combine`."""
         scores, extras, stats = self.roles.scorer(batch)
-        for k, v in stats.items():  # several reward rounds in one step (dynamic sampling) add up
-            self.switch_stats[k] = self.switch_stats.get(k, 0.0) + v
+        for k, v in stats.items():  # several reward rounds in one step (dynamic sampling) add up their seconds
+            self.switch_stats[k] = v if k.endswith("_gbps") else self.switch_stats.get(k, 0.0) + v
         self._record("reward")
         return scores, extras
 
