@@ -21,9 +21,11 @@ from hybridrl.errors import ConfigError
 from hybridrl.models.config import ModelConfig
 from hybridrl.reshard.config import ReshardConfig
 from hybridrl.rewards.config import RewardConfig
+from hybridrl.rewards.reward_model import RewardModelsConfig
 from hybridrl.tracking.config import LoggerConfig
 from hybridrl.topology import Topology
 from hybridrl.training.config import ReferenceConfig, TrainerConfig
+from hybridrl.training.critic_config import CriticConfig
 from hybridrl.workers.config import ClusterConfig
 
 
@@ -45,6 +47,10 @@ class RunConfig:
     """Prompts."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward function."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (algorithm=ppo only)."""
+    reward_model: RewardModelsConfig = field(default_factory=RewardModelsConfig)
+    """Local reward models, scored one at a time beside the reward function."""
     reshard: ReshardConfig = field(default_factory=ReshardConfig)
     """Trainer → engine weight sync."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -70,11 +76,25 @@ class RunConfig:
                 f"agent.max_total_tokens={self.agent.max_total_tokens} must exceed data.max_prompt_tokens="
                 f"{self.data.max_prompt_tokens}: a trajectory needs room to answer after its prompt"
             )
-        if algo.needs_critic:
-            raise ConfigError("algorithm=ppo needs the critic role, which this build does not have yet; "
-                              "pick one of the critic-free algorithms (README: Algorithms)")
+        self._check_critic()
         if algo.overlong_buffer:
             algo.overlong_buffer_tokens(self.engine.max_new_tokens)  # a buffer longer than the responses fails here
+
+    def _check_critic(self) -> None:
+        """critic.* only with a critic; its mini-batches must split like the actor's."""
+        if not self.algorithm.needs_critic:
+            changed = self.critic.changed_keys()
+            if changed:
+                raise ConfigError(f"{changed[0]} is set, but algorithm={self.algorithm.name} trains no critic "
+                                  "(only algorithm=ppo does); remove it or use algorithm=ppo")
+            return
+        mini = self.critic.batching(self.trainer)[0]
+        rows = self.data.train_batch_size * self.algorithm.group_size
+        world = self.topology().world_size
+        if mini and (rows % mini or mini % world):
+            key = "critic.mini_batch_size" if self.critic.mini_batch_size is not None else "trainer.mini_batch_size"
+            raise ConfigError(f"{key}={mini} must divide the {rows} samples per step and be a multiple of the "
+                              f"{world} workers")
 
     def topology(self, rank: int = 0) -> Topology:
         """The process layout this config asks for, seen from `rank`."""

@@ -2,7 +2,9 @@
 
 One iteration, as issued to the WorkerGroup (`hybridrl.phases.Phase`)::
 
-    wake → generate → sleep → logprob → reward → advantages (here) → update → reshard
+    wake → generate → sleep → logprob → [values] → reward → advantages (here) → [update_critic] → update → reshard
+
+The bracketed phases run with a critic (algorithm=ppo); during `critic.warmup_steps` the actor's update is skipped.
 """
 
 from __future__ import annotations
@@ -188,6 +190,9 @@ class Controller:
             parts = group.run_scattered(Phase.LOGPROB, batch)
             for key in parts[0]:
                 batch[key] = torch.cat([p[key] for p in parts])
+        if self.cfg.algorithm.needs_critic:
+            with self.timed(Phase.VALUES):
+                batch["values"] = torch.cat([p["values"] for p in group.run_scattered(Phase.VALUES, batch)])
         if not self.cfg.algorithm.filter_groups:
             with self.timed(Phase.REWARD):
                 scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
@@ -197,13 +202,28 @@ class Controller:
         if self.tracker.samples_due(step):  # a few rollouts in samples.jsonl: what the model wrote, what it scored
             rows = pick_samples(len(batch), self.cfg.logger.samples_per_step, self.cfg.algorithm.group_size)
             self.tracker.log_samples(step, sample_rows(batch, rows, self.tokenizer, scores, extras))
-        with self.timed(Phase.UPDATE):
-            metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE, batch)))
+        if self.cfg.algorithm.needs_critic:
+            with self.timed(Phase.UPDATE_CRITIC):
+                metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE_CRITIC, batch)))
+        if self._actor_trains(step, metrics):
+            with self.timed(Phase.UPDATE):
+                metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE, batch)))
         with self.timed(Phase.RESHARD):
             metrics.update(mean_over_ranks(group.run_all(Phase.RESHARD)))
         step_time = time.perf_counter() - t_step
         metrics.update(self._step_metrics(batch, step_time))
         return metrics
+
+    def _actor_trains(self, step: int, metrics: dict[str, Any]) -> bool:
+        """False during the critic's warm-up (`critic.warmup_steps` critic-only steps), logged as `critic/warmup`."""
+        if not self.cfg.algorithm.needs_critic:
+            return True
+        warmup = self.cfg.critic.warmup_steps
+        metrics["critic/warmup"] = float(step <= warmup)
+        if step <= warmup:
+            log.info("step %d: critic warm-up (%d of critic.warmup_steps=%d): the actor's update is skipped",
+                     step, step, warmup)
+        return step > warmup
 
     def _filtered_rollout(self, step: int) -> tuple[Batch, list[float], dict[str, list[float]], dict[str, float]]:
         """DAPO's dynamic sampling: generate and score rounds of new prompts until `data.train_batch_size` groups

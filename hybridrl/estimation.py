@@ -1,7 +1,8 @@
 """The controller's "advantages" phase: from a scored rollout batch to what the update trains on.
 
     metrics = estimate(cfg, batch, scores, extras)
-    # batch now holds advantages [B, T] (and returns [B, T] for ppo), and with a rollout correction the
+    # batch now holds advantages [B, T] (and returns [B, T] for ppo, with critic/* metrics), and with a rollout
+    # correction the
     # importance weights and the loss mask; metrics hold reward/*, rollout_corr/*, mismatch/*, actor/entropy
 
 In order: reward metrics of the raw scores → DAPO's overlong shaping → the KL to the reference in the reward
@@ -18,6 +19,7 @@ import torch
 from hybridrl.algorithms import (
     AlgorithmConfig,
     compute_advantages,
+    explained_variance,
     kl_penalty,
     masked_mean,
     mismatch_metrics,
@@ -49,6 +51,16 @@ def reward_metrics(scores: torch.Tensor, extras: dict[str, list[float]], group_s
     return m
 
 
+def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How well the critic's rollout values predicted GAE's returns (verl's `critic/vf_explained_var`, computed on the
+    values before this step's critic update): `critic/values_mean`, `critic/returns_mean`, `critic/explained_var`."""
+    return {
+        "critic/values_mean": masked_mean(values, mask).item(),
+        "critic/returns_mean": masked_mean(returns, mask).item(),
+        "critic/explained_var": explained_variance(values, returns, mask).item(),
+    }
+
+
 def estimate(algo: AlgorithmConfig, batch: Batch, scores: list[float], extras: dict[str, list[float]],
              max_new_tokens: int) -> dict[str, Any]:
     """Advantages (and returns, weights, loss mask) into `batch`; the step's reward and rollout metrics."""
@@ -68,6 +80,8 @@ def estimate(algo: AlgorithmConfig, batch: Batch, scores: list[float], extras: d
     batch["advantages"] = advantages
     if returns is not None:
         batch["returns"] = returns
+    if returns is not None and values is not None:
+        metrics.update(value_metrics(values, returns, mask))
     weights, keep, corr = rollout_correction(algo, batch["old_logprobs"], batch["engine_logprobs"], mask)
     if weights is not None:
         batch["is_weights"] = weights

@@ -149,11 +149,11 @@ def test_stale_vllm_cpu_shm_segments_are_removed_and_live_ones_kept(tmp_path):
     """vLLM-CPU's TP segments outlive workers that leave with os._exit; the next engine removes only unmapped ones."""
     import mmap
 
-    from hybridrl.engines.vllm_engine import _remove_stale_cpu_shm
+    from hybridrl.engines.vllm_shm import remove_stale_cpu_shm
 
     stale, live, other = tmp_path / "-tp:0-[0-1]-cpushm_0", tmp_path / "-tp:0-[0-1]-cpushm_1", tmp_path / "not-ours"
     for f in (stale, live, other):
         f.write_bytes(b"\0" * 4096)
     with live.open("r+b") as fh, mmap.mmap(fh.fileno(), 4096):  # mapped by this (running) process
-        assert _remove_stale_cpu_shm(str(tmp_path)) == [stale.name]
+        assert remove_stale_cpu_shm(str(tmp_path)) == [stale.name]
     assert not stale.exists() and live.exists() and other.exists()

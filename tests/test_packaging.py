@@ -20,6 +20,6 @@ def test_config_groups_are_importable_as_package_data():
     from importlib.resources import files
 
     conf = files("hybridrl.conf")
-    for group in ("model", "engine", "trainer", "algorithm", "data", "reward", "logger", "cluster"):
+    for group in ("model", "engine", "trainer", "algorithm", "data", "reward", "reward_model", "logger", "cluster"):
         assert any(f.name.endswith(".yaml") for f in conf.joinpath(group).iterdir()), group
     assert conf.joinpath("config.yaml").is_file()

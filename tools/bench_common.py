@@ -64,13 +64,14 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
     return torch.randint(300, vocab, (n, length), generator=g).tolist()
 
 
-def bench_controller(cfg: RunConfig, prompts: list[list[int]], run_dir: str | None = None):
-    """The run's own controller and worker group for `cfg`, fed `prompts` (token ids) instead of a data set."""
+def bench_controller(cfg: RunConfig, prompts: list[list[int]] | list[Prompt], run_dir: str | None = None):
+    """The run's own controller and worker group for `cfg`, fed `prompts` (token ids, or whole `Prompt`s when a
+    reward model needs their text) instead of a data set."""
     from hybridrl.controller import Controller
 
     run_dir = run_dir or tempfile.mkdtemp(prefix="bench_run_")
     controller = Controller(cfg, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), "bench")
-    controller.setup(prompts=[Prompt(ids, "", {}) for ids in prompts])
+    controller.setup(prompts=[p if isinstance(p, Prompt) else Prompt(p, "", {}) for p in prompts])
     return controller
 
 

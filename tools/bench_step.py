@@ -1,9 +1,17 @@
-"""A full GRPO step through the run's own controller and workers, with the phase breakdown; trainer throughput
-against plain FSDP2 in the same process; JSON out.
+"""A full GRPO (or PPO) step through the run's own controller and workers, with the phase breakdown; trainer
+throughput against plain FSDP2 in the same process; JSON out.
 
     python tools/bench_step.py --shape 1.5b --device cuda            # the issue's case
     python tools/bench_step.py --shape tiny --device cpu --new-tokens 16 --prompts 4   # a quick check
     python tools/bench_step.py --shape 1.5b --workers 2 --tp 2       # cluster=local, one process per GPU
+    python tools/bench_step.py --shape 1.5b --algorithm ppo --reward-models 2   # + a 1.5B critic and two 1.5B RMs
+    python tools/bench_step.py --shape tiny --device cpu --algorithm ppo --reward-models 2 --new-tokens 16 --prompts 4
+
+With --algorithm ppo the step adds the critic's phases (values after logprob, update_critic before update) and
+--reward-models N scores every sample with N reward models of the same shape (random heads), one on the device at
+a time. Their extra switching — the critic's offload (inside wake), its onload waits, and each reward model's
+onload/offload — is reported beside the step, and so is the reward phase's peak memory over what was resident
+when it began, against one reward model's size (one at a time: about one model, not N).
 
 The step is `Controller.train_step` on random prompts (no sample stops early), exactly as `python -m hybridrl`
 runs it: wake (the trainer roles' offload, then the engine's wake) → generate → sleep → logprob (params back in
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -30,15 +39,61 @@ import torch  # noqa: E402
 
 from bench_common import Timer, bench_config, bench_controller, gpu_peak_flops, make_model_dir, random_prompts  # noqa: E402
 from bench_trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from hybridrl.data.prompts import Prompt  # noqa: E402
 
 # Seconds of the step spent moving memory between the roles rather than computing.
 SWITCH_PHASES = ("time/wake", "time/sleep", "time/reshard")
 SWITCH_INSIDE = ("offload/actor/onload_params_s", "offload/actor/onload_optim_wait_s")
 
 
+# The critic's and the reward models' own moves: the critic's offload (inside time/wake), its onload waits, and
+# every reward model's onload/offload (inside time/reward).
+EXTRA_SWITCH = re.compile(r"^offload/(critic|reward_model/[^/]+)/[a-z_]*_s$")
+CRITIC_WAITS = ("offload/critic/onload_params_wait_s", "offload/critic/onload_optim_wait_s")
+REWARD_MODEL_MOVES = re.compile(r"^offload/reward_model/[^/]+/(onload|offload)_s$")
+
+
 def switching_s(metrics: dict) -> float:
-    """Switching time of one step from its metrics."""
-    return sum(metrics.get(k, 0.0) for k in SWITCH_PHASES + SWITCH_INSIDE)
+    """Switching time of one step from its metrics (the critic's offload is already inside time/wake)."""
+    inside = sum(v for k, v in metrics.items() if k in CRITIC_WAITS or REWARD_MODEL_MOVES.match(k))
+    return sum(metrics.get(k, 0.0) for k in SWITCH_PHASES + SWITCH_INSIDE) + inside
+
+
+def extra_switching_s(metrics: dict) -> float:
+    """The part of the step's switching that the critic and the reward models add."""
+    return sum(v for k, v in metrics.items() if EXTRA_SWITCH.match(k))
+
+
+def algorithm_overrides(name: str) -> list[str]:
+    """conf/algorithm/<name>.yaml as overrides (the benchmark builds its config without Hydra's groups)."""
+    conf = Path(__file__).resolve().parents[1] / "conf" / "algorithm" / f"{name}.yaml"
+    return [f"algorithm.{k}={v}" for k, v in OmegaConf.to_container(OmegaConf.load(conf)).items()]
+
+
+def reward_model_dir(policy_dir: str) -> str:
+    """The policy's folder as a one-label sequence classifier: its files linked, its config given num_labels=1 (the
+    classifier's head is drawn fresh at load)."""
+    rm_dir = Path(policy_dir + "-rm")
+    if not (rm_dir / "config.json").exists():
+        rm_dir.mkdir(exist_ok=True)
+        for f in Path(policy_dir).iterdir():
+            if f.name != "config.json" and not (rm_dir / f.name).exists():
+                (rm_dir / f.name).symlink_to(f.resolve())
+        config = json.loads((Path(policy_dir) / "config.json").read_text())
+        config.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+        (rm_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return str(rm_dir)
+
+
+def reward_model_overrides(n: int, policy_dir: str) -> list[str]:
+    """`n` reward models of the policy's shape and weights (a fresh scalar head each)."""
+    if not n:
+        return []
+    path = reward_model_dir(policy_dir)
+    models = ", ".join(f"{{name: rm{i}, path: '{path}', weight: 0.1, micro_batch_size: 16}}" for i in range(n))
+    return [f"reward_model.models=[{models}]"]
 
 
 def main() -> None:
@@ -61,6 +116,8 @@ def main() -> None:
     ap.add_argument("--tp-iters", type=int, default=3)
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--offload", default="params,optimizer", help="trainer.offload on GPU (none to keep all resident)")
+    ap.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo", help="ppo adds a critic of the same shape")
+    ap.add_argument("--reward-models", type=int, default=0, help="reward models of the same shape, scored in turn")
     ap.add_argument("--set", action="append", default=[], help="any other config override, e.g. engine.native.impl=hf")
     args = ap.parse_args()
 
@@ -72,12 +129,17 @@ def main() -> None:
         *cluster, f"engine.tp_size={args.tp}", f"data.train_batch_size={args.prompts}", f"algorithm.group_size={args.group}",
         f"engine.max_new_tokens={args.new_tokens}", f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
         f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}", "trainer.lr=1e-6",
-        f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *args.set,
+        f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *algorithm_overrides(args.algorithm),
+        *reward_model_overrides(args.reward_models, path), *args.set,
     ])
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(path).vocab_size
-    controller = bench_controller(cfg, random_prompts(args.prompts * 4, args.prompt_len, vocab))
+    # A reward model reads text: each prompt's text is as many byte-level tokens as prompt + response, so it scores
+    # sequences of the policy's length (the random ids decode to little text of their own).
+    text = "x" * (args.prompt_len + args.new_tokens)
+    prompts = [Prompt(ids, text, {"prompt": text}) for ids in random_prompts(args.prompts * 4, args.prompt_len, vocab)]
+    controller = bench_controller(cfg, prompts)
     steps = []
     for step in range(1, args.warmup + args.steps + 1):
         metrics = controller.train_step(step)
@@ -93,18 +155,24 @@ def main() -> None:
         "step_s_median": total, "phases_s_median": times,
         "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/", "mismatch/"))}
                      for m in steps],
+        "algorithm": args.algorithm, "reward_models": args.reward_models,
         "switching_s": switching, "switching_share": switching / total,
+        "critic_and_reward_model_switching_s": statistics.median(extra_switching_s(m) for m in steps),
+        "critic_and_reward_model_switching_share": statistics.median(extra_switching_s(m) for m in steps) / total,
+        "peak_memory_gb_per_phase": {k.split("/")[1]: v for k, v in steps[-1].items()
+                                     if k.startswith("memory/") and k.endswith("/peak_allocated_gb")},
+        "reward_phase": reward_phase_memory(steps[-1]),
         "rollout_tokens_per_s": statistics.median(m["perf/rollout_tokens_per_s"] for m in steps),
         "trainer_per_gpu": trainer_rates(steps, args, n_params(path)),
         "memory_after_phase": {k: v for k, v in steps[-1].items() if k.startswith("memory/")},
     }
-    if args.workers == 1:
+    if args.workers == 1 and args.algorithm == "grpo":
         result["trainer_throughput"] = trainer_throughput(controller, args, path, device, vocab)
     controller.cleanup()
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
-        name = f"bench_step_{args.shape}_w{args.workers}_tp{args.tp}_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}"
+        name = f"bench_step_{args.algorithm}_rm{args.reward_models}_{args.shape}_w{args.workers}_tp{args.tp}_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}"
         Path(out, name + ".json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
@@ -131,6 +199,17 @@ def trainer_rates(steps: list[dict], args, params: int) -> dict:
     update = statistics.median(r[1] for r in rows)
     return {"logprob_tok_s": logprob, "update_tok_s": update, "update_mfu": 6 * params * update / gpu_peak_flops(),
             "params": params}
+
+
+def reward_phase_memory(metrics: dict) -> dict:
+    """The reward phase's peak over what was allocated when it began, against one reward model's parameters (GPU)."""
+    before = metrics.get("memory/values/allocated_gb", metrics.get("memory/logprob/allocated_gb"))
+    peak = metrics.get("memory/reward/peak_allocated_gb")
+    sizes = [v for k, v in metrics.items() if k.startswith("memory/roles/reward_model/") and k.endswith("_host_gb")]
+    if peak is None or before is None:
+        return {}
+    return {"peak_gb": peak, "allocated_before_gb": before, "extra_peak_gb": peak - before,
+            "one_reward_model_gb": max(sizes) if sizes else None, "reward_models": len(sizes)}
 
 
 def trainer_throughput(controller, args, path: str, device: torch.device, vocab: int) -> dict:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.errors import ConfigError
+from hybridrl.rewards.remote import RemoteRewardConfig
 
 _FN_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -34,6 +35,13 @@ class RewardConfig:
     """Reward of a sample on which the reward function raised (counted in reward/errors)."""
     max_error_frac: float = 0.25
     """Stop the run when the reward function raises on more than this fraction of a batch (0 = on any error)."""
+    weight: float = 1.0
+    """Weight of this reward function's score in combine=sum (beside the reward models' weights)."""
+    combine: str = "sum"
+    """How the function's and the reward models' scores become one: sum (weighted) or "pkg.module:func" taking
+    {source: [scores]} (hybridrl.rewards.combine)."""
+    remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
+    """The endpoint of reward=remote (hybridrl.rewards.remote)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -51,6 +59,10 @@ class RewardConfig:
             raise ConfigError(f"reward.error_score must be a finite number, got {self.error_score}")
         if not 0.0 <= self.max_error_frac <= 1.0:
             raise ConfigError(f"reward.max_error_frac must be in [0, 1], got {self.max_error_frac}")
+        if self.name == "remote" and not self.fn:
+            self.remote.check()
+        if not isinstance(self.combine, str) or not self.combine.strip():
+            raise ConfigError("reward.combine is empty; use sum or 'pkg.module:func'")
 
     @property
     def spec(self) -> str:

@@ -11,7 +11,8 @@ Roles are built in a fixed order on every rank (their FSDP wrapping and process 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,10 +23,16 @@ import hybridrl.data.synthetic  # noqa: F401  (registers the built-in "synthetic
 from hybridrl.agent.loop import AgentLoop
 from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
+from hybridrl.errors import ConfigError
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
 from hybridrl.reshard import Resharder
 from hybridrl.rewards import resolve_reward
+from hybridrl.rewards.combine import RewardScorer
+from hybridrl.rewards.remote import RemoteReward
+from hybridrl.rewards.reward_model import TINY, RewardModel
 from hybridrl.topology import Topology
+from hybridrl.training.critic import Critic
+from hybridrl.training.fsdp import Precision
 from hybridrl.training.reference import Reference
 from hybridrl.training.trainer import Trainer
 from hybridrl.workers.rollout import Rollout
@@ -47,12 +54,20 @@ class Components:
     rollout: Rollout | None
     """The engine and its weight sync (None only in trainer-only benchmarks)."""
     reward_fn: Callable
+    """The reward function (registered, `reward.fn`, or `reward=remote`)."""
+    critic: Critic | None = None
+    """The value model (algorithm=ppo only)."""
+    reward_models: list[RewardModel] = field(default_factory=list)
+    """Local reward models, in host memory outside their turn in the reward phase."""
+    scorer: RewardScorer | None = None
+    """The reward phase: the function and the reward models, combined."""
     agent_loop: AgentLoop | None = None
     """The multi-turn agent loop (rollout=agent), driving the engine through requests; None for single-turn."""
 
     def roles(self) -> dict[str, Any]:
         """Every role present, by name: what memory reports and checkpoints iterate over."""
-        roles = {"actor": self.actor, "ref": self.ref, "engine": self.rollout}
+        roles = {"actor": self.actor, "ref": self.ref, "critic": self.critic, "engine": self.rollout,
+                 **{rm.name: rm for rm in self.reward_models}}
         return {k: v for k, v in roles.items() if v is not None}
 
     def stateful(self) -> dict[str, Any]:
@@ -73,11 +88,13 @@ class Components:
             self.rollout.shutdown()
 
 
-def optimizer_steps(cfg: RunConfig) -> int:
-    """Optimizer steps over the whole run (the lr schedule's length)."""
+def optimizer_steps(cfg: RunConfig, mini_batch_size: int | None = None, ppo_epochs: int | None = None) -> int:
+    """Optimizer steps over the whole run (the lr schedule's length); the actor's batching unless given."""
+    mini = cfg.trainer.mini_batch_size if mini_batch_size is None else mini_batch_size
+    epochs = cfg.trainer.ppo_epochs if ppo_epochs is None else ppo_epochs
     rows = cfg.data.train_batch_size * cfg.algorithm.group_size
-    per_epoch = 1 if cfg.trainer.mini_batch_size == 0 else rows // cfg.trainer.mini_batch_size
-    return cfg.trainer.steps * cfg.trainer.ppo_epochs * per_epoch
+    per_epoch = 1 if mini == 0 else rows // mini
+    return cfg.trainer.steps * epochs * per_epoch
 
 
 def build_components(cfg: RunConfig, topology: Topology, device: torch.device,
@@ -95,9 +112,40 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device,
     if cfg.algorithm.uses_reference:
         ref = Reference(model_path, cfg.model, cfg.trainer, device, mesh, pad, temperature,
                         offload=cfg.ref.resolve_offload(cfg.trainer))
+    critic = build_critic(cfg, model_path, device, mesh, pad) if cfg.algorithm.needs_critic else None
+    reward_models = build_reward_models(cfg, device, mesh)
     rollout = build_rollout(cfg, model_path, tokenizer, device, topology, actor.model) if with_engine else None
+    reward_fn = RemoteReward(cfg.reward.remote) if cfg.reward.spec == "remote" else resolve_reward(cfg.reward.spec)
+    scorer = RewardScorer(reward_fn, tokenizer, cfg.reward, reward_models)
     agent_loop = AgentLoop(cfg.agent, tokenizer) if cfg.rollout.name == "agent" else None
-    return Components(topology, device, tokenizer, actor, ref, rollout, resolve_reward(cfg.reward.spec), agent_loop)
+    return Components(topology, device, tokenizer, actor, ref, rollout, reward_fn, critic, reward_models, scorer,
+                      agent_loop)
+
+
+def build_critic(cfg: RunConfig, policy_path: str, device: torch.device, mesh, pad_token_id: int) -> Critic:
+    """The value model: `critic.model.path` (default the policy's folder) with a scalar head, its own optimizer."""
+    c = cfg.critic
+    path = os.path.expanduser(c.model.path) if c.model.path else policy_path
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"critic.model.path={c.model.path!r} is not a Hugging Face model folder (no config.json)")
+    mini, _micro, epochs = c.batching(cfg.trainer)
+    return Critic(path, cfg.model, c, cfg.trainer, cfg.algorithm, device, mesh, pad_token_id,
+                  optimizer_steps(cfg, mini, epochs), head_seed=cfg.trainer.seed)
+
+
+def build_reward_models(cfg: RunConfig, device: torch.device, mesh) -> list[RewardModel]:
+    """Every configured reward model, loaded one at a time and left in host memory (GPU) until its turn."""
+    from hybridrl.models.tiny_heads import ensure_tiny_reward_model
+
+    precision = Precision.for_device(cfg.trainer.param_dtype, device)
+    out = []
+    for i, m in enumerate(cfg.reward_model.models):
+        where = f"reward_model.models[{i}] ({m.name})"
+        path = str(ensure_tiny_reward_model(cfg.model.cache_dir, seed=m.seed)) if m.path == TINY else m.path
+        with torch.random.fork_rng(devices=[]):  # loading draws no number the run's other roles would see
+            out.append(RewardModel(m, path, device, mesh, precision, cfg.data.prompt_key, cfg.data.system_prompt,
+                                   cfg.model.trust_remote_code, where))
+    return out
 
 
 def build_rollout(cfg: RunConfig, model_path: str, tokenizer, device: torch.device, topology: Topology,

@@ -2,7 +2,8 @@
 
 The controller sends the phases (`hybridrl.phases.Phase`) in order every iteration, on every worker::
 
-    wake → generate → sleep → logprob → reward → [advantages on the controller] → update → reshard
+    wake → generate → sleep → logprob → [values] → reward → [advantages on the controller] → [update_critic]
+         → update → reshard
 
 The worker decides no schedule: it dispatches each phase to the roles it concerns, and records memory after it.
 """
@@ -21,7 +22,6 @@ from hybridrl.cpu_threads import configure_threads
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.rewards.base import RewardScores
-from hybridrl.rewards.scoring import score_batch
 from hybridrl.workers.build import build_components
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
 
@@ -57,14 +57,21 @@ class HybridWorker:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self.memory[phase] = memory_snapshot(self.device)
+        if self.device.type == "cuda":
+            # The most held at any time since the previous record: during this phase.
+            self.memory[phase]["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     # -- phase commands -------------------------------------------------------------------
     def wake(self) -> dict[str, float]:
         """Give the device to the engine: trainer roles to host (per their offload policies), engine awake."""
         r = self.roles
+        self.switch_stats = {}  # a step whose update was skipped (critic warm-up) leaves its figures behind
         stats = r.actor.offload()
         if r.ref is not None:
             stats.update(r.ref.offload())  # completes the copy started after its log-prob pass
+        if r.critic is not None:
+            stats.update(r.critic.offload())  # completes the copy started after its update
         r.rollout.wake()
         self._record("wake")
         return stats
@@ -94,6 +101,8 @@ class HybridWorker:
         self.switch_stats.update(r.actor.onload_params())
         if r.ref is not None:
             self.switch_stats.update(r.ref.onload(wait=False))
+        if r.critic is not None:
+            self.switch_stats.update(r.critic.onload_params(wait=False))  # joined by the values phase
         self.switch_stats.update(r.actor.onload_optimizer(wait=False))
         micro = r.actor.micro_batches(batch)
         out = r.actor.compute_logprobs(micro)
@@ -103,10 +112,33 @@ class HybridWorker:
         self._record("logprob")
         return out
 
+    def values(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The critic's values of the rollout (algorithm=ppo); its Adam state starts coming back behind the pass."""
+        critic = self.roles.critic
+        self.switch_stats.update(critic.onload_optimizer(wait=False))
+        out, stats = critic.compute_values(critic.micro_batches(batch))
+        self.switch_stats.update(stats)
+        self._record("values")
+        return out
+
     def reward(self, batch: Batch) -> RewardScores:
-        """Score each completion with the configured reward function."""
-        out = score_batch(self.roles.reward_fn, batch, self.roles.tokenizer, self.cfg.reward)
+        """Score each completion: the reward function, then each reward model in turn (one on the device at a
+        time), combined per `reward.combine`."""
+        out, stats = self.roles.scorer(batch)
+        for k, v in stats.items():  # several reward rounds in one step (dynamic sampling) add up their seconds
+            self.switch_stats[k] = v if k.endswith("_gbps") else self.switch_stats.get(k, 0.0) + v
         self._record("reward")
+        return out
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Clipped value-loss update of the critic towards the returns; then it leaves the device behind the
+        actor's update. Reports the step's memory moves so far (the actor's update may be skipped in warm-up)."""
+        critic = self.roles.critic
+        self.switch_stats.update(critic.onload_optimizer())
+        out = {**critic.update(batch), **self.switch_stats}
+        self.switch_stats = {}
+        critic.offload(wait=False)
+        self._record("update_critic")
         return out
 
     def update(self, batch: Batch) -> dict[str, float]:
