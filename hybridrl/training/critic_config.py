@@ -11,7 +11,10 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from hybridrl.errors import ConfigError
-from hybridrl.training.config import OFFLOAD_PARTS, TrainerConfig
+from hybridrl.training.config import TrainerConfig
+
+OFFLOAD_PARTS = ("params", "optimizer")
+"""What `critic.offload` may name (the parts `FSDPLearner` moves)."""
 
 
 @dataclass
