@@ -49,6 +49,8 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("trainer.reshard_after_forward", APPLY, "speed and memory only"),
     ("trainer.defer_grad_sync", APPLY, "when gradients are reduced, not what they sum to"),
     ("ref.offload", APPLY, "memory only"),
+    ("critic.offload", APPLY, "memory only"),
+    ("critic.micro_batch_size", APPLY, "gradient accumulation split only"),
     ("trainer.param_dtype", APPLY, "compute precision"),
     ("trainer.device", APPLY, "where it runs"),
     ("model.attn_implementation", APPLY, "kernel choice"),
@@ -94,6 +96,8 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("engine.*", REFUSE, "the sampling distribution (temperature, top-p/k, lengths, stop tokens)"),
     ("cluster.*", REFUSE, "the world layout"),
     ("rollout.*", REFUSE, "how the trajectories being trained on are made"),
+    ("critic.*", REFUSE, "the value model and its optimization (stored in the checkpoint's critic/)"),
+    ("reward_model.*", REFUSE, "the reward being optimized"),
     ("agent.*", REFUSE, "the tools, turns and budgets of the trajectories being trained on"),
     ("*", REFUSE, "not classified for resume (hybridrl/resume_policy.py RULES)"),
 )
