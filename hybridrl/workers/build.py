@@ -40,7 +40,7 @@ class Components:
     actor: Trainer
     """The FSDP policy and its optimizer."""
     ref: Reference | None
-    """The frozen reference (None without a KL term)."""
+    """The frozen reference (None without a KL term, and with LoRA: the actor's base serves it)."""
     rollout: Rollout | None
     """The engine and its weight sync (None only in trainer-only benchmarks)."""
     reward_fn: Callable
@@ -85,7 +85,7 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device,
     actor = Trainer(model_path, cfg.model, cfg.trainer, cfg.algorithm, device, mesh, pad, temperature,
                     optimizer_steps(cfg))
     ref = None
-    if cfg.algorithm.uses_reference:
+    if cfg.algorithm.uses_reference and not actor.serves_reference:  # with LoRA the actor's base is the reference
         ref = Reference(model_path, cfg.model, cfg.trainer, device, mesh, pad, temperature,
                         offload=cfg.ref.resolve_offload(cfg.trainer))
     rollout = build_rollout(cfg, model_path, tokenizer, device, topology, actor.model) if with_engine else None
