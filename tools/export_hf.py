@@ -2,8 +2,11 @@
 
     python tools/export_hf.py --checkpoint outputs/run/checkpoints/step_000060 --output exported/
     python tools/export_hf.py --checkpoint ... --output ... --model-path /models/Qwen2.5-0.5B-Instruct
+    python tools/export_hf.py --checkpoint ... --output ... --merge       # a LoRA run: the merged model
 
-The checkpoint is verified against its checksums first. The base model folder and whether its code may
+A LoRA checkpoint (`model.lora`) is written as a PEFT adapter folder (adapter_config.json,
+adapter_model.safetensors: load it with `PeftModel.from_pretrained(base, folder)`), or with `--merge` as the full
+model with the adapters merged in. The checkpoint is verified against its checksums first. The base model folder and whether its code may
 run (`--trust-remote-code`) come from the command line only, never from the checkpoint's metadata: a
 checkpoint someone hands you must not choose which code runs on your machine.
 """
@@ -48,9 +51,11 @@ def model_config(meta: dict, model_path: str | None, trust_remote_code: bool):
 
 
 def export(
-    checkpoint: Path, output: Path, force: bool = False, model_path: str | None = None, trust_remote_code: bool = False
+    checkpoint: Path, output: Path, force: bool = False, model_path: str | None = None, trust_remote_code: bool = False,
+    merge: bool = False,
 ) -> Path:
-    """Load the checkpoint's policy weights into the base model and save it with its tokenizer."""
+    """Load the checkpoint's policy weights into the base model and save it with its tokenizer (a LoRA checkpoint:
+    the adapter folder, or the merged model with `merge`)."""
     from hybridrl.checkpoints import read_meta, verify
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
     from hybridrl.training.checkpoint import load_model_weights
@@ -59,7 +64,12 @@ def export(
     cfg = model_config(read_meta(checkpoint), model_path, trust_remote_code)
     base = resolve_model_path(cfg)
     model = load_causal_lm(base, cfg, torch.float32, "cpu")
-    load_model_weights(checkpoint, model)
+    if cfg.lora.enabled:
+        from hybridrl.training.lora import export_model
+
+        model = export_model(model, cfg.lora, checkpoint, merge)
+    else:
+        load_model_weights(checkpoint, model)
     if output.exists():
         if not force:
             raise SystemExit(f"error: {output} exists; pass --force to replace it")
@@ -82,12 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-path", default=None, help="the base model folder the run trained (model.path); "
                     "needed unless the run used the tiny model")
     ap.add_argument("--trust-remote-code", action="store_true", help="allow code shipped in the model folder to run")
+    ap.add_argument("--merge", action="store_true",
+                    help="LoRA checkpoint: write the merged model instead of the adapter folder (no effect otherwise)")
     args = ap.parse_args(argv)
     if not (args.checkpoint / "meta.json").is_file():
         print(f"error: {args.checkpoint} is not a complete checkpoint (no meta.json)", file=sys.stderr)
         return 2
     try:
-        out = export(args.checkpoint, args.output, args.force, args.model_path, args.trust_remote_code)
+        out = export(args.checkpoint, args.output, args.force, args.model_path, args.trust_remote_code, args.merge)
     except HybridRLError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -35,6 +35,46 @@ class TinyModelOptions:
             raise ConfigError(f"model.tiny.pretrain_steps must be >= 0, got {self.pretrain_steps}")
 
 
+#: The linear projections of a Llama / Qwen2 / Qwen3 decoder layer: LoRA's default targets.
+DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapters on the policy (`model.lora.*`), through PEFT; off while `rank` is unset."""
+
+    rank: Optional[int] = None
+    """Rank r of each adapter (B·A with A: r × in, B: out × r); null = full fine-tuning, no adapters."""
+    alpha: float = 16.0
+    """Scale numerator: a layer computes W·x + (alpha / rank)·B·A·x (verl's and OpenRLHF's default, 16)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input during the update (PEFT's lora_dropout)."""
+    target_modules: list[str] = field(default_factory=lambda: list(DECODER_PROJECTIONS))
+    """Names of the decoder's linear layers that get adapters (default: every projection, q/k/v/o/gate/up/down)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the policy trains adapters instead of its weights."""
+        return self.rank is not None
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank, the factor on B·A."""
+        return self.alpha / self.rank
+
+    def __post_init__(self) -> None:
+        if self.rank is not None and self.rank <= 0:
+            raise ConfigError(f"model.lora.rank must be > 0, got {self.rank} (leave it unset for full fine-tuning)")
+        if self.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+        names = list(self.target_modules)
+        if not names or any(not n or "." in n for n in names) or len(set(names)) != len(names):
+            raise ConfigError(f"model.lora.target_modules must be distinct module names such as q_proj (no dots), "
+                              f"got {names}")
+
+
 @dataclass
 class ModelConfig:
     """The policy: a Hugging Face causal LM folder, or the tiny model made locally."""
@@ -53,6 +93,8 @@ class ModelConfig:
     """Attention kernel for trainer and native engine: sdpa or eager (same in both keeps log-probs equal)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    """LoRA adapters (`model.lora.rank=8` turns them on); the base weights stay frozen."""
 
     def __post_init__(self) -> None:
         if self.name not in ("tiny", "hf"):

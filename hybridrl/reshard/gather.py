@@ -7,6 +7,9 @@ Gathering: the DTensor shards of one layer group are packed into one flat buffer
 `all_gather_into_tensor` per group (what FSDP2 itself does in forward), instead of one `.full_tensor()`
 collective per parameter: a decoder layer has 9-14 parameters, and per-call latency dominates small layers.
 Unusual placements (not Shard(0) on one mesh dimension) fall back to `.full_tensor()` per parameter.
+
+A model with LoRA adapters (PEFT) streams under the same HF names: each group's adapted weights come out merged,
+W + (alpha/rank)·B·A, computed right after the group's gather (`reshard/lora_merge.py`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from hybridrl.errors import HybridRLError
+from hybridrl.reshard.lora_merge import LoraMerge, hf_name
 
-_WRAPPERS = re.compile(r"(_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)\.")  # compile/AC/FSDP1 prefixes
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -31,13 +34,14 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 def layer_params(model: nn.Module) -> list[tuple[str, list[tuple[str, torch.Tensor]]]]:
     """The model's parameters under their HF names, grouped: ``embed``, ``layers.0`` … ``layers.{L-1}``, ``final``.
 
-    Tied parameters appear once (``named_parameters`` drops the duplicate, so a tied ``lm_head`` is absent).
+    Tied parameters appear once (``named_parameters`` drops the duplicate, so a tied ``lm_head`` is absent). LoRA
+    factors appear in their layer's group under names `LoraMerge.merge` recognizes.
     """
     embed: list[tuple[str, torch.Tensor]] = []
     layers: dict[int, list[tuple[str, torch.Tensor]]] = {}
     final: list[tuple[str, torch.Tensor]] = []
     for raw_name, p in model.named_parameters():
-        name = _WRAPPERS.sub("", raw_name)
+        name = hf_name(raw_name)
         if m := _LAYER.search(name):
             layers.setdefault(int(m.group(1)), []).append((name, p))
         elif "embed" in name:
@@ -54,6 +58,7 @@ def iter_full_layers(
     *,
     dtype: torch.dtype | None = None,
     on_transient: Callable[[int], None] | None = None,
+    merge_lora: bool = True,
 ) -> Iterator[tuple[str, NamedTensors]]:
     """Yield (group name, [(hf_name, full tensor)]) per layer group, in streaming order.
 
@@ -61,10 +66,14 @@ def iter_full_layers(
     parameter (plain modules, world size 1): callers must not write to it. The generator drops its references
     before gathering the next group, so one group's full tensors are alive at a time unless the caller keeps them.
     `dtype` casts shards before the collective (fewer bytes); `on_transient(nbytes)` reports the short-lived
-    gather buffers at their peak, for memory accounting.
+    gather buffers at their peak, for memory accounting. With `merge_lora` (and a LoRA model) each group comes
+    merged; without, its LoRA factors come as they are, for the caller to merge (`LoraMerge`).
     """
+    merger = LoraMerge.from_model(model) if merge_lora else None
     for group, params in layer_params(model):
         full = _gather_group(params, dtype, on_transient)
+        if merger is not None:
+            full = merger.merge(full)
         yield group, full
         del full
 

@@ -4,8 +4,11 @@ Where it sits in one iteration (on every worker, all ranks together)::
 
     trainer.step()
     engine.wake_up(["weights"])
-    stats = resharder.sync(trainer.model)     # for each layer: gather full → fuse/split this rank's shard
-    engine.wake_up(["kv_cache"])              #   → push whole fused groups in buckets of ≤ bucket_mb
+    stats = resharder.sync(trainer.model)     # for each layer: gather full → [merge LoRA] → fuse/split this
+    engine.wake_up(["kv_cache"])              #   rank's shard → push whole fused groups in buckets of ≤ bucket_mb
+
+A PEFT model (LoRA) is streamed under HF names with each adapted weight merged, W + (alpha/rank)·B·A, right after
+its layer's gather: the engine receives effective weights, one layer's worth at a time.
 
 Backends: ``copy`` hands each bucket to `engine.load_weights` in this process. ``broadcast`` sends the bucket's
 full HF tensors from a source rank to the other ranks of a process group (one flat buffer), and each rank cuts
@@ -28,6 +31,7 @@ from hybridrl.reshard.broadcast import recv_bucket, send_bucket
 from hybridrl.reshard.config import ReshardConfig
 from hybridrl.reshard.gather import iter_full_layers
 from hybridrl.reshard.layout import LayerGroup, TensorSpec, WeightLayout, build_layout
+from hybridrl.reshard.lora_merge import LoraMerge
 from hybridrl.reshard.reference import reference_shard
 from hybridrl.reshard.stats import PeakTracker, PhaseClock, ReshardStats
 
@@ -143,9 +147,13 @@ class Resharder:
         clock, tracker = self._clock, self._tracker
         keep_sources = self.backend == "broadcast" or self.config.verify
         bucket, seen = _Bucket(), []
+        lora = LoraMerge.from_model(model)
         t = clock.now()
-        for name, full in iter_full_layers(model, dtype=self.dtype, on_transient=tracker.observe):
+        for name, full in iter_full_layers(model, dtype=self.dtype, on_transient=tracker.observe, merge_lora=False):
             t = clock.add("gather_s", t)
+            if lora is not None:
+                full = self._merge(lora, full)
+                t = clock.add("merge_s", t)
             group = self._check_group(name, full)
             seen.append(name)
             layer = dict(full)
@@ -180,6 +188,17 @@ class Resharder:
                 send_bucket(None, None, self.src, self.group, self.device)
             elif recv_bucket(self.src, self.group, self.device) is not None:
                 raise HybridRLError("reshard: the broadcast source sent more buckets than this rank planned")
+
+    def _merge(self, lora: LoraMerge, full: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """One gathered group with its LoRA factors merged into the weights (the gathered copies and the merged
+        ones are alive together for a moment: counted as transient)."""
+        merged = lora.merge(full)
+        fresh = [t for (_, t) in merged if all(t is not g for _, g in full)]
+        self._tracker.hold(t for _, t in full)
+        self._tracker.observe(sum(_nbytes(t) for t in fresh))
+        self._tracker.release(t for _, t in full)
+        self._stats.lora_merged += len(fresh)
+        return merged
 
     def _build_pending(self, bucket: _Bucket, layer: dict[str, torch.Tensor]) -> None:
         """Copy backend: cut the bucket's not yet built shards (all from `layer`), timed as one fuse/split step."""

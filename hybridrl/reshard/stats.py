@@ -23,6 +23,10 @@ class ReshardStats:
     """`engine.load_weights` calls (buckets)."""
     gather_s: float = 0.0
     """Seconds gathering full layers from the trainer's shards."""
+    merge_s: float = 0.0
+    """Seconds merging LoRA factors into the gathered weights (0 without adapters)."""
+    lora_merged: int = 0
+    """Weights delivered as W + (alpha/rank)·B·A (0 without adapters)."""
     fuse_split_s: float = 0.0
     """Seconds fusing sources and cutting this rank's TP shard."""
     broadcast_s: float = 0.0

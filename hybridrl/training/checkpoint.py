@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from hybridrl.errors import CheckpointError
 
@@ -198,10 +198,25 @@ def apply_lr(optimizer: torch.optim.Optimizer, scheduler: Any, lr: float) -> boo
 
 
 # -- the trainer's save/load -------------------------------------------------------------
-def save_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path) -> None:
+def _options(trainable_only: bool) -> StateDictOptions:
+    """The state-dict options: with `trainable_only`, frozen parameters (a LoRA base) are left out."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _trained_only(model: torch.nn.Module, msd: dict) -> dict:
+    """The entries of trained parameters: `ignore_frozen_params` keeps a tied head whose embedding is frozen."""
+    names = {n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+             for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in msd.items() if k in names}
+
+
+def save_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path,
+                 trainable_only: bool = False) -> None:
     """Write this rank's part of the checkpoint into `path` (every rank calls it; collective)."""
     path = Path(path)
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    if trainable_only:
+        msd = _trained_only(model, msd)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path / "dcp"))
     rank = dist.get_rank() if dist.is_initialized() else 0
     extra = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
@@ -212,17 +227,20 @@ def save_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
 
 
 def load_trainer(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path, lr: float | None = None
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path, lr: float | None = None,
+    trainable_only: bool = False,
 ) -> None:
     """Restore model, optimizer, scheduler and RNG from `path` (every rank calls it; collective).
 
-    With `lr`, that becomes the peak learning rate (a resume with a changed `trainer.lr`, see `apply_lr`).
+    With `lr`, that becomes the peak learning rate (a resume with a changed `trainer.lr`, see `apply_lr`); with
+    `trainable_only`, frozen parameters (a LoRA base) keep what the model folder gave them.
     """
     path = Path(path)
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optim": osd}
+    options = _options(trainable_only)
+    msd, osd = get_state_dict(model, optimizer, options=options)
+    state = {"model": _trained_only(model, msd) if trainable_only else msd, "optim": osd}
     safe_dcp_load(state, path / "dcp")
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     rank = dist.get_rank() if dist.is_initialized() else 0
     extra_path = path / f"rank{rank}.pt"
     if not extra_path.exists():  # a different world size: rank 0's schedule and fresh RNG streams

@@ -42,8 +42,9 @@ class FSDPLearner:
     def __init__(self, model: torch.nn.Module, optim, offload_parts: set[str], device: torch.device,
                  total_optimizer_steps: int) -> None:
         self.model, self.optim, self.device = model, optim, device
+        # Frozen parameters (a LoRA base) get neither gradients nor optimizer state.
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
+            [p for p in model.parameters() if p.requires_grad], lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
             fused=True if optim.fused_optimizer and device.type == "cuda" else None,
         )
         self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps, total_optimizer_steps, optim.lr_schedule,
@@ -137,14 +138,24 @@ class FSDPLearner:
             yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p)
 
     # -- checkpoints ----------------------------------------------------------------------
+    @property
+    def has_frozen_params(self) -> bool:
+        """Whether part of the model does not train (a LoRA base): checkpoints leave that part out."""
+        return any(not p.requires_grad for p in self.model.parameters())
+
     def save(self, path: str | Path) -> None:
-        """Model, optimizer, scheduler and RNG of this rank into `path` (collective); never non-finite weights."""
+        """Model (its trained part), optimizer, scheduler and RNG of this rank into `path` (collective); never
+        non-finite weights."""
         if not self.weights_finite():
             raise HybridRLError(f"{self.name}: refusing to write a checkpoint: its weights hold NaN or inf values; "
                                 "the last checkpoint on disk stays the newest")
-        save_trainer(self.model, self.optimizer, self.scheduler, path)
+        reshard_units(self.model)  # a forward at world size 1 leaves full copies, which the state-dict API trips on
+        save_trainer(self.model, self.optimizer, self.scheduler, path, trainable_only=self.has_frozen_params)
 
     def load(self, path: str | Path) -> None:
         """Restore everything `save` wrote (collective); the configured lr applies to the restored optimizer and
-        schedule (a changed lr is one of the keys a resume may change)."""
-        load_trainer(self.model, self.optimizer, self.scheduler, path, lr=self.optim.lr)
+        schedule (a changed lr is one of the keys a resume may change); frozen parameters keep what `model.path`
+        gave them."""
+        reshard_units(self.model)
+        load_trainer(self.model, self.optimizer, self.scheduler, path, lr=self.optim.lr,
+                     trainable_only=self.has_frozen_params)

@@ -4,6 +4,7 @@ Its part of one iteration (the worker calls these; the reference and the engine 
 
     micro = trainer.micro_batches(batch)                     # phase "logprob": device copies, shared with the ref
     old_logp, entropy = trainer.compute_logprobs(micro)
+    ref_logp = trainer.compute_ref_logprobs(micro)           # with LoRA only: the base, adapters off
     metrics = trainer.update(batch)                          # phase "update"
     resharder.sync(trainer.model)                            # phase "reshard" (gathers full layers for the engine)
 """
@@ -17,11 +18,13 @@ import torch.distributed as dist
 
 from hybridrl.algorithms import AlgorithmConfig, aggregate, aggregation_denominator, kl_penalty, masked_mean, policy_loss
 from hybridrl.batch import Batch
+from hybridrl.errors import HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.fsdp import Precision, compile_layers, shard_model, use_compile
 from hybridrl.training.learner import FSDPLearner
+from hybridrl.training.lora import check_target_modules, lora_memory_stats, wrap_with_lora
 from hybridrl.training.logprobs import response_logprobs
 
 #: One micro-batch as the log-prob passes take it: the rows, and their responses and mask already on the device.
@@ -61,8 +64,17 @@ class Trainer(FSDPLearner):
         self.pad_token_id, self.temperature = pad_token_id, temperature
         self.world = mesh.size()
         precision = Precision.for_device(cfg.param_dtype, device)
-        # Master weights stay float32; FSDP casts them to the compute dtype at each gather.
-        model = load_causal_lm(model_path, model_cfg, torch.float32, device)
+        self.peft = None
+        if model_cfg.lora.enabled:
+            # The base is frozen: stored like the reference (compute dtype), adapters in float32 (`training/lora.py`).
+            check_target_modules(model_path, model_cfg)
+            model = load_causal_lm(model_path, model_cfg, precision.frozen_dtype, device)
+            self.peft = wrap_with_lora(model, model_cfg.lora, cfg.seed)
+        else:
+            # Master weights stay float32; FSDP casts them to the compute dtype at each gather.
+            model = load_causal_lm(model_path, model_cfg, torch.float32, device)
+        #: With LoRA and a KL term the actor scores the reference too: its base, adapters off (no second copy).
+        self.serves_reference = self.peft is not None and algo.uses_reference
         if model_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
@@ -86,6 +98,23 @@ class Trainer(FSDPLearner):
             logps.append(lp.cpu())
             ents.append(ent.cpu())
         return {"old_logprobs": torch.cat(logps), "entropy": torch.cat(ents)}
+
+    @torch.no_grad()
+    def compute_ref_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
+        """Reference log-probs with LoRA: the same model with its adapters disabled, i.e. the frozen base."""
+        if self.peft is None:
+            raise HybridRLError("the actor scores the reference only with LoRA (model.lora); use the ref role")
+        self.model.eval()
+        with self.peft.disable_adapter():
+            out = [model_logprobs(self.model, m, self.cfg, self.temperature, self.pad_token_id)[0].cpu() for m in micro]
+        return {"ref_logprobs": torch.cat(out)}
+
+    def memory_stats(self) -> dict[str, float]:
+        """The learner's figures, and with LoRA the adapter / frozen-base split."""
+        stats = super().memory_stats()
+        if self.peft is not None:
+            stats.update(lora_memory_stats(self.model))
+        return stats
 
     # -- update ---------------------------------------------------------------------------
     def _global_sum(self, value: torch.Tensor) -> torch.Tensor:

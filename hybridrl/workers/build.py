@@ -50,7 +50,7 @@ class Components:
     actor: Trainer
     """The FSDP policy and its optimizer."""
     ref: Reference | None
-    """The frozen reference (None without a KL term)."""
+    """The frozen reference (None without a KL term, and with LoRA: the actor's base serves it)."""
     rollout: Rollout | None
     """The engine and its weight sync (None only in trainer-only benchmarks)."""
     reward_fn: Callable
@@ -109,7 +109,7 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device,
     actor = Trainer(model_path, cfg.model, cfg.trainer, cfg.algorithm, device, mesh, pad, temperature,
                     optimizer_steps(cfg))
     ref = None
-    if cfg.algorithm.uses_reference:
+    if cfg.algorithm.uses_reference and not actor.serves_reference:  # with LoRA the actor's base is the reference
         ref = Reference(model_path, cfg.model, cfg.trainer, device, mesh, pad, temperature,
                         offload=cfg.ref.resolve_offload(cfg.trainer))
     critic = build_critic(cfg, model_path, device, mesh, pad) if cfg.algorithm.needs_critic else None

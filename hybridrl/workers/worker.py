@@ -109,6 +109,8 @@ class HybridWorker:
         if r.ref is not None:
             out.update(r.ref.compute_logprobs(micro))
             r.ref.offload(wait=False)  # out again at once, behind the update
+        elif r.actor.serves_reference:  # LoRA: the reference is the actor's base, adapters off
+            out.update(r.actor.compute_ref_logprobs(micro))
         self._record("logprob")
         return out
 

@@ -1,0 +1,111 @@
+"""LoRA checkpoints: adapters and their optimizer state only, an exact restore, a resumed run equal to an
+uninterrupted one, and the export as a PEFT adapter folder or (`--merge`) as the merged model."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
+from tests.test_checkpoints import app, rows, volatile, wait_for
+from tests.test_lora import ALPHA, RANK, lora_worker, train_once, trainer_params
+
+from hybridrl.checkpoints import CheckpointDir
+
+
+def checkpoint(worker, tmp_path):
+    ckpt = CheckpointDir(tmp_path, 1)
+    tmp = ckpt.staging(1)
+    worker.save_checkpoint(str(tmp))
+    return ckpt.publish(tmp, 1, {"loader": {}, "config": OmegaConf.to_container(OmegaConf.structured(worker.cfg))})
+
+
+def optimizer_state(worker) -> dict[str, torch.Tensor]:
+    actor = worker.roles.actor
+    names = {id(p): n for n, p in actor.model.named_parameters()}
+    return {f"{names[id(p)]}/{k}": (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
+            for p, st in actor.optimizer.state.items() for k, v in st.items()}
+
+
+def test_checkpoint_holds_adapters_only_and_restores_them_exactly(tiny_path, tmp_path, process_group):
+    worker = lora_worker(tiny_path)
+    train_once(worker)
+    path = checkpoint(worker, tmp_path)
+    keys = list(dcp.FileSystemReader(str(path / "dcp")).read_metadata().state_dict_metadata)
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all(".lora_A." in k or ".lora_B." in k for k in model_keys), [k for k in model_keys if ".lora_" not in k]
+    assert any(k.startswith("optim.") for k in keys)
+
+    fresh = lora_worker(tiny_path)  # new adapters (B = 0), no optimizer state
+    fresh.load_checkpoint(str(path))
+    assert all(torch.equal(v, trainer_params(fresh)[n]) for n, v in trainer_params(worker).items())
+    want, got = optimizer_state(worker), optimizer_state(fresh)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_export_writes_a_peft_adapter_folder_and_the_merged_model(tiny_path, tmp_path, process_group):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tools.export_hf import main as export_main
+
+    worker = lora_worker(tiny_path)
+    train_once(worker)
+    path = checkpoint(worker, tmp_path)
+    trained = trainer_params(worker)
+
+    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "adapter")]) == 0
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), tmp_path / "adapter").eval()
+    ids = torch.tensor([[5, 17, 3, 9, 11, 40, 41], [21, 2, 40, 7, 7, 7, 1]])
+    actor = worker.roles.actor.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, actor(ids).logits, atol=1e-5)
+
+    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "merged"), "--merge"]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
+    scale = ALPHA / RANK
+    plain = {n.replace(".base_layer.", "."): v for n, v in trained.items() if ".lora_" not in n}
+    plain.setdefault("lm_head.weight", plain["model.embed_tokens.weight"])  # tied
+    n_adapted = 0
+    for name, value in merged.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and f"{module}.lora_A.default.weight" in trained:
+            a, b = trained[f"{module}.lora_A.default.weight"], trained[f"{module}.lora_B.default.weight"]
+            want = plain[name] + scale * b @ a  # W + (alpha/rank)·B·A, written out here
+            n_adapted += 1
+        else:
+            want = plain[name]
+        assert (value - want).abs().max() < 1e-6, name
+    assert n_adapted == 2 * 7
+
+
+ARGS = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.save_every=3",
+        "trainer.steps=6", "model.lora.rank=8", "trainer.lr=2e-2"]
+
+
+@pytest.mark.slow
+def test_lora_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    p = app([*ARGS, f"hydra.run.dir={straight}"], tmp_path)
+    assert p.wait(timeout=600) == 0, p.stdout.read()[-3000:]
+
+    p = app([*ARGS, f"hydra.run.dir={resumed}"], tmp_path)
+    wait_for(lambda: (resumed / "metrics.jsonl").exists() and len(rows(resumed)) >= 4, p)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    p = app([*ARGS, "trainer.resume=auto", f"hydra.run.dir={resumed}"], tmp_path)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-3000:]
+    assert "at step 3" in out
+    a, b = rows(straight), rows(resumed)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert a[-1]["actor/kl"] > 0  # the adapters did move the policy away from the base
+    for x, y in zip(a, b):
+        for key, value in x.items():
+            if volatile(key) or value is None:
+                continue
+            assert y[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (x["step"], key)
