@@ -22,7 +22,7 @@ from hybridrl.controller import completions_to_batch
 from hybridrl.data.config import DataConfig
 from hybridrl.data.prompts import Prompt
 from hybridrl.engines.base import SamplingParams
-from hybridrl.engines.config import EngineConfig
+from hybridrl.engines.config import EngineConfig, NativeOptions
 from hybridrl.errors import ConfigError
 from hybridrl.models.config import LoraOptions, ModelConfig
 from hybridrl.reshard import ReshardConfig, Resharder, build_layout, reference_shard
@@ -152,7 +152,7 @@ def test_reference_log_probs_are_the_base_models(tiny_path, process_group):
 
 @pytest.mark.parametrize("impl", ["fused", "hf"])
 def test_engine_holds_the_merged_weights_and_agrees_on_log_probs(tiny_path, process_group, impl):
-    worker = lora_worker(tiny_path, EngineConfig(impl=impl))
+    worker = lora_worker(tiny_path, EngineConfig(native=NativeOptions(impl=impl)))
     train_once(worker)
     expected = peft_merged(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32),
                            trainer_params(worker))

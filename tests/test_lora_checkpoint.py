@@ -56,7 +56,7 @@ def test_export_writes_a_peft_adapter_folder_and_the_merged_model(tiny_path, tmp
     path = checkpoint(worker, tmp_path)
     trained = trainer_params(worker)
 
-    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "adapter")]) == 0
+    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "adapter"), "--model-path", tiny_path]) == 0
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), tmp_path / "adapter").eval()
@@ -65,7 +65,8 @@ def test_export_writes_a_peft_adapter_folder_and_the_merged_model(tiny_path, tmp
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, actor(ids).logits, atol=1e-5)
 
-    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "merged"), "--merge"]) == 0
+    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "merged"), "--merge",
+                        "--model-path", tiny_path]) == 0
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
     scale = ALPHA / RANK
     plain = {n.replace(".base_layer.", "."): v for n, v in trained.items() if ".lora_" not in n}

@@ -184,7 +184,7 @@ def main() -> None:
     offload = args.offload if device.type == "cuda" else "none"
     common = [
         f"data.train_batch_size={args.prompts}", f"algorithm.group_size={args.group}",
-        f"engine.max_new_tokens={args.new_tokens}", f"engine.max_batch_size={max(256, args.prompts * args.group)}",
+        f"engine.max_new_tokens={args.new_tokens}", f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
         f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}",
         f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *args.set,
     ]
