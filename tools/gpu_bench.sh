@@ -19,6 +19,8 @@
 #   step_7b_2gpu  bench_step 7B on 2 GPUs, engine TP 2, full offload: phases, switching, memory per phase
 #   same_seed_2gpu  the tiny default on 1 and on 2 GPUs (TP 1 and 2), same seed; tools/compare_runs.py gaps
 #   ppo       bench_step 1.5B with algorithm=ppo (a 1.5B critic) and two 1.5B reward models, full offload
+#   lora      bench_lora 7B: a GRPO step with LoRA rank 64 against full fine-tuning (its estimate when it does not
+#             fit one H200), and the reshard with the merge against the plain reshard
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_bench_out}
@@ -87,6 +89,8 @@ for group in "$@"; do
         step "step_7b_w2_tp2_${off//,/-}" 540 $PY tools/bench_step.py --shape 7b --model-dir $MODELS/7b --workers 2 \
           --tp 2 --prompts ${STEP7B_PROMPTS:-16} --new-tokens 256 --micro 8 --steps 2 --warmup 2 --offload $off
       done ;;
+    lora)
+      step lora_7b_r64 420 $PY tools/bench_lora.py --shape 7b --model-dir $MODELS/7b --rank 64 ;;
     ppo)
       step ppo_1.5b 420 $PY tools/bench_step.py --shape 1.5b --model-dir $MODELS/1.5b --algorithm ppo --reward-models 2 \
         --offload params,optimizer --steps 2 --warmup 2 ;;
