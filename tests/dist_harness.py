@@ -60,3 +60,39 @@ def run_world(script: Path, world: int, tmp: Path, args: dict, timeout: float,
 def results_by_case(results: dict[int, dict], cases: list[dict]) -> dict[str, list[str]]:
     """{case id: [result per rank]} ("missing" where a rank reported nothing for the case)."""
     return {c["id"]: [results[r].get(c["id"], "missing") for r in sorted(results)] for c in cases}
+
+
+def worker_main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict], paths: list[str],
+                setup, check) -> None:
+    """The body every `*_dist_worker.py` runs on its rank: join the gloo group, `context = setup(rank, world)`
+    (meshes, TP groups: made on every rank in the same order), `check(case, rank, world, context)` per case (a
+    string: "ok" or what went wrong; an exception is written as one), then `rank<r>.json` and a hard exit (a plain
+    exit can abort in DeviceMesh teardown, PLATFORM_FACTS)."""
+    import os
+    import sys
+    import traceback
+
+    sys.path[:0] = paths
+    results: dict[str, str] = {}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # 2-4 ranks share 2 cores
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+        context = setup(rank, world)
+        for case in cases:
+            try:
+                results[case["id"]] = check(case, rank, world, context)
+            except Exception:
+                results[case["id"]] = f"rank {rank}: " + traceback.format_exc()
+            dist.barrier()  # a failed rank must not leave the others inside a collective of the next case
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        dist.destroy_process_group()
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({**results, "__fatal__": traceback.format_exc()}, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -21,7 +21,7 @@ GOLDEN = Path(__file__).parent / "data" / "golden"
 def test_default_run_matches_the_golden_metrics(tmp_path):
     run_dir = tmp_path / "run"
     r = run_app(
-        [f"model=hf", f"model.path={GOLDEN / 'tiny-qwen2'}", "trainer.steps=10", "trainer.eval_every=5",
+        ["model=hf", f"model.path={GOLDEN / 'tiny-qwen2'}", "trainer.steps=10", "trainer.eval_every=5",
          "logger.progress_bar=false", f"hydra.run.dir={run_dir}"],
         tmp_path, timeout=600,
     )

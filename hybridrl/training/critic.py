@@ -22,7 +22,6 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 
 from hybridrl.algorithms import AlgorithmConfig, aggregation_denominator, clipped_value_loss
 from hybridrl.batch import Batch
@@ -154,12 +153,6 @@ class Critic(FSDPLearner):
         return {"values": torch.cat(out)}, stats
 
     # -- update ---------------------------------------------------------------------------
-    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
-        value = value.to(self.device, torch.float32)
-        if self.world > 1:
-            dist.all_reduce(value)
-        return value
-
     def update(self, batch: Batch) -> dict[str, float]:
         """Clipped value-loss epochs over this rank's shard (needs `values` and `returns` in it); critic metrics.
 

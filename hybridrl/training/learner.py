@@ -92,6 +92,13 @@ class FSDPLearner:
         return {**self.param_offload.stats("params"), **self.optim_offload.stats("optimizer")}
 
     # -- optimization ---------------------------------------------------------------------
+    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """`value` summed over every rank (a loss normalizer over the whole mini-batch), in float32 on the device."""
+        value = value.to(self.device, torch.float32)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(value)
+        return value
+
     def optimizer_step(self) -> float:
         """Clip the gradient norm, step AdamW and the schedule; returns the norm before clipping.
 

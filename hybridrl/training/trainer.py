@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-import torch.distributed as dist
 
 from hybridrl.algorithms import AlgorithmConfig, aggregate, aggregation_denominator, kl_penalty, masked_mean, policy_loss
 from hybridrl.batch import Batch
@@ -117,12 +116,6 @@ class Trainer(FSDPLearner):
         return stats
 
     # -- update ---------------------------------------------------------------------------
-    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
-        value = value.to(self.device, torch.float32)
-        if self.world > 1:
-            dist.all_reduce(value)
-        return value
-
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-clip epochs over this rank's shard of the batch; returns averaged actor metrics."""
         cfg, algo = self.cfg, self.algo

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import socket
-import time
 from collections.abc import Sequence
 from typing import Any
 

@@ -9,10 +9,6 @@ unsharded transformers copy, and its tokens with the other ranks'. Writes {case 
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
-import traceback
 
 TOL = 1e-5
 
@@ -80,34 +76,18 @@ def tp_group(tp: int, rank: int, world: int):
     return mine
 
 
-def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict], paths: list[str]) -> None:
-    sys.path[:0] = paths
-    results: dict[str, str] = {}
-    try:
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
+def setup(rank: int, world: int):
+    """(mesh, TP groups) for every case."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-        torch.set_num_threads(1)  # 2-4 ranks share 2 cores
-        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
-        mesh = init_device_mesh("cpu", (world,))
-        groups = {tp: tp_group(tp, rank, world) for tp in (1, 2, 4) if tp <= world}  # every rank, same order
-        for case in cases:
-            try:
-                results[case["id"]] = check(case, rank, world, mesh, groups)
-            except Exception:
-                results[case["id"]] = f"rank {rank}: " + traceback.format_exc()
-            dist.barrier()  # a failed rank must not leave the others inside a collective of the next case
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-        dist.destroy_process_group()
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({**results, "__fatal__": traceback.format_exc()}, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    mesh = init_device_mesh("cpu", (world,))
+    return mesh, {tp: tp_group(tp, rank, world) for tp in (1, 2, 4) if tp <= world}  # every rank, same order
 
 
 if __name__ == "__dist_worker__":  # run by tests/dist_harness.py
-    main(**ARGS)  # noqa: F821  (ARGS comes from runpy's init_globals)
+    import sys
+
+    sys.path[:0] = ARGS["paths"]  # noqa: F821  (ARGS comes from runpy's init_globals)
+    from tests.dist_harness import worker_main
+
+    worker_main(**ARGS, setup=setup, check=lambda case, rank, world, ctx: check(case, rank, world, *ctx))  # noqa: F821

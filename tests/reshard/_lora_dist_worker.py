@@ -9,10 +9,6 @@ Writes {case id: "ok" | error} to <out_dir>/rank<r>.json and ends with os._exit.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -71,35 +67,20 @@ def run_case(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     return "ok"
 
 
-def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict], paths: list[str]) -> None:
-    sys.path[:0] = paths
-    results: dict[str, str] = {}
-    try:
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
+def setup(rank: int, world: int):
+    """(mesh, TP groups) for every case."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
-        mesh = init_device_mesh("cpu", (world,))
-        groups = {tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
+    mesh = init_device_mesh("cpu", (world,))
+    return mesh, {tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
                   for tp in (1, 2) if tp <= world}
-        for case in cases:
-            try:
-                results[case["id"]] = run_case(case, rank, world, mesh, groups)
-            except Exception:
-                results[case["id"]] = f"rank {rank}: " + traceback.format_exc()
-        dist.barrier()
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-        dist.destroy_process_group()
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({**results, "__fatal__": traceback.format_exc()}, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__dist_worker__":  # run by tests/dist_harness.py
-    main(**ARGS)  # noqa: F821  (ARGS comes from runpy's init_globals)
+    import sys
+
+    sys.path[:0] = ARGS["paths"]  # noqa: F821  (ARGS comes from runpy's init_globals)
+    from tests.dist_harness import worker_main
+
+    worker_main(**ARGS, setup=setup, check=lambda case, rank, world, ctx: run_case(case, rank, world, *ctx))  # noqa: F821

@@ -7,10 +7,6 @@ os._exit (processes that used DeviceMesh sometimes abort at interpreter exit).
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
 
 
 def run_case(case: dict, rank: int, world: int, meshes: dict, groups: dict) -> str:
@@ -57,37 +53,23 @@ def run_case(case: dict, rank: int, world: int, meshes: dict, groups: dict) -> s
     return "ok"
 
 
-def main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict], paths: list[str]) -> None:
-    sys.path[:0] = paths
-    results: dict[str, str] = {}
-    try:
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
+def setup(rank: int, world: int):
+    """(meshes, TP groups) for every case: FSDP over all ranks, HSDP 2 × 2 on 4 ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-        torch.set_num_threads(1)  # 2-4 ranks share 2 cores
-        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
-        meshes = {"fsdp": init_device_mesh("cpu", (world,))}
-        if world == 4:  # HSDP: replicate over 2, shard over 2 → placements (Replicate(), Shard(0))
-            meshes["hsdp"] = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-        groups = {tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
-                  for tp in (1, 2, 4) if tp <= world}
-        for case in cases:
-            try:
-                results[case["id"]] = run_case(case, rank, world, meshes, groups)
-            except Exception:
-                results[case["id"]] = f"rank {rank}: " + traceback.format_exc()
-        dist.barrier()
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-        dist.destroy_process_group()
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({**results, "__fatal__": traceback.format_exc()}, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    meshes = {"fsdp": init_device_mesh("cpu", (world,))}
+    if world == 4:  # HSDP: replicate over 2, shard over 2 → placements (Replicate(), Shard(0))
+        meshes["hsdp"] = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    groups = {tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
+              for tp in (1, 2, 4) if tp <= world}
+    return meshes, groups
 
 
 if __name__ == "__dist_worker__":  # run by tests/dist_harness.py
-    main(**ARGS)  # noqa: F821  (ARGS comes from runpy's init_globals)
+    import sys
+
+    sys.path[:0] = ARGS["paths"]  # noqa: F821  (ARGS comes from runpy's init_globals)
+    from tests.dist_harness import worker_main
+
+    worker_main(**ARGS, setup=setup, check=lambda case, rank, world, ctx: run_case(case, rank, world, *ctx))  # noqa: F821
