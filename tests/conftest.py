@@ -55,3 +55,15 @@ def chat_prompt(tokenizer, text: str) -> list[int]:
 
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module: tiny matmuls gain nothing from a second thread, and on a loaded 2-core
+    machine OpenMP's waiting makes them ~100x slower. Restored afterwards for the rest of the session."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

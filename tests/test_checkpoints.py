@@ -41,32 +41,43 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+def kill_and_resume(args: list[str], tmp_path: Path) -> tuple[list[dict], list[dict], str]:
+    """Run `args` straight through, then again killed (SIGKILL) once step 4 is logged and resumed with
+    `trainer.resume=auto`; returns (straight rows, resumed rows, the resumed run's output). `args` must save every
+    3 steps of 6: the newest checkpoint at the kill is step 3, and step 4's row must be redone."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    p = app([*ARGS, f"hydra.run.dir={straight}"], tmp_path)
+    p = app([*args, f"hydra.run.dir={straight}"], tmp_path)
     assert p.wait(timeout=600) == 0, p.stdout.read()[-3000:]
 
-    p = app([*ARGS, f"hydra.run.dir={resumed}"], tmp_path)
-    # Kill once step 4 is logged: the newest checkpoint is step 3, and step 4's row must be redone.
+    p = app([*args, f"hydra.run.dir={resumed}"], tmp_path)
     wait_for(lambda: (resumed / "metrics.jsonl").exists() and len(rows(resumed)) >= 4, p)
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert (resumed / "checkpoints" / "step_000003" / "meta.json").exists()
 
-    p = app([*ARGS, "trainer.resume=auto", f"hydra.run.dir={resumed}"], tmp_path)
+    p = app([*args, "trainer.resume=auto", f"hydra.run.dir={resumed}"], tmp_path)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out[-3000:]
     assert "resumed from" in out and "at step 3" in out
-    a, b = rows(straight), rows(resumed)
-    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]  # no duplicated or missing steps
+    return rows(straight), rows(resumed), out
+
+
+def assert_same_metrics(a: list[dict], b: list[dict]) -> None:
+    """Every non-volatile metric of every step equal (float32 on CPU: bit-identical in practice; allow rounding)."""
+    assert [r["step"] for r in b] == [r["step"] for r in a]  # no duplicated or missing steps
     for x, y in zip(a, b):
         for key, value in x.items():
             if volatile(key) or value is None:
                 continue
-            # float32 on CPU: the resumed run is bit-identical in practice; allow rounding noise.
             assert y[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (x["step"], key)
-    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    a, b, _ = kill_and_resume(ARGS, tmp_path)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert_same_metrics(a, b)
+    assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
 
 
 def test_incomplete_checkpoints_are_never_resumed(tmp_path):

@@ -27,12 +27,7 @@ TOL = 1e-5 if DEVICE.type == "cpu" else 5e-5
 EOS, PAD = 0, 1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

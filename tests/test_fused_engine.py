@@ -32,14 +32,7 @@ TOL = 1e-5 if DEVICE.type == "cpu" else 5e-5  # GPU kernels differ by shape betw
 EOS, PAD = 0, 1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny matmuls gain nothing from a second thread, and on a loaded 2-core machine OpenMP's waiting makes
-    # them ~100x slower; restored afterwards for the rest of the session.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def fused_engine(model, **options) -> FusedEngine:

@@ -3,13 +3,12 @@ uninterrupted one, and the export as a PEFT adapter folder or (`--merge`) as the
 
 from __future__ import annotations
 
-import signal
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
-from tests.test_checkpoints import app, rows, volatile, wait_for
+from tests.test_checkpoints import assert_same_metrics, kill_and_resume
 from tests.test_lora import ALPHA, RANK, lora_worker, train_once, trainer_params
 
 from hybridrl.checkpoints import CheckpointDir
@@ -90,23 +89,7 @@ ARGS = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_ba
 
 @pytest.mark.slow
 def test_lora_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    p = app([*ARGS, f"hydra.run.dir={straight}"], tmp_path)
-    assert p.wait(timeout=600) == 0, p.stdout.read()[-3000:]
-
-    p = app([*ARGS, f"hydra.run.dir={resumed}"], tmp_path)
-    wait_for(lambda: (resumed / "metrics.jsonl").exists() and len(rows(resumed)) >= 4, p)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    p = app([*ARGS, "trainer.resume=auto", f"hydra.run.dir={resumed}"], tmp_path)
-    out, _ = p.communicate(timeout=600)
-    assert p.returncode == 0, out[-3000:]
-    assert "at step 3" in out
-    a, b = rows(straight), rows(resumed)
+    a, b, _ = kill_and_resume(ARGS, tmp_path)
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
     assert a[-1]["actor/kl"] > 0  # the adapters did move the policy away from the base
-    for x, y in zip(a, b):
-        for key, value in x.items():
-            if volatile(key) or value is None:
-                continue
-            assert y[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (x["step"], key)
+    assert_same_metrics(a, b)
