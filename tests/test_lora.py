@@ -180,11 +180,18 @@ def test_merged_weight_by_hand():
     b = torch.tensor([[2.0], [1.0]])      # out=2 × r=1
     assert torch.equal(merged_weight(w, a, b, 0.5), torch.tensor([[2.0, 2.0], [3.5, 4.0]]))
     assert torch.equal(w, torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # never written in place
-    # A bfloat16 base with float32 factors: merged in float32, one rounding to bfloat16.
-    wb = torch.tensor([[1.0, 1.0]], dtype=torch.bfloat16)
-    a32, b32 = torch.tensor([[0.001, 0.0]]), torch.tensor([[1.0]])
-    assert merged_weight(wb, a32, b32, 1.0).dtype == torch.bfloat16
-    assert torch.equal(merged_weight(wb, a32, b32, 1.0), torch.tensor([[1.001, 1.0]]).to(torch.bfloat16))
+    # A bfloat16 base with float32 factors: merged in bfloat16 (factors cast), the sum rounded once.
+    wb = torch.tensor([[1.0, 3.0]], dtype=torch.bfloat16)
+    a32, b32 = torch.tensor([[0.125, 0.5]]), torch.tensor([[0.25]])  # exact in bfloat16
+    got = merged_weight(wb, a32, b32, 0.25)
+    assert got.dtype == torch.bfloat16
+    # 1 + 0.25·0.25·0.125 = 1 + 2^-7 and 3 + 0.25·0.25·0.5 = 3 + 2^-5: both representable, so exact
+    assert torch.equal(got, torch.tensor([[1.0078125, 3.03125]], dtype=torch.bfloat16))
+    # and sums that are not representable come out as the correctly rounded (exact float32) sum
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 16, generator=g).bfloat16()
+    a, b = (torch.randint(-3, 4, shape, generator=g).bfloat16() for shape in ((2, 16), (16, 2)))
+    assert torch.equal(merged_weight(w, a, b, 0.25), (w.float() + 0.25 * (b.float() @ a.float())).bfloat16())
 
 
 def _peft_tiny(kind: str, seed: int = 0):

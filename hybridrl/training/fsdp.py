@@ -53,16 +53,20 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None,
+                ignored_params: set[torch.nn.Parameter] | None = None) -> torch.nn.Module:
     """fully_shard each decoder layer, then the root (embeddings, final norm, heads).
 
     Layer units bound memory (one layer gathered at a time) and overlap its all-gather with compute. On
     one rank there is nothing to shard or to communicate, so the root is the only unit: one gather-and-cast
     per forward and one gradient reduction per backward instead of one per layer (on the H200 the per-unit
     hooks took about a fifth of a 1.5B update's CPU time, and the update was CPU-bound). Parameters stay
-    DTensors with mixed precision either way.
+    DTensors with mixed precision either way. `ignored_params` stay plain tensors outside FSDP (a frozen LoRA base
+    on one rank: FSDP would otherwise hold it twice, sharded and unsharded, with nothing to shard).
     """
     kwargs = {"mesh": mesh, "reshard_after_forward": mesh.size() > 1}
+    if ignored_params:
+        kwargs["ignored_params"] = ignored_params
     if mp is not None:
         kwargs["mp_policy"] = mp
     if mesh.size() > 1:
