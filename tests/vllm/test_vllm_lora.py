@@ -46,7 +46,7 @@ def test_merged_adapters_reach_vllm(engine, vllm_hf_model):
     engine.wake_up(["weights"])
     stats = Resharder(ReshardConfig(bucket_mb=1), engine, vllm_hf_model.config).sync(peft)
     engine.finish_weight_update()
-    assert stats.lora_merged == 2 * 7 * vllm_hf_model.config.num_hidden_layers
+    assert stats.lora_merged == 7 * vllm_hf_model.config.num_hidden_layers  # 7 projections per layer
     out = engine.generate(PROMPTS, SAMPLED)
     err = max_logprob_error(merged, PROMPTS, out, 1.0)
     print(f"vLLM after the merged push: max |Δ log-prob| vs PEFT's merged model = {err:.2e}")
