@@ -171,6 +171,37 @@ def test_engine_holds_the_merged_weights_and_agrees_on_log_probs(tiny_path, proc
     assert (old - batch["engine_logprobs"]).abs()[mask].max() < 1e-4
 
 
+def test_offload_round_trips_change_nothing(tiny_path, process_group):
+    """Two iterations with the actor's parameter and optimizer offloaders on (the frozen base, outside FSDP on one
+    rank, moves with the adapters) equal a worker that never offloads (run on CPU with the offloaders forced on)."""
+    runs = []
+    for offload in (True, False):
+        worker = lora_worker(tiny_path, grad_clip=0.0)
+        actor = worker.roles.actor
+        actor.param_offload.enabled = actor.optim_offload.enabled = offload
+        with torch.no_grad():  # on CPU the loaded base is memory-mapped from the file; on a GPU it is owned memory
+            for p in actor.model.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.clone()
+        logs = []
+        for step in (1, 2):
+            worker.wake()
+            if offload:
+                assert all(p.untyped_storage().nbytes() == 0 for p in actor.model.parameters() if not p.requires_grad)
+            batch = rollout(worker, step)
+            worker.sleep()
+            for k, v in worker.logprob(batch).items():
+                batch[k] = v
+            logs += [batch["old_logprobs"], batch["ref_logprobs"]]
+            batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
+            worker.update(batch)
+            worker.reshard()
+        runs.append((logs, trainer_params(worker)))
+    (logs_a, params_a), (logs_b, params_b) = runs
+    assert all(torch.equal(a, b) for a, b in zip(logs_a, logs_b))
+    assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)
+
+
 # -- the merge inside the resharder -----------------------------------------------------------------------------
 
 
