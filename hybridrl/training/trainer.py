@@ -72,7 +72,9 @@ class Trainer(FSDPLearner):
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
         # One rank with LoRA: the frozen base (already in the compute dtype) stays outside FSDP, held once.
-        frozen = {p for p in model.parameters() if not p.requires_grad} if self.peft is not None and self.world == 1 else None
+        frozen = None
+        if self.peft is not None and self.world == 1:
+            frozen = {p for p in model.parameters() if not p.requires_grad}
         super().__init__(shard_model(model, mesh, precision.policy, frozen), cfg, cfg.offload_parts(), device,
                          total_optimizer_steps)
 

@@ -32,8 +32,8 @@ def engine(vllm_tiny_path, tmp_path_factory):
 
 
 def test_merged_adapters_reach_vllm(engine, vllm_hf_model):
-    peft = get_peft_model(copy.deepcopy(vllm_hf_model), LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft = get_peft_model(copy.deepcopy(vllm_hf_model), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in peft.named_parameters():
