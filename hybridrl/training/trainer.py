@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from hybridrl.algorithms import AlgorithmConfig, aggregate, aggregation_denominator, kl_penalty, masked_mean, policy_loss
 from hybridrl.batch import Batch
-from hybridrl.errors import HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.training.config import TrainerConfig
@@ -99,7 +98,7 @@ class Trainer(FSDPLearner):
     def compute_ref_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
         """Reference log-probs with LoRA: the same model with its adapters disabled, i.e. the frozen base."""
         if self.peft is None:
-            raise HybridRLError("the actor scores the reference only with LoRA (model.lora); use the ref role")
+            raise RuntimeError("the actor scores the reference only with LoRA (model.lora); use the ref role")
         self.model.eval()
         with self.peft.disable_adapter():
             out = [model_logprobs(self.model, m, self.cfg, self.temperature, self.pad_token_id)[0].cpu() for m in micro]
