@@ -171,6 +171,37 @@ def test_engine_holds_the_merged_weights_and_agrees_on_log_probs(tiny_path, proc
     assert (old - batch["engine_logprobs"]).abs()[mask].max() < 1e-4
 
 
+def test_offload_round_trips_change_nothing(tiny_path, process_group):
+    """Two iterations with the actor's parameter and optimizer offloaders on (the frozen base, outside FSDP on one
+    rank, moves with the adapters) equal a worker that never offloads (run on CPU with the offloaders forced on)."""
+    runs = []
+    for offload in (True, False):
+        worker = lora_worker(tiny_path, grad_clip=0.0)
+        actor = worker.roles.actor
+        actor.param_offload.enabled = actor.optim_offload.enabled = offload
+        with torch.no_grad():  # on CPU the loaded base is memory-mapped from the file; on a GPU it is owned memory
+            for p in actor.model.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.clone()
+        logs = []
+        for step in (1, 2):
+            worker.wake()
+            if offload:
+                assert all(p.untyped_storage().nbytes() == 0 for p in actor.model.parameters() if not p.requires_grad)
+            batch = rollout(worker, step)
+            worker.sleep()
+            for k, v in worker.logprob(batch).items():
+                batch[k] = v
+            logs += [batch["old_logprobs"], batch["ref_logprobs"]]
+            batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
+            worker.update(batch)
+            worker.reshard()
+        runs.append((logs, trainer_params(worker)))
+    (logs_a, params_a), (logs_b, params_b) = runs
+    assert all(torch.equal(a, b) for a, b in zip(logs_a, logs_b))
+    assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)
+
+
 # -- the merge inside the resharder -----------------------------------------------------------------------------
 
 
@@ -180,11 +211,18 @@ def test_merged_weight_by_hand():
     b = torch.tensor([[2.0], [1.0]])      # out=2 × r=1
     assert torch.equal(merged_weight(w, a, b, 0.5), torch.tensor([[2.0, 2.0], [3.5, 4.0]]))
     assert torch.equal(w, torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # never written in place
-    # A bfloat16 base with float32 factors: merged in float32, one rounding to bfloat16.
-    wb = torch.tensor([[1.0, 1.0]], dtype=torch.bfloat16)
-    a32, b32 = torch.tensor([[0.001, 0.0]]), torch.tensor([[1.0]])
-    assert merged_weight(wb, a32, b32, 1.0).dtype == torch.bfloat16
-    assert torch.equal(merged_weight(wb, a32, b32, 1.0), torch.tensor([[1.001, 1.0]]).to(torch.bfloat16))
+    # A bfloat16 base with float32 factors: merged in bfloat16 (factors cast), the sum rounded once.
+    wb = torch.tensor([[1.0, 3.0]], dtype=torch.bfloat16)
+    a32, b32 = torch.tensor([[0.125, 0.5]]), torch.tensor([[0.25]])  # exact in bfloat16
+    got = merged_weight(wb, a32, b32, 0.25)
+    assert got.dtype == torch.bfloat16
+    # 1 + 0.25·0.25·0.125 = 1 + 2^-7 and 3 + 0.25·0.25·0.5 = 3 + 2^-5: both representable, so exact
+    assert torch.equal(got, torch.tensor([[1.0078125, 3.03125]], dtype=torch.bfloat16))
+    # and sums that are not representable come out as the correctly rounded (exact float32) sum
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 16, generator=g).bfloat16()
+    a, b = (torch.randint(-3, 4, shape, generator=g).bfloat16() for shape in ((2, 16), (16, 2)))
+    assert torch.equal(merged_weight(w, a, b, 0.25), (w.float() + 0.25 * (b.float() @ a.float())).bfloat16())
 
 
 def _peft_tiny(kind: str, seed: int = 0):
@@ -228,3 +266,21 @@ def test_adapters_switched_off_stream_the_base_weights():
         Resharder(ReshardConfig(), engine, config, style="hf").sync(peft)
     assert all(torch.equal(engine.tensors[n], base[n]) for n in engine.tensors)
     assert LoraMerge.from_model(tiny_model("qwen3")) is None
+
+
+@pytest.mark.slow
+def test_cpu_lora_recipe_learns(tmp_path):
+    """`python -m hybridrl recipe=cpu_lora` learns: the last 20% of steps beat the first 20% by 0.2 or more."""
+    import json
+
+    from tests.test_e2e import run_app
+
+    run_dir = tmp_path / "run"
+    r = run_app(["recipe=cpu_lora", "logger.progress_bar=false", f"hydra.run.dir={run_dir}"], tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rewards = [json.loads(line)["reward/mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    k = len(rewards) // 5
+    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    assert last >= first + 0.2, (first, last)
+    assert all(json.loads(line)["mismatch/logp_abs_max"] < 1e-4
+               for line in (run_dir / "metrics.jsonl").read_text().splitlines())

@@ -68,31 +68,33 @@ def trainer_state_bytes(roles) -> dict[str, int]:
 PHASES = ("wake", "generate", "sleep", "logprob", "reward", "update", "reshard")
 
 
-def record_phase_peaks(worker, device: torch.device, peaks: dict[str, float]) -> None:
-    """Wrap the inline worker's phase methods so each records its peak device memory (GiB) into `peaks`
-    (measurement only: the phases run unchanged)."""
+def record_phase_peaks(worker, device: torch.device) -> dict[str, dict[str, float]]:
+    """Wrap the inline worker's phase methods so each records its peak device memory (GiB) into the dict the
+    returned holder's "peaks" names at the time (measurement only: the phases run unchanged)."""
+    holder: dict[str, dict[str, float]] = {"peaks": {}}
     for phase in PHASES:
         method = getattr(worker, phase)
 
-        def timed(*a, _m=method, _p=phase, **kw):
+        def measured(*a, _m=method, _p=phase, **kw):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             out = _m(*a, **kw)
             if device.type == "cuda":
+                peaks = holder["peaks"]
                 peaks[_p] = max(peaks.get(_p, 0.0), torch.cuda.max_memory_allocated(device) / GIB)
             return out
 
-        setattr(worker, phase, timed)
+        setattr(worker, phase, measured)
+    return holder
 
 
 def run_variant(name: str, cfg, prompts, device: torch.device, warmup: int, steps: int) -> tuple[dict, object]:
     """Warm-up then timed GRPO steps of `cfg`; returns the figures and the controller (still alive)."""
     controller = bench_controller(cfg, prompts)
+    holder = record_phase_peaks(controller.group.worker, device)
     per_step = []
     for step in range(1, warmup + steps + 1):
-        peaks: dict[str, float] = {}
-        if step > warmup:
-            record_phase_peaks(controller.group.worker, device, peaks)
+        peaks = holder["peaks"] = {}
         t0 = time.perf_counter()
         metrics = controller.train_step(step)
         _sync(device)

@@ -9,8 +9,8 @@ A PEFT-wrapped linear layer holds its frozen weight and its two factors under na
 The gather names every parameter with `hf_name` (factors keep their `lora_A.<adapter>` part) and gathers a layer
 group; `LoraMerge.merge` then replaces each adapted weight of that group by its effective weight and drops the
 factors, so one layer's merged tensors exist at a time (never a merged copy of the model). The merge runs in the
-dtype the tensors were gathered in (promoted to the factors' dtype when they differ, e.g. a bfloat16 base with
-float32 adapters, then cast back to the base's dtype: one rounding).
+dtype the base weights were gathered in (`reshard.dtype`, else the trainer's: bfloat16 for a LoRA base on GPU),
+with the factors cast to it.
 
 No PEFT import: the adapted layers are found by what they hold (`lora_A`, `scaling`, `active_adapters`).
 """
@@ -104,10 +104,11 @@ class LoraMerge:
 
 
 def merged_weight(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """W + scale·(B @ A) as a new tensor of W's dtype, computed in the wider of W's and the factors' dtypes."""
-    dtype = torch.promote_types(w.dtype, a.dtype)
-    out = torch.addmm(w.to(dtype), b.to(dtype), a.to(dtype), alpha=scale)
-    return out if out.dtype == w.dtype else out.to(w.dtype)
+    """W + scale·(B @ A) as a new tensor of W's dtype: one addmm in W's dtype, the (small) factors cast to it.
+
+    A bfloat16 W is read and written once (no float32 copy of the layer); the matmul accumulates in float32 and the
+    sum is rounded once, and bfloat16 factors are what the trainer's forward computes with anyway."""
+    return torch.addmm(w, b.to(w.dtype), a.to(w.dtype), alpha=scale)
 
 
 def _check_plain_lora(name: str, module: nn.Module, adapter: str) -> None:

@@ -77,19 +77,24 @@ def unit_layout(num_layers: int, num_params: int, world: int, layers_per_unit: i
 
 
 def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None, layers_per_unit: int = 0,
-                reshard_after_forward: bool | None = None) -> torch.nn.Module:
+                reshard_after_forward: bool | None = None,
+                ignored_params: set[torch.nn.Parameter] | None = None) -> torch.nn.Module:
     """fully_shard groups of decoder layers (`unit_layout`), then the root (embeddings, final norm, heads).
 
     Layer units bound memory (one unit gathered at a time) and overlap its all-gather with compute; each unit
     costs hooks on the CPU at every forward and backward, and a collective each. On one rank there is nothing to
     shard or to communicate, so the root is the only unit: one gather-and-cast per forward and one gradient
     reduction per backward (on the H200 the per-unit hooks took about a fifth of a 1.5B update's CPU time, and
-    the update was CPU-bound). Parameters stay DTensors with mixed precision either way.
+    the update was CPU-bound). Parameters stay DTensors with mixed precision either way. `ignored_params` stay
+    plain tensors outside FSDP (a frozen LoRA base on one rank: FSDP would otherwise hold it twice, sharded and
+    unsharded, with nothing to shard).
     """
     layers = decoder_layers(model)
     n_params = sum(p.numel() for p in model.parameters())
     per_unit, reshard = unit_layout(len(layers), n_params, mesh.size(), layers_per_unit, reshard_after_forward)
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
+    if ignored_params:
+        kwargs["ignored_params"] = ignored_params
     if mp is not None:
         kwargs["mp_policy"] = mp
     if per_unit < len(layers):

@@ -43,8 +43,9 @@ class FSDPLearner:
                  total_optimizer_steps: int) -> None:
         self.model, self.optim, self.device = model, optim, device
         # Frozen parameters (a LoRA base) get neither gradients nor optimizer state.
+        trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
+            trainable, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
             fused=True if optim.fused_optimizer and device.type == "cuda" else None,
         )
         self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps, total_optimizer_steps, optim.lr_schedule,

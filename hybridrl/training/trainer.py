@@ -17,7 +17,6 @@ import torch
 
 from hybridrl.algorithms import AlgorithmConfig, aggregate, aggregation_denominator, kl_penalty, masked_mean, policy_loss
 from hybridrl.batch import Batch
-from hybridrl.errors import HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.training.config import TrainerConfig
@@ -78,7 +77,11 @@ class Trainer(FSDPLearner):
             model.gradient_checkpointing_enable()
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
-        model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)
+        # One rank with LoRA: the frozen base (already in the compute dtype) stays outside FSDP, held once.
+        frozen = None
+        if self.peft is not None and self.world == 1:
+            frozen = {p for p in model.parameters() if not p.requires_grad}
+        model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward, frozen)
         super().__init__(model, cfg, cfg.offload_parts(), device, total_optimizer_steps)
 
     # -- log-probs ------------------------------------------------------------------------
@@ -102,7 +105,7 @@ class Trainer(FSDPLearner):
     def compute_ref_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
         """Reference log-probs with LoRA: the same model with its adapters disabled, i.e. the frozen base."""
         if self.peft is None:
-            raise HybridRLError("the actor scores the reference only with LoRA (model.lora); use the ref role")
+            raise RuntimeError("the actor scores the reference only with LoRA (model.lora); use the ref role")
         self.model.eval()
         with self.peft.disable_adapter():
             out = [model_logprobs(self.model, m, self.cfg, self.temperature, self.pad_token_id)[0].cpu() for m in micro]

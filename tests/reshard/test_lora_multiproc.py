@@ -27,7 +27,8 @@ def _cases() -> list[dict]:
         dict(kind="qwen3", style="fused", tp=2, backend="copy", dtype="bfloat16"),  # cast before the gather and merge
     ]
     for c in cases:
-        c["id"] = "-".join([str(c[k]) for k in ("kind", "style", "tp", "backend")] + ([c["dtype"]] if "dtype" in c else []))
+        tags = [c["dtype"]] if "dtype" in c else []
+        c["id"] = "-".join([str(c[k]) for k in ("kind", "style", "tp", "backend")] + tags)
     return cases
 
 
