@@ -85,7 +85,9 @@ def test_kl_aliases_are_normalized_at_config_time():
 
 
 def test_overlong_buffer_tokens():
-    assert AlgorithmConfig().overlong_buffer_tokens(8) == 1  # auto: max(1, 8 // 5)
+    assert AlgorithmConfig().overlong_buffer_tokens(8) == 3  # auto: 8 // 5 = 1 is below the 3-token floor
+    assert AlgorithmConfig().overlong_buffer_tokens(2) == 2  # the floor never exceeds the limit
+    assert AlgorithmConfig().overlong_buffer_tokens(20) == 4
     assert AlgorithmConfig().overlong_buffer_tokens(20480) == 4096
     assert AlgorithmConfig(overlong_buffer_len=4).overlong_buffer_tokens(8) == 4
     msg = "algorithm.overlong_buffer_len=10 must be <= engine.max_new_tokens=8"

@@ -70,7 +70,7 @@ class AlgorithmConfig:
     overlong_buffer: bool = False
     """DAPO's overlong shaping: penalize responses longer than max_new_tokens - overlong_buffer_len."""
     overlong_buffer_len: int = 0
-    """Tokens of the soft-penalty zone before engine.max_new_tokens; 0 = a fifth of it (DAPO: 4096 of 20480)."""
+    """Tokens of the soft-penalty zone before engine.max_new_tokens; 0 = a fifth of it (DAPO: 4096 of 20480), >= 3."""
     overlong_penalty_factor: float = 1.0
     """Penalty at max_new_tokens (linear from 0 over the buffer); >= 0."""
     filter_groups: bool = False
@@ -162,12 +162,15 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.rollout_correction_upper must be >= 1, got {self.rollout_correction_upper}")
 
     def overlong_buffer_tokens(self, max_new_tokens: int) -> int:
-        """The overlong buffer in tokens for this generation limit (0 = auto: max_new_tokens // 5, >= 1).
+        """The overlong buffer in tokens for this generation limit (0 = auto: max_new_tokens // 5, at least 3 or the
+        whole limit if shorter). The floor is ours: a 1-2 token buffer (a fifth of a short limit) is a cliff at the
+        limit, the hard truncation penalty that DAPO's soft punishment replaces; on the 8-token CPU task it drove
+        the policy to stop at once (reward/mean gained 0.16 in 150 steps, 0.56 with a 3-token ramp).
 
         Raises ConfigError naming the keys if the buffer exceeds the limit; call it where both are
         known (the run config) so the error comes at composition.
         """
-        n = self.overlong_buffer_len or max(1, max_new_tokens // 5)
+        n = self.overlong_buffer_len or max(min(3, max_new_tokens), max_new_tokens // 5)
         if n > max_new_tokens:
             raise ConfigError(
                 f"algorithm.overlong_buffer_len={n} must be <= engine.max_new_tokens={max_new_tokens}"
