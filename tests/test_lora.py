@@ -282,5 +282,9 @@ def test_cpu_lora_recipe_learns(tmp_path):
     k = len(rewards) // 5
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     assert last >= first + 0.2, (first, last)
-    assert all(json.loads(line)["mismatch/logp_abs_max"] < 1e-4
-               for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    # The engine runs the merged W + s·B·A, the trainer W·x + s·B·(A·x): float32 rounding differs, and over
+    # 150 steps its worst token reaches ~7e-5 (the mean stays ~1e-6). A merge that is wrong (scale, transpose,
+    # a layer missed) moves log-probs by 1e-2 or more.
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(row["mismatch/logp_abs_mean"] for row in rows) < 1e-5
+    assert max(row["mismatch/logp_abs_max"] for row in rows) < 1e-3
