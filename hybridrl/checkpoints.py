@@ -153,7 +153,8 @@ class CheckpointDir:
         os.replace(meta_tmp, tmp / META)
         _fsync_dir(tmp)
         final = self.root / f"step_{step:06d}"
-        if final.exists():
+        if final.exists():  # a resumed run redoing a step (e.g. past one that failed its checks): say so
+            log.warning("replacing %s (written before this run resumed from an earlier step)", final.name)
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(self.root)

@@ -89,7 +89,7 @@ def test_bad_files_name_the_key_and_the_problem(tmp_path, tokenizer):
 
 def test_overlong_prompts_error_or_drop(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "short"}, {"prompt": "long " * 50}])
-    with pytest.raises(HybridRLError, match="row 1 has .* prompt tokens.*data.max_prompt_tokens=64"):
+    with pytest.raises(HybridRLError, match=r"row 1 \(from 0\) has .* prompt tokens.*data.max_prompt_tokens=64"):
         load_prompts(DataConfig(name="jsonl", path=path, max_prompt_tokens=64), tokenizer)
     train, _ = load_prompts(DataConfig(name="jsonl", path=path, max_prompt_tokens=64, overlong_prompts="drop"), tokenizer)
     assert len(train) == 1
@@ -117,11 +117,11 @@ def test_non_utf8_byte_names_the_line(tmp_path, tokenizer):
 @pytest.mark.parametrize(
     "row, match",
     [
-        ({"prompt": None}, r"row 1: column 'prompt' \(data.prompt_key\) is null"),
-        ({"prompt": 7}, r"row 1: column 'prompt' \(data.prompt_key\) is int 7"),
-        ({"prompt": []}, r"row 1: column 'prompt' \(data.prompt_key\) is list \[\]"),
-        ({"prompt": [{"role": "user", "content": None}]}, r"row 1: message 0 of column 'prompt' is"),
-        ({"prompt": ["hi"]}, r"row 1: message 0 of column 'prompt' is 'hi'"),
+        ({"prompt": None}, r"row 1 \(from 0\): column 'prompt' \(data.prompt_key\) is null"),
+        ({"prompt": 7}, r"row 1 \(from 0\): column 'prompt' \(data.prompt_key\) is int 7"),
+        ({"prompt": []}, r"row 1 \(from 0\): column 'prompt' \(data.prompt_key\) is list \[\]"),
+        ({"prompt": [{"role": "user", "content": None}]}, r"row 1 \(from 0\): message 0 of column 'prompt' is"),
+        ({"prompt": ["hi"]}, r"row 1 \(from 0\): message 0 of column 'prompt' is 'hi'"),
     ],
     ids=["null", "number", "empty-list", "null-content", "bare-string-message"],
 )
@@ -151,5 +151,5 @@ def test_null_prompt_in_parquet_names_the_row(tmp_path, tokenizer):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"prompt": ["a", None]}), tmp_path / "t.parquet")
-    with pytest.raises(HybridRLError, match=r"row 1: column 'prompt' \(data.prompt_key\) is null"):
+    with pytest.raises(HybridRLError, match=r"row 1 \(from 0\): column 'prompt' \(data.prompt_key\) is null"):
         load_prompts(DataConfig(name="jsonl", path=str(tmp_path / "t.parquet")), tokenizer)

@@ -116,16 +116,18 @@ def tokenize_rows(rows: list[dict], tokenizer, cfg: DataConfig, source: str) -> 
     """Render and tokenize every row, enforcing data.max_prompt_tokens up front (not mid-run)."""
     prompts, dropped = [], 0
     for i, row in enumerate(rows):
+        # Rows count from 0, as in a dataframe; a JSONL file's line number is one more.
+        row_name = f"row {i} (from 0)"
         if cfg.prompt_key not in row:
-            raise HybridRLError(f"{source}: row {i} has no column {cfg.prompt_key!r} (data.prompt_key); columns: {sorted(row)}")
-        where = f"{source}: row {i}"
+            raise HybridRLError(f"{source}: {row_name} has no column {cfg.prompt_key!r} (data.prompt_key); columns: {sorted(row)}")
+        where = f"{source}: {row_name}"
         check_prompt(row[cfg.prompt_key], where, cfg.prompt_key)
         text = render_prompt(row[cfg.prompt_key], tokenizer, cfg, where)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > cfg.max_prompt_tokens:
             if cfg.overlong_prompts == "error":
                 raise HybridRLError(
-                    f"{source}: row {i} has {len(ids)} prompt tokens, more than data.max_prompt_tokens="
+                    f"{source}: {row_name} has {len(ids)} prompt tokens, more than data.max_prompt_tokens="
                     f"{cfg.max_prompt_tokens}; raise the limit or set data.overlong_prompts=drop"
                 )
             dropped += 1

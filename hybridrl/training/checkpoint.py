@@ -108,6 +108,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         super().load_bytes(read_item, clean)
 
 
+def _unpickler_reason(e: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler refused (e.g. `Unsupported global: GLOBAL posix.system`), without its
+    advice to retry with weights_only=False: for a file that is not ours that advice is the attack."""
+    text = str(e)
+    _, found, rest = text.partition("WeightsUnpickler error:")
+    reason = rest.strip().split("\n\n")[0].strip() if found else ""
+    return reason or "not a tensors-and-plain-values file"
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -173,7 +182,7 @@ def read_rank_state(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        why = _first_line(e)
+        why = _unpickler_reason(e)
         raise CheckpointError(f"checkpoint file {path} holds objects that could run code on load; refused ({why})") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"checkpoint file {path} cannot be read ({e})") from None
