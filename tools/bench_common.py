@@ -25,6 +25,12 @@ from hybridrl.data.prompts import Prompt
 from hybridrl.models.tiny import build_tokenizer
 
 
+def add_model_args(ap, default_shape: str) -> None:
+    """The `--shape` (a random-init Qwen2 of that size) and `--device` options every model benchmark takes."""
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=default_shape)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+
+
 def init_single_process(device: torch.device) -> None:
     """A process group of one (FSDP2 needs one)."""
     if device.type == "cuda":

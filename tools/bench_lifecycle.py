@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_common import Timer, bench_config, bench_worker, make_model_dir, random_prompts  # noqa: E402
+from bench_common import Timer, add_model_args, bench_config, bench_worker, make_model_dir, random_prompts  # noqa: E402
 from hybridrl.engines.base import SamplingParams  # noqa: E402
 
 
@@ -32,8 +32,7 @@ def allocated(device) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="1.5b")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    add_model_args(ap, "1.5b")
     ap.add_argument("--batch", type=int, default=64, help="sequences in the warm-up generate (sizes the KV cache)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--impl", default="auto")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_common import bench_config, bench_controller, make_model_dir, random_prompts  # noqa: E402
+from bench_common import add_model_args, bench_config, bench_controller, make_model_dir, random_prompts  # noqa: E402
 
 GIB = 2**30
 
@@ -162,8 +162,7 @@ def full_estimate_gb(lora: dict, n_params: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="7b")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    add_model_args(ap, "7b")
     ap.add_argument("--rank", type=int, default=64, help="model.lora.rank")
     ap.add_argument("--alpha", type=float, default=128.0, help="model.lora.alpha")
     ap.add_argument("--prompts", type=int, default=16)

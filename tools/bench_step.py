@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_common import Timer, bench_config, bench_controller, gpu_peak_flops, make_model_dir, random_prompts  # noqa: E402
+from bench_common import Timer, add_model_args, bench_config, bench_controller, gpu_peak_flops, make_model_dir, random_prompts  # noqa: E402
 from bench_trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -98,8 +98,7 @@ def reward_model_overrides(n: int, policy_dir: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="1.5b")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    add_model_args(ap, "1.5b")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=128)

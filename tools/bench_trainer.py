@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_common import bench_config, bench_worker, gpu_peak_flops, init_single_process, make_model_dir  # noqa: E402
+from bench_common import add_model_args, bench_config, bench_worker, gpu_peak_flops, init_single_process, make_model_dir  # noqa: E402
 from hybridrl.batch import Batch  # noqa: E402
 from hybridrl.models.config import ModelConfig  # noqa: E402
 from hybridrl.models.loading import load_causal_lm  # noqa: E402
@@ -138,8 +138,7 @@ def plain_fsdp_tok_s(path: str, device: torch.device, batch: int, seq: int, voca
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="1.5b")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    add_model_args(ap, "1.5b")
     ap.add_argument("--batch", type=int, default=8, help="sequences per update (one micro-batch)")
     ap.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
     ap.add_argument("--prompt-len", type=int, default=128)

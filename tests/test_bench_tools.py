@@ -1,0 +1,50 @@
+"""Every benchmark under tools/ runs on the CPU with the tiny shape and prints the JSON it documents.
+
+The GPU figures come from these scripts; they build their roles with the product's own builder, so a change to the
+builder or the controller that breaks a benchmark must fail here, not on the next (scarce) GPU session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+SMALL = ["--shape", "tiny", "--device", "cpu"]
+
+CASES = {
+    "bench_step": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2",
+                    "--warmup", "1"], ["rollout", "trainer_offload"]),
+    "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
+                    "--new-tokens", "4", "--steps", "2", "--warmup", "1"], ["lora_rank", "base_params"]),
+    "bench_lifecycle": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["sleep1", "engine"]),
+    "bench_trainer": ([*SMALL, "--batch", "2", "--seq", "32", "--prompt-len", "8", "--variants", "default", "--warmup",
+                       "1", "--iters", "2"], ["plain_fsdp2_tok_s", "params"]),
+    "bench_reshard": (SMALL, ["style", "params"]),
+    "bench_engine": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["prompt_len", "dtype"]),
+}
+
+
+def _json_object(stdout: str) -> dict:
+    """The JSON object a benchmark prints last (some print a progress line first)."""
+    start = stdout.index("{")
+    return json.loads(stdout[start:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", sorted(CASES))
+def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
+    args, keys = CASES[tool]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    r = subprocess.run([sys.executable, str(TOOLS / f"{tool}.py"), *args], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = _json_object(r.stdout)
+    assert out["shape"] == "tiny" and out["device"] == "cpu", out
+    for key in keys:
+        assert key in out, (key, sorted(out))
