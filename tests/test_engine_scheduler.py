@@ -109,15 +109,16 @@ def test_block_accounting_of_a_group(model):
     assert engine.cache.allocator.held == 0
 
 
-def test_staggered_starts_equal_solo_generation(model):
-    """Sequences that join a running batch at different steps, wait for a free row or for KV blocks, and leave at
-    stops, each equal their solo generation under the same seed."""
+@pytest.mark.parametrize("join_wait", [0, 3])
+def test_staggered_starts_equal_solo_generation(model, join_wait):
+    """Sequences that join a running batch at different steps (at once, or after waiting to share a prefill), wait
+    for a free row or for KV blocks, and leave at stops, each equal their solo generation under the same seed."""
     reqs = [GenerationRequest(PROMPTS[i % 3] + [40 + i], i, i % 2) for i in range(7)]
     params = SamplingParams(max_new_tokens=9, seed=3, stop_token_ids=[5, 9, 13])
     solo = [fused(model).generate_requests([r], params)[0] for r in reqs]
     same(solo, HFEngine(model, [EOS], PAD).generate_requests(reqs, params))  # an independent anchor
     # 3 rows, and blocks for about 3 sequences of 4-token blocks: later requests wait for earlier ones to leave.
-    engine = fused(model, max_batch_size=3, kv_block_size=4, kv_blocks=1 + 3 * 5)
+    engine = fused(model, max_batch_size=3, kv_block_size=4, kv_blocks=1 + 3 * 5, join_wait_steps=join_wait)
     start_at = {0: [0, 1], 2: [2], 3: [3, 4], 6: [5], 9: [6]}  # step → requests submitted before it
     got, handles, step = {}, {}, 0
     while step <= max(start_at) or engine.has_work:
@@ -130,6 +131,38 @@ def test_staggered_starts_equal_solo_generation(model):
     same([got[i] for i in range(7)], solo)
     assert any(o.finish_reason == "stop" for o in solo) and any(o.finish_reason == "length" for o in solo)
     assert engine.cache.allocator.held == 0
+
+
+def test_requests_arriving_steps_apart_share_one_prefill(model):
+    """With join_wait_steps=4, a request that arrives while a batch runs waits until two can join (an eighth of the
+    rows, at least 2) or it has waited 4 steps; with 0 each joins at the next step (a prefill each). Tokens are the
+    same either way."""
+    params = SamplingParams(max_new_tokens=12, seed=5)
+    reqs = [GenerationRequest(PROMPTS[i % 3] + [50 + i], i, 0) for i in range(4)]
+    runs = {}
+    for wait, rows in ((0, 8), (4, 8), (4, 3), (4, 32)):
+        engine = fused(model, max_batch_size=rows, join_wait_steps=wait)
+        handles = {engine.submit(reqs[0], params): 0}  # the running batch
+        got, step = {}, 0
+        joined_at = {}
+        while engine.has_work or step < 4:
+            if 1 <= step <= 3:
+                handles[engine.submit(reqs[step], params)] = step
+            for h, c in engine.step():
+                got[handles[h]] = c
+            for s_ in engine.scheduler.rows:
+                joined_at.setdefault(handles[s_.handle], step)
+            step += 1
+        runs[(wait, rows)] = (engine.scheduler.prefills, joined_at, [got[i] for i in range(4)])
+    assert runs[(0, 8)][0] == 4 and runs[(0, 8)][1] == {0: 0, 1: 1, 2: 2, 3: 3}
+    # 8 rows: requests 1 and 2 join together when the second arrives; request 3 waits 4 steps alone.
+    assert runs[(4, 8)][0] == 3 and runs[(4, 8)][1] == {0: 0, 1: 2, 2: 2, 3: 7}
+    # 3 rows: the same; then no row is free for request 3 until request 0 leaves, and by then it has waited enough.
+    assert runs[(4, 3)][0] == 3 and runs[(4, 3)][1] == {0: 0, 1: 2, 2: 2, 3: 11}
+    # 32 rows: 4 must be able to join at once; requests 1-3 wait until request 1 has waited 4 steps.
+    assert runs[(4, 32)][0] == 2 and runs[(4, 32)][1] == {0: 0, 1: 5, 2: 5, 3: 5}
+    for key in ((4, 8), (4, 3), (4, 32)):
+        same(runs[key][2], runs[(0, 8)][2])
 
 
 def test_requests_that_sample_differently_wait_for_the_batch(model):
@@ -225,6 +258,24 @@ def test_the_next_turn_prefills_only_what_is_new(model):
     before = engine.scheduler.prefilled_tokens
     engine.generate_requests([GenerationRequest(context, 0, 1)], params)
     assert engine.scheduler.prefilled_tokens - before == len(context)
+
+
+def test_one_prefill_of_a_long_cached_prefix_and_a_long_new_part(model):
+    """Two continuations prefilled together: one has a long cached prefix and few new tokens, the other a short
+    prefix and many. The padding tokens of the first must not take positions past the RoPE tables (seen on the GPU:
+    an out-of-bounds gather), and both equal their solo generation."""
+    params = SamplingParams(max_new_tokens=2, seed=4)
+    long_prompt, short_prompt = [10 + i % 80 for i in range(60)], [5, 6, 7, 8, 9]
+    turn_2 = [GenerationRequest(long_prompt + [80], 0, 1),
+              GenerationRequest(short_prompt + [20 + i % 70 for i in range(50)], 1, 1)]
+    solo = [fused(model, kv_block_size=16).generate_requests([r], params)[0] for r in turn_2]
+    engine = fused(model, kv_block_size=16)
+    engine.generate_requests([GenerationRequest(long_prompt, 0), GenerationRequest(short_prompt, 1)], params)
+    before = engine.scheduler.prefilled_tokens
+    got = engine.generate_requests(turn_2, params)
+    assert engine.scheduler.prefilled_tokens - before == (61 - 48) + (55 - 0)  # the long prefix's 3 blocks reused
+    assert engine.model.cos.shape[0] < 48 + 55  # the padded positions would have run past the tables
+    same(got, solo)
 
 
 def test_a_full_cache_evicts_prefixes_and_keeps_serving(model):

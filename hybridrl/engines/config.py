@@ -85,6 +85,10 @@ class NativeOptions:
     kv_memory_fraction: float = 0.0
     """Fused engine on GPU, with kv_blocks = 0: size the KV cache to this fraction of the device memory free at
     wake-up; 0 = by demand (max_batch_size sequences of the longest request, grown when idle)."""
+    join_wait_steps: int = 8
+    """Fused engine: decode steps a request may wait to join a running batch, so that requests arriving close together
+    (agent turns back from their tools) share one prefill instead of one each; they join at once when an eighth of the
+    rows (at least 2) can, or nothing runs. 0 = join at the next step."""
 
     def __post_init__(self) -> None:
         if self.impl not in NATIVE_IMPLS:
@@ -99,6 +103,8 @@ class NativeOptions:
             raise ConfigError(f"engine.native.kv_block_size must be a power of two, got {self.kv_block_size}")
         if self.kv_blocks < 0:
             raise ConfigError(f"engine.native.kv_blocks must be >= 0 (0 = sized automatically), got {self.kv_blocks}")
+        if self.join_wait_steps < 0:
+            raise ConfigError(f"engine.native.join_wait_steps must be >= 0, got {self.join_wait_steps}")
         if not 0 <= self.kv_memory_fraction < 1:
             raise ConfigError(f"engine.native.kv_memory_fraction must be in [0, 1), got {self.kv_memory_fraction}")
 

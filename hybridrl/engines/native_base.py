@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -48,6 +48,16 @@ def check_requests(requests: Sequence[GenerationRequest]) -> None:
 
 class NativeEngineBase(RolloutEngine):
     """A rollout engine in this process over parameters it owns: sleep/wake, weight loading, the request form."""
+
+    gates_memory = False
+    """Whether every large allocation (weights at wake-up, the KV cache) first calls `memory_gate`, so the trainer's
+    lazy offload (workers/device_room.py) may leave its memory on the device until the engine needs it."""
+    memory_gate: Callable[[int | None], None] | None = None
+    """Called with the bytes about to be allocated (None: as much as it can get) before each such allocation."""
+
+    def _make_room(self, nbytes: int | None) -> None:
+        if self.memory_gate is not None:
+            self.memory_gate(nbytes)
 
     def _init_weights(self, params: dict[str, torch.nn.Parameter], unique: dict[str, torch.nn.Parameter],
                       device: torch.device) -> None:
@@ -94,6 +104,7 @@ class NativeEngineBase(RolloutEngine):
         if unknown:
             raise ValueError(f"unknown wake_up tags {sorted(unknown)}; valid: {WAKE_TAGS}")
         if "weights" in tags and "weights" in self._asleep:
+            self._make_room(self._parking.device_bytes())
             self._parking.restore()
             self._asleep.discard("weights")
         if "kv_cache" in tags and "kv_cache" in self._asleep:

@@ -9,7 +9,10 @@ One `step`::
     1. leave   rows whose sequence finished, or reached max_new_tokens, leave the batch (`DecodeRunner.compact`)
     2. join    waiting requests, in order, while rows and KV blocks last: a run of adjacent requests with the same
                prompt shares one prefill and the prompt's full blocks; each gets its own copy of the last,
-               partly filled block; its first token is sampled from the prefill's logits
+               partly filled block; its first token is sampled from the prefill's logits. While a batch runs, a
+               request may wait up to `join_wait` steps so that requests arriving a few steps apart (agent turns back
+               from their tools) share one prefill: a prefill costs more than a decode step, and a row waiting a few
+               steps costs a few tokens. They join at once when an eighth of the rows (at least 2) can join.
     3. launch  one decode step of every row (a CUDA graph on GPU), its tokens copied to the host asynchronously
     4. read    the outputs queued before that launch: append tokens, detect stops and lengths, free finished
                sequences' blocks
@@ -56,6 +59,7 @@ class Sequence_:
     finish: str | None = None
     keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
     cohort_len: int = 0  # the longest prompt admitted with it
+    submitted_at: int = 0  # the scheduler's step count when it was submitted
 
     @property
     def prompt_len(self) -> int:
@@ -101,9 +105,9 @@ class Scheduler:
     """The queue, the running batch and the host side of every sequence of one fused engine."""
 
     def __init__(self, backend: Backend, max_rows: int, eos_token_ids: Sequence[int], max_model_len: int = 0,
-                 sampler_kernel: bool = True, prefix_cache: bool = True) -> None:
+                 sampler_kernel: bool = True, prefix_cache: bool = True, join_wait: int = 0) -> None:
         self.backend, self.max_rows, self.max_model_len = backend, max_rows, max_model_len
-        self.prefix_cache = prefix_cache
+        self.prefix_cache, self.join_wait = prefix_cache, join_wait
         self.eos = frozenset(eos_token_ids)
         self.sampler_kernel = sampler_kernel
         self.waiting: deque[Sequence_] = deque()
@@ -113,6 +117,7 @@ class Scheduler:
         self._next_handle = 0
         self._alloc: BlockAllocator | None = None  # the allocator every held block came from
         self.prefilled_tokens = 0  # prompt tokens run through prefill (tests check prompts run once per group)
+        self.steps = self.prefills = self.row_steps = 0  # steps taken, admissions (prefill calls), rows × steps
 
     @property
     def has_work(self) -> bool:
@@ -129,6 +134,8 @@ class Scheduler:
         for i, seq in enumerate(seqs):
             seq.handle = self._next_handle + i
         self._next_handle += len(seqs)
+        for seq in seqs:
+            seq.submitted_at = self.steps
         self.waiting.extend(seqs)
         return [s.handle for s in seqs]
 
@@ -170,6 +177,8 @@ class Scheduler:
             run.compact(keep, len(self.rows))
             self.rows = [self.rows[i] for i in keep]
         self._admit()
+        self.steps += 1
+        self.row_steps += len(self.rows)
         launched = []
         if self.rows:
             # The torch attention path's width: positions up to the cohort's longest prompt plus the steps taken
@@ -197,6 +206,9 @@ class Scheduler:
         mode = self.waiting[0].mode
         if self.rows and mode != self.mode:
             return  # samples differently: waits until the running batch drains
+        if (self.rows and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
+                and self.steps - self.waiting[0].submitted_at < self.join_wait):
+            return  # few can join now, more may within a few steps: one prefill for them all
         groups: list[PromptGroup] = []
         taken: list[Sequence_] = []
         alloc: BlockAllocator | None = None
@@ -222,6 +234,7 @@ class Scheduler:
         for s in taken:
             s.cohort_len = longest
         tok, lp = self.backend.prefill(groups, mode)
+        self.prefills += 1
         self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
         if self.prefix_cache:  # the prompt's full blocks are final once the prefill is queued
             for g in groups:

@@ -41,6 +41,12 @@ class WeightParking:
         self._restore, self.parked = level == 1, True
         return True
 
+    def device_bytes(self) -> int:
+        """Bytes `restore` allocates on the device (0 when nothing is parked)."""
+        if not self.parked:
+            return 0
+        return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in self.shapes.values())
+
     def restore(self) -> None:
         """Reallocate every weight; contents come back from the host after a level-1 park (else stale)."""
         if not self.parked:

@@ -37,6 +37,7 @@ class FusedEngine(NativeEngineBase):
 
     weight_layout_style = "fused"
     starts_empty = True
+    gates_memory = True
 
     def __init__(self, hf_config, eos_token_ids: Sequence[int], pad_token_id: int | None, *,
                  device: torch.device | str, dtype: torch.dtype, options: NativeOptions | None = None,
@@ -58,7 +59,8 @@ class FusedEngine(NativeEngineBase):
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs)
         self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
-                                   self.options.sampler_kernel, self.options.prefix_cache)
+                                   self.options.sampler_kernel, self.options.prefix_cache,
+                                   self.options.join_wait_steps)
 
     # -- requests ---------------------------------------------------------------------------------------
     @property
@@ -131,6 +133,7 @@ class FusedEngine(NativeEngineBase):
         if cache is None:
             self._allocate(blocks)
         elif blocks > cache.num_blocks:  # no block is held here: only the prefix table's contents move along
+            self._make_room((blocks - cache.num_blocks) * self._block_bytes())
             width = self.runner.width
             self.runner.release()
             cache.grow(blocks)
@@ -211,20 +214,29 @@ class FusedEngine(NativeEngineBase):
             self.cache.allocator.forget_prefixes()  # K/V computed with the old weights
 
     # -- KV cache -----------------------------------------------------------------------------------------
+    def _block_bytes(self) -> int:
+        m = self.model
+        return PagedKVCache.bytes_per_block(m.shape.num_layers, self.block_size, m.kv_heads, m.head_dim, m.dtype)
+
     def _fraction_blocks(self) -> int:
         if self.device.type != "cuda":
             return 0
-        m = self.model
-        per = PagedKVCache.bytes_per_block(m.shape.num_layers, self.block_size, m.kv_heads, m.head_dim, m.dtype)
+        self._make_room(None)  # a fraction of what is free: everything the trainer may free, first
+        per = self._block_bytes()
         held = self.cache.nbytes() if self.cache is not None else 0
         return int((torch.cuda.mem_get_info(self.device)[0] + held) * self.options.kv_memory_fraction // per)
 
     def _allocate(self, blocks: int) -> None:
         width = self.runner.width if self.runner.table is not None else max(
             1, blocks_for(self.options.max_model_len, self.block_size))
+        had_pool = self.cache is not None
         self._drop_pool()  # only ever with no block held: waiting requests stay queued
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # an old pool's memory is too small for the new one: let it go
+        self._make_room(blocks * self._block_bytes())
+        if had_pool and self.device.type == "cuda":
+            # An old pool's memory is too small for the new one: let it go. Not at a wake-up (no pool): that would
+            # hand the trainer's cached memory to the driver only to take it back, and its cudaFree waits for every
+            # copy in flight, a lazy offload's too.
+            torch.cuda.empty_cache()
         m = self.model
         self.cache = PagedKVCache(m.shape.num_layers, blocks, self.block_size, m.kv_heads, m.head_dim, m.dtype,
                                   self.device)

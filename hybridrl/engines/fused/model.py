@@ -165,13 +165,18 @@ class FusedDecoder(nn.Module):
         (the sequence's block table, wide enough for start + length)."""
         b, w = ids.shape
         n, d, eps, kern = b * w, self.head_dim, self.eps, self.kernels
-        pos = torch.arange(w, device=ids.device).expand(b, w)
+        # Padding tokens repeat their row's last position: past it, a row continuing a long cached prefix could run
+        # beyond the RoPE tables (they cover each sequence's own length, not its start plus the longest row's width).
+        pos = torch.minimum(torch.arange(w, device=ids.device)[None, :], (lengths - 1)[:, None])
         if start is not None:
             pos = pos + start[:, None]
         cos, sin = self.cos[pos].view(n, 1, d), self.sin[pos].view(n, 1, d)
         slots = slots.reshape(n)
         x = self.embed(ids.reshape(n))
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
+        blocks = mask = None
+        if start is not None:  # the same for every layer: made once per call
+            blocks, mask = tables.long(), self._context_mask(tables.shape[1] * cache.block_size, pos, h.dtype)
         with _attention_backends(self.device):
             for i, layer in enumerate(self.model.layers):
                 a = layer.self_attn
@@ -179,11 +184,10 @@ class FusedDecoder(nn.Module):
                                           self.kv_heads, cos, sin, *self._qk_norms(a), eps)
                 write_kv_torch(*cache.layer(i), slots, k, v)
                 q = q.view(b, w, self.q_heads, d).transpose(1, 2)
-                if start is None:
+                if start is None:  # right padding: a real token attends only to earlier real tokens, causal suffices
                     k, v = k.view(b, w, self.kv_heads, d), v.view(b, w, self.kv_heads, d)
-                    mask = None  # right padding: a real token attends only to earlier real tokens, causal suffices
                 else:
-                    k, v, mask = self._context(cache, i, tables, pos, q.dtype)
+                    k, v = self._context(cache, i, blocks)
                 o = self._prefill_attention(q, k, v, mask)
                 post, after = self._norms(i)
                 x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.transpose(1, 2).reshape(n, -1)), post, eps, kern)
@@ -191,20 +195,21 @@ class FusedDecoder(nn.Module):
         last = h.view(b, w, -1)[torch.arange(b, device=h.device), lengths - 1]
         return self.logits(last)
 
-    def _context(self, cache: PagedKVCache, layer: int, tables: torch.Tensor, pos: torch.Tensor,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """K and V [B, L, kv_heads, d] of every cached position of each row's blocks, and the additive mask
-        [B, 1, W, L] that lets the token at position p see positions ≤ p."""
-        b, nb = tables.shape
+    def _context(self, cache: PagedKVCache, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [B, L, kv_heads, d] of layer `layer` at every position of each row's blocks [B, blocks]."""
+        b, nb = blocks.shape
         kc, vc = cache.layer(layer)
         length = nb * cache.block_size
-        t = tables.long()
-        k = kc[t].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
-        v = vc[t].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
+        k = kc[blocks].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
+        v = vc[blocks].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
+        return k, v
+
+    @staticmethod
+    def _context_mask(length: int, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask [B, 1, W, length] that lets the token at position p see cached positions ≤ p."""
         keys = torch.arange(length, device=pos.device)
-        mask = torch.zeros(b, 1, pos.shape[1], length, dtype=dtype, device=pos.device)
-        mask.masked_fill_((keys[None, None, :] > pos[:, :, None])[:, None], float("-inf"))
-        return k, v, mask
+        mask = torch.zeros(pos.shape[0], 1, pos.shape[1], length, dtype=dtype, device=pos.device)
+        return mask.masked_fill_((keys[None, None, :] > pos[:, :, None])[:, None], float("-inf"))
 
     def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            mask: torch.Tensor | None) -> torch.Tensor:
