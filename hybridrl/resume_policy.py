@@ -45,6 +45,8 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("trainer.fused_optimizer", APPLY, "kernel choice"),
     ("trainer.compile", APPLY, "kernel choice"),
     ("trainer.offload", APPLY, "memory only"),
+    ("trainer.offload_lazy", APPLY, "memory only"),
+    ("trainer.offload_headroom_gb", APPLY, "memory only"),
     ("trainer.fsdp_layers_per_unit", APPLY, "sharding granularity: speed and memory only"),
     ("trainer.reshard_after_forward", APPLY, "speed and memory only"),
     ("trainer.defer_grad_sync", APPLY, "when gradients are reduced, not what they sum to"),

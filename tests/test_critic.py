@@ -152,16 +152,19 @@ def rollout_batch(tiny_path, tokenizer, process_group):
     return completions_to_batch(prompts, comps)
 
 
-def test_critic_offload_choreography_changes_nothing(tiny_path, tokenizer, rollout_batch):
+@pytest.mark.parametrize("mode", ["eager", "lazy_tight", "lazy_roomy"])
+def test_critic_offload_choreography_changes_nothing(tiny_path, tokenizer, rollout_batch, mode):
     """Two iterations of the worker's own phases (wake → logprob → values → reward → advantages → update_critic →
     update), with every offloader on (the critic leaves in flight behind the actor's update), equal a worker that
-    never offloads."""
+    never offloads. Lazy offload: the engine asks for room after wake-up; a device with none frees everything, a
+    roomy one frees nothing (and the onloads are cancels)."""
     from hybridrl.data.synthetic import synthetic_reward  # noqa: F401  (registers the reward)
 
     runs = []
     for offload in (True, False):
         torch.manual_seed(0)
-        worker = HybridWorker(ppo_config(tiny_path, grad_clip=0.0))
+        worker = HybridWorker(ppo_config(tiny_path, grad_clip=0.0, offload_lazy=mode != "eager"))
+        worker.room.free_bytes = (lambda: 0) if mode == "lazy_tight" else (lambda: 1 << 50)
         actor, critic = worker.roles.actor, worker.roles.critic
         for off in (actor.param_offload, actor.optim_offload, worker.roles.ref.offloader, critic.param_offload,
                     critic.optim_offload):
@@ -169,8 +172,11 @@ def test_critic_offload_choreography_changes_nothing(tiny_path, tokenizer, rollo
         seen = []
         for _ in range(2):
             worker.wake()
+            if mode != "eager":
+                worker.roles.rollout.engine.memory_gate(1)  # what the engine's next allocation does
             if offload:
-                assert all(p.to_local().untyped_storage().nbytes() == 0 for p in critic.model.parameters())
+                freed = mode != "lazy_roomy"
+                assert all((p.to_local().untyped_storage().nbytes() == 0) == freed for p in critic.model.parameters())
             worker.sleep()
             b = rollout_batch.select(range(len(rollout_batch)))
             for k, v in worker.logprob(b).items():
@@ -194,3 +200,26 @@ def test_critic_offload_choreography_changes_nothing(tiny_path, tokenizer, rollo
     for i, (a, b) in enumerate(zip(seen_a, seen_b)):
         assert torch.equal(a, b), i
     assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)
+
+
+def test_validation_scoring_with_reward_models_moves_out_what_a_lazy_offload_kept(tiny_path, tokenizer, rollout_batch):
+    """Validation scores while the engine is awake (wake → generate → reward, no sleep): before a reward model comes
+    onto the device, the trainer state a lazy offload left there goes out, as an eager offload had made it."""
+    from dataclasses import replace
+
+    from hybridrl.data.synthetic import synthetic_reward  # noqa: F401  (registers the reward)
+    from hybridrl.rewards.reward_model import RewardModelConfig, RewardModelsConfig
+    from hybridrl.training.offload import local_tensor
+
+    cfg = replace(ppo_config(tiny_path), reward_model=RewardModelsConfig([RewardModelConfig(name="rm", path="tiny")]))
+    worker = HybridWorker(cfg)
+    worker.room.free_bytes = lambda: 1 << 50  # the engine finds room: nothing moves at wake-up
+    actor = worker.roles.actor
+    actor.param_offload.enabled = actor.optim_offload.enabled = True
+    worker.wake()
+    assert all(local_tensor(p).untyped_storage().nbytes() > 0 for p in actor.model.parameters())
+    worker.reward(rollout_batch.select(range(len(rollout_batch))))
+    assert all(local_tensor(p).untyped_storage().nbytes() == 0 for p in actor.model.parameters())
+    worker.sleep()
+    worker.logprob(rollout_batch.select(range(len(rollout_batch))))  # comes back for the next step
+    assert all(local_tensor(p).untyped_storage().nbytes() > 0 for p in actor.model.parameters())

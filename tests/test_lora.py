@@ -171,12 +171,15 @@ def test_engine_holds_the_merged_weights_and_agrees_on_log_probs(tiny_path, proc
     assert (old - batch["engine_logprobs"]).abs()[mask].max() < 1e-4
 
 
-def test_offload_round_trips_change_nothing(tiny_path, process_group):
+@pytest.mark.parametrize("lazy", [False, True])
+def test_offload_round_trips_change_nothing(tiny_path, process_group, lazy):
     """Two iterations with the actor's parameter and optimizer offloaders on (the frozen base, outside FSDP on one
-    rank, moves with the adapters) equal a worker that never offloads (run on CPU with the offloaders forced on)."""
+    rank, moves with the adapters) equal a worker that never offloads (run on CPU with the offloaders forced on).
+    Lazy: a device with no free memory, so the engine's first allocation frees everything."""
     runs = []
     for offload in (True, False):
-        worker = lora_worker(tiny_path, grad_clip=0.0)
+        worker = lora_worker(tiny_path, grad_clip=0.0, offload_lazy=lazy)
+        worker.room.free_bytes = lambda: 0
         actor = worker.roles.actor
         actor.param_offload.enabled = actor.optim_offload.enabled = offload
         with torch.no_grad():  # on CPU the loaded base is memory-mapped from the file; on a GPU it is owned memory
@@ -186,6 +189,8 @@ def test_offload_round_trips_change_nothing(tiny_path, process_group):
         logs = []
         for step in (1, 2):
             worker.wake()
+            if lazy:
+                worker.roles.rollout.engine.memory_gate(1)  # what the engine's next allocation does
             if offload:
                 assert all(p.untyped_storage().nbytes() == 0 for p in actor.model.parameters() if not p.requires_grad)
             batch = rollout(worker, step)

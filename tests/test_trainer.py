@@ -197,21 +197,28 @@ def test_offload_in_flight_is_completed_or_cancelled():
     assert torch.equal(tensors[1], torch.ones(3, 2))
 
 
-def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenizer):
+@pytest.mark.parametrize("mode", ["eager", "lazy_tight", "lazy_roomy"])
+def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenizer, mode):
     """Two iterations of the worker's own phases (wake → logprob → update), with every offloader on (the reference
-    leaves early, in flight behind the update), equal a worker that never offloads."""
+    leaves early, in flight behind the update), equal a worker that never offloads. Eager offload frees at wake-up;
+    lazy offload frees only when the engine finds no room (tight: a device with nothing free frees everything at the
+    engine's first allocation; roomy: nothing is freed, and the onload is a cancel)."""
     engine, prompts = setup
     batch = rollout(engine, prompts)
     runs = []
     for offload in (True, False):
         torch.manual_seed(0)
-        worker = make_trainer(tiny_path, tokenizer, grad_clip=0.0)
+        worker = make_trainer(tiny_path, tokenizer, grad_clip=0.0, offload_lazy=mode != "eager")
+        assert worker.roles.rollout.engine.gates_memory  # the fused engine: the lazy path is the one taken
+        worker.room.free_bytes = (lambda: 0) if mode == "lazy_tight" else (lambda: 1 << 50)
         actor, ref = worker.roles.actor, worker.roles.ref
         for off in (actor.param_offload, ref.offloader, actor.optim_offload):
             off.enabled = offload
         logs = []
         for _ in range(2):
             worker.wake()
+            worker.roles.rollout.engine.sleep(2)  # weights out: the next wake allocates them through the gate
+            worker.roles.rollout.engine.wake_up(["weights"])
             worker.sleep()
             b = batch.select(range(len(batch)))
             for k, v in worker.logprob(b).items():
@@ -223,9 +230,13 @@ def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenize
             b["advantages"] = torch.linspace(-1, 1, len(b))
             worker.update(b)
         worker.wake()
+        worker.roles.rollout.engine.sleep(2)
+        worker.roles.rollout.engine.wake_up(["weights"])
         if offload:
-            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in ref.model.parameters())
-            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in actor.model.parameters())
+            freed = mode != "lazy_roomy"
+            for model in (ref.model, actor.model):
+                assert all((p.to_local().untyped_storage().nbytes() == 0) == freed for p in model.parameters())
+        worker.sleep()
         actor.onload_params()
         actor.onload_optimizer()
         params = {n: p.full_tensor().clone() for n, p in actor.model.named_parameters()}

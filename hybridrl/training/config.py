@@ -88,6 +88,12 @@ class TrainerConfig:
     offload: Any = field(default_factory=list)
     """What to move to host memory during rollout (GPU only): a list of parts, e.g. [params,optimizer]; a single
     name (params) or none also works. Any-typed because a command line gives a list or a plain name."""
+    offload_lazy: bool = True
+    """With offload: the copies to host start at wake-up and run behind the rollout; the device memory is freed only
+    when the engine needs the room (an onload of what was never freed moves nothing). false frees it at wake-up.
+    Engines that cannot say what they allocate (HF native, vLLM, SGLang) always free at wake-up."""
+    offload_headroom_gb: float = 4.0
+    """Lazy offload: GiB the device keeps free beyond each engine allocation before offloaded memory may stay."""
     device: str = "auto"
     """auto (cuda if available), cpu or cuda."""
     seed: int = 0
@@ -116,6 +122,8 @@ class TrainerConfig:
             raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"trainer.lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if not math.isfinite(self.offload_headroom_gb) or self.offload_headroom_gb < 0:
+            raise ConfigError(f"trainer.offload_headroom_gb must be a finite number >= 0, got {self.offload_headroom_gb}")
         if self.micro_batch_size < 1:
             raise ConfigError(f"trainer.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.mini_batch_size < 0:

@@ -4,6 +4,7 @@ The actor (`training/trainer.py`) and a critic build on it; each adds its own fo
 memory lifecycle inside one iteration::
 
     learner.offload()            # before the rollout: parameter shards and/or Adam state to pinned host memory
+                                 # (lazy: lazy_offloaders() run only if the engine needs their room)
     learner.onload_params()      # before the forward passes
     learner.onload_optimizer()   # before the update (started early with wait=False, joined here)
     learner.optimizer_step()     # after the micro-batches' backward passes
@@ -65,6 +66,12 @@ class FSDPLearner:
         """Parameters and/or optimizer state to pinned host memory, per the offload policy (for the rollout)."""
         reshard_units(self.model)  # offload moves shards, not the full copy a forward leaves at world size 1
         return timed_moves(f"offload/{self.name}/offload", self.device, self.param_offload.offload, self.optim_offload.offload)
+
+    def lazy_offloaders(self) -> list[HostOffloader]:
+        """The offloaders `offload` would run, for a lazy offload (workers/device_room.py) to run only if the engine
+        needs their room; the full copy a forward leaves at world size 1 is freed now, as `offload` does first."""
+        reshard_units(self.model)
+        return [self.param_offload, self.optim_offload]
 
     def onload_params(self) -> dict[str, float]:
         """Parameters back on the device, before the forward passes."""

@@ -55,6 +55,17 @@ class HostOffloader:
     def offloaded(self) -> bool:
         return bool(self._offloaded)
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether an offload was started (its bytes are, or will be, on the host) and its device memory not freed."""
+        return self._freeing
+
+    def device_bytes(self) -> int:
+        """Device bytes an offload would free now: those of the offload in flight, else of what is on the device."""
+        if self._freeing:
+            return sum(t.untyped_storage().nbytes() for _, t in self._offloaded)
+        return 0 if self._offloaded or not self.enabled else sum(t.untyped_storage().nbytes() for _, t in self._unique())
+
     def _unique(self) -> list[tuple[int, torch.Tensor]]:
         """(key, local tensor) per distinct storage. The key is the id of the collected tensor (a parameter
         or optimizer state, which persist), not of its local view (a new object on every `to_local()`),

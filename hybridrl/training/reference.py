@@ -43,6 +43,12 @@ class Reference:
         moved = self.offloader.onload(wait=wait)
         return {"offload/ref/onload_gb": moved / 1e9} if moved else {}
 
+    def lazy_offloaders(self) -> list[HostOffloader]:
+        """The offloader, its copy possibly in flight since the log-prob phase, for a lazy offload
+        (workers/device_room.py) to complete only if the engine needs its room."""
+        reshard_units(self.model)
+        return [self.offloader]
+
     def offload(self, wait: bool = True) -> dict[str, float]:
         """Parameters to host memory. wait=False starts the copy and returns; wait=True completes a copy in flight
         (or makes one) and frees the device memory."""

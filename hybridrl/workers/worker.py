@@ -23,6 +23,7 @@ from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.rewards.base import RewardScores
 from hybridrl.workers.build import build_components
+from hybridrl.workers.device_room import DeviceRoom
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
 
 
@@ -47,6 +48,7 @@ class HybridWorker:
                           model_path=resolve_model_path(cfg.model))
         init_process_group(rank, world_size, self.device, cfg.cluster.collective_timeout_s)
         self.roles = build_components(cfg, self.topology, self.device)
+        self.room = DeviceRoom(self.device, int(cfg.trainer.offload_headroom_gb * 2**30))
         self.memory: dict[str, dict[str, float]] = {}
         self.switch_stats: dict[str, float] = {}  # onload figures, reported with the update's metrics
         self._record("init")
@@ -64,15 +66,27 @@ class HybridWorker:
 
     # -- phase commands -------------------------------------------------------------------
     def wake(self) -> dict[str, float]:
-        """Give the device to the engine: trainer roles to host (per their offload policies), engine awake."""
+        """Give the device to the engine: trainer roles to host (per their offload policies), engine awake. With
+        trainer.offload_lazy and an engine that gates its allocations, the trainer's state leaves only where the
+        engine needs its room (workers/device_room.py)."""
         r = self.roles
         self.switch_stats = {}  # a step whose update was skipped (critic warm-up) leaves its figures behind
-        stats = r.actor.offload()
-        if r.ref is not None:
-            stats.update(r.ref.offload())  # completes the copy started after its log-prob pass
-        if r.critic is not None:
-            stats.update(r.critic.offload())  # completes the copy started after its update
-        r.rollout.wake()
+        self.room.clear()
+        if self.cfg.trainer.offload_lazy and getattr(r.rollout.engine, "gates_memory", False):
+            learners = {"actor": r.actor, "ref": r.ref, "critic": r.critic}
+            for name, learner in learners.items():
+                for offloader in learner.lazy_offloaders() if learner is not None else ():
+                    self.room.defer(name, offloader)
+            r.rollout.engine.memory_gate = self.room.make_room
+            r.rollout.wake()
+            stats = self.room.take_stats()
+        else:
+            stats = r.actor.offload()
+            if r.ref is not None:
+                stats.update(r.ref.offload())  # completes the copy started after its log-prob pass
+            if r.critic is not None:
+                stats.update(r.critic.offload())  # completes the copy started after its update
+            r.rollout.wake()
         self._record("wake")
         return stats
 
@@ -90,8 +104,13 @@ class HybridWorker:
         return out
 
     def sleep(self) -> None:
-        """Free the engine's memory for training (level per engine.sleep_level)."""
+        """Free the engine's memory for training (level per engine.sleep_level). Offloads the engine did not need
+        stay unfreed: the log-prob phase's onload cancels them."""
         self.roles.rollout.sleep()
+        if getattr(self.roles.rollout.engine, "gates_memory", False):
+            self.roles.rollout.engine.memory_gate = None
+        self.switch_stats.update(self.room.take_stats())  # what the engine freed while it generated
+        self.room.clear()
         self._record("sleep")
 
     def logprob(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -126,6 +145,10 @@ class HybridWorker:
     def reward(self, batch: Batch) -> RewardScores:
         """Score each completion: the reward function, then each reward model in turn (one on the device at a
         time), combined per `reward.combine`."""
+        if getattr(self.roles.scorer, "models", None):
+            # Validation scores while the engine is awake: what a lazy offload left on the device leaves first.
+            self.room.make_room(None)
+            self.room.take_stats()  # validation's moves, like its wake-up's, are not a training step's
         out, stats = self.roles.scorer(batch)
         for k, v in stats.items():  # several reward rounds in one step (dynamic sampling) add up their seconds
             self.switch_stats[k] = v if k.endswith("_gbps") else self.switch_stats.get(k, 0.0) + v
