@@ -27,6 +27,8 @@ CASES = {
                        "1", "--iters", "2"], ["plain_fsdp2_tok_s", "params"]),
     "bench_reshard": (SMALL, ["style", "params"]),
     "bench_engine": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["prompt_len", "dtype"]),
+    "bench_engine:multiturn": ([*SMALL, "--case", "multiturn", "--trajectories", "6", "--max-rows", "4", "--turns",
+                                "3", "--new-tokens", "9", "--prompt-len", "8", "--tool-ms", "1"], ["multiturn"]),
 }
 
 
@@ -41,10 +43,15 @@ def _json_object(stdout: str) -> dict:
 def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
     args, keys = CASES[tool]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    r = subprocess.run([sys.executable, str(TOOLS / f"{tool}.py"), *args], cwd=tmp_path, env=env,
+    script = tool.split(":")[0]  # "tool:case" runs another case of the same script
+    r = subprocess.run([sys.executable, str(TOOLS / f"{script}.py"), *args], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = _json_object(r.stdout)
     assert out["shape"] == "tiny" and out["device"] == "cpu", out
     for key in keys:
         assert key in out, (key, sorted(out))
+    if "multiturn" in out:  # lockstep and staggered turns, each with both join waits, every token produced
+        variants = out["multiturn"]["variants"]
+        assert sorted(variants) == ["lockstep_join0", "lockstep_join8", "staggered_join0", "staggered_join8"]
+        assert all(v["tokens"] == 6 * 9 for v in variants.values())

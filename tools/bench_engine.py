@@ -12,7 +12,10 @@ Cases (all sample at temperature 1, no top-k/top-p, no EOS, so every sample runs
 - grpo: prompts × samples sharing each prompt (prefilled once per prompt, its blocks shared).
 - multiturn: trajectories × turns through `AsyncEngine` with a simulated tool of tool-ms between turns (its result
   `tool-tokens` tokens appended to the context), against the same number of tokens per trajectory generated in one
-  turn; the ratio of the two throughputs is `vs_single_turn`.
+  turn; the ratio of the two throughputs is `vs_single_turn`. Two workloads: lockstep (equal turns: every trajectory
+  calls its tool at the same step, so the device idles through each call; `lockstep_bound_vs_single_turn` is the
+  best any engine can do there) and staggered (the same tokens cut at random points, as real turns fall), each with
+  every `--join-wait` (engine.native.join_wait_steps).
 
 Every case reports a `roofline`: the bytes one decode step must read (the weights, and the K/V the rows attend at the
 mid-point of generation; `unique` counts a shared prompt once) over the H200's bandwidth (4.8 TB/s datasheet,
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,10 +65,11 @@ def build_model(shape: str, dtype: torch.dtype, device: torch.device) -> torch.n
     return model.eval()
 
 
-def build_engine(model, args, rows: int) -> FusedEngine:
-    """The fused engine with `model`'s weights, cut by the resharder (as a run fills it)."""
+def build_engine(model, args, rows: int, kv_blocks: int = 0) -> FusedEngine:
+    """The fused engine with `model`'s weights, cut by the resharder (as a run fills it); a KV cache of `kv_blocks`
+    blocks, or sized by demand."""
     options = NativeOptions(max_batch_size=rows, cuda_graphs=not args.no_cuda_graphs, kernels=not args.no_kernels,
-                            kv_block_size=args.kv_block_size)
+                            kv_block_size=args.kv_block_size, kv_blocks=kv_blocks)
     engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     return engine
@@ -247,18 +252,29 @@ def case_grpo(model, engine, args, device) -> dict:
     return res
 
 
-def case_multiturn(model, engine, args, device) -> dict:
-    t, turns = args.trajectories, args.turns
-    per_turn = args.new_tokens // turns
-    gen = torch.Generator().manual_seed(3)
-    vocab = model.config.vocab_size
-    prompts = torch.randint(2, vocab, (t, args.prompt_len), generator=gen).tolist()
-    tools = torch.randint(2, vocab, (t, turns, args.tool_tokens), generator=gen).tolist()
-    params = SamplingParams(temperature=1.0, max_new_tokens=per_turn, seed=0)
+def turn_lengths(t: int, turns: int, new: int, staggered: bool, gen: torch.Generator) -> list[list[int]]:
+    """Each trajectory's new tokens per turn, summing to `new`: equal turns (every trajectory reaches its tool call at
+    the same step), or cut at random points (as real turns are: the tool calls of different trajectories fall at
+    different steps)."""
+    if not staggered:
+        return [[new // turns] * turns for _ in range(t)]
+    out = []
+    for _ in range(t):
+        cuts = sorted(torch.randperm(new - 1, generator=gen)[: turns - 1].add(1).tolist())
+        out.append([b - a for a, b in zip([0, *cuts], [*cuts, new])])
+    return out
+
+
+def run_multiturn(engine, prompts, tools, lengths, args, device, profile: str | None = None) -> dict:
+    """Cold and two warm timings (median) of every trajectory's turns through `AsyncEngine`, a `tool_ms` sleep between
+    turns; the host time spent in prefill calls; with `profile` (GPU) a profiler table of one more run over the first
+    64 trajectories, by CPU time."""
+    t, turns = len(prompts), len(lengths[0])
 
     async def trajectory(i: int, agent: AsyncEngine) -> int:
         context, produced = list(prompts[i]), 0
         for k in range(turns):
+            params = SamplingParams(temperature=1.0, max_new_tokens=lengths[i][k], seed=0)
             out = await agent.generate(GenerationRequest(context, i, k), params)
             produced += len(out.token_ids)
             if k < turns - 1:
@@ -270,18 +286,71 @@ def case_multiturn(model, engine, args, device) -> dict:
         agent = AsyncEngine(engine)
         return sum(await asyncio.gather(*(trajectory(i, agent) for i in range(t))))
 
+    sch, prefill, host = engine.scheduler, engine.prefill, {"prefill_s": 0.0}
+
+    def timed_prefill(groups, mode):  # host time: launches, and any wait inside
+        t0 = time.perf_counter()
+        out = prefill(groups, mode)
+        host["prefill_s"] += time.perf_counter() - t0
+        return out
+
     cold, _ = timed(lambda: asyncio.run(all_trajectories()), device)
-    engine.cache.allocator.forget_prefixes()  # the timed run finds only what it computed itself
-    before = engine.scheduler.prefilled_tokens
-    warm, produced = timed(lambda: asyncio.run(all_trajectories()), device)
-    prefilled = engine.scheduler.prefilled_tokens - before
-    single, _, _ = run_generate(engine, prompts, 1, per_turn * turns, device)
-    res = {"trajectories": t, "turns": turns, "tokens_per_turn": per_turn, "tool_ms": args.tool_ms,
-           "tool_tokens": args.tool_tokens, "tokens": produced, "seconds_cold": cold, "seconds_warm": warm,
-           "tokens_per_s": produced / warm, "prefilled_tokens": prefilled,
+    engine.prefill = timed_prefill
+    warm = []
+    for _ in range(2):
+        engine.cache.allocator.forget_prefixes()  # each timed run finds only what it computed itself
+        before = (sch.prefilled_tokens, sch.prefills, sch.steps, sch.row_steps)
+        host["prefill_s"] = 0.0
+        seconds, produced = timed(lambda: asyncio.run(all_trajectories()), device)
+        warm.append(seconds)
+    del engine.prefill
+    prefilled, prefills, steps, row_steps = (a - b for a, b in zip(
+        (sch.prefilled_tokens, sch.prefills, sch.steps, sch.row_steps), before))
+    if profile:  # over the first 64 trajectories: a full run's events took minutes to collect (seen on the H200)
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        engine.cache.allocator.forget_prefixes()
+        t = min(t, 64)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            asyncio.run(all_trajectories())
+            torch.cuda.synchronize(device)
+        Path(profile).write_text(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40,
+                                                           max_name_column_width=60))
+    seconds = statistics.median(warm)
+    return {"join_wait_steps": sch.join_wait, "tokens": produced, "seconds_cold": cold, "seconds_warm": seconds,
+            "seconds_warm_runs": warm, "tokens_per_s": produced / seconds, "prefilled_tokens": prefilled,
+            "prefill_calls": prefills, "prefill_host_s": host["prefill_s"], "engine_steps": steps,
+            "mean_rows_per_step": row_steps / max(1, steps), "ms_per_engine_step": seconds / max(1, steps) * 1e3}
+
+
+def case_multiturn(model, engine, args, device) -> dict:
+    """Lockstep turns (the bound: every trajectory waits for its tool at once, so the device idles through each
+    call) and staggered turns (the same tokens, cut at random points), each with every --join-wait, against the
+    same tokens per trajectory generated in one turn."""
+    t, turns = args.trajectories, args.turns
+    gen = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size
+    prompts = torch.randint(2, vocab, (t, args.prompt_len), generator=gen).tolist()
+    tools = torch.randint(2, vocab, (t, turns, args.tool_tokens), generator=gen).tolist()
+    new = args.new_tokens // turns * turns
+    single, _, _ = run_generate(engine, prompts, 1, new, device)
+    res = {"trajectories": t, "rows": engine.options.max_batch_size, "turns": turns, "tool_ms": args.tool_ms,
+           "tool_tokens": args.tool_tokens,
            "tool_wait_s_per_trajectory": (turns - 1) * args.tool_ms / 1e3,
-           "single_turn": {k: single[k] for k in ("tokens", "seconds_warm", "tokens_per_s", "decode_step_ms")}}
-    res["vs_single_turn"] = res["tokens_per_s"] / single["tokens_per_s"]
+           "single_turn": {k: single[k] for k in ("tokens", "seconds_warm", "tokens_per_s", "decode_step_ms")},
+           # Lockstep: no engine can decode while every trajectory waits, so the ratio is at most this.
+           "lockstep_bound_vs_single_turn": single["seconds_warm"] / (
+               single["seconds_warm"] + (turns - 1) * args.tool_ms / 1e3),
+           "variants": {}}
+    for staggered in (False, True):
+        lengths = turn_lengths(t, turns, new, staggered, gen)
+        for wait in args.join_wait:
+            engine.scheduler.join_wait = wait
+            last = staggered and wait == args.join_wait[-1]
+            v = run_multiturn(engine, prompts, tools, lengths, args, device,
+                              args.profile if last and device.type == "cuda" else None)
+            v["vs_single_turn"] = v["tokens_per_s"] / single["tokens_per_s"]
+            res["variants"][f"{'staggered' if staggered else 'lockstep'}_join{wait}"] = v
     return res
 
 
@@ -293,9 +362,14 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32, help="grpo: distinct prompts")
     ap.add_argument("--samples", type=int, default=8, help="grpo: samples per prompt")
     ap.add_argument("--trajectories", type=int, default=256, help="multiturn: concurrent trajectories")
-    ap.add_argument("--turns", type=int, default=4, help="multiturn: turns per trajectory (new tokens split evenly)")
+    ap.add_argument("--turns", type=int, default=4, help="multiturn: turns per trajectory")
     ap.add_argument("--tool-ms", type=float, default=50.0, help="multiturn: simulated tool latency between turns")
     ap.add_argument("--tool-tokens", type=int, default=16, help="multiturn: tokens a tool result appends")
+    ap.add_argument("--max-rows", type=int, default=0,
+                    help="multiturn: the engine's rows (engine.native.max_batch_size); fewer than --trajectories keeps "
+                         "more trajectories in flight than rows, as agent RL runs do; 0 = one row per trajectory")
+    ap.add_argument("--join-wait", type=int, nargs="+", default=[0, NativeOptions.join_wait_steps],
+                    help="multiturn: engine.native.join_wait_steps values to run (each variant with each)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -306,7 +380,8 @@ def main() -> None:
     ap.add_argument("--no-kernels", action="store_true", help="torch ops instead of the Triton decode kernels")
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
-    ap.add_argument("--profile", help="single, GPU: write a profiler table of one warm generate to this file")
+    ap.add_argument("--profile", help="GPU: a profiler table to this file (single: one warm generate; multiturn: one "
+                                      "staggered run with the last --join-wait, by CPU time)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
 
@@ -317,14 +392,19 @@ def main() -> None:
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     model = build_model(args.shape, dtype, device)
     cases = ("single", "grpo", "multiturn") if args.case == "all" else (args.case,)
-    rows = {"single": args.batch, "grpo": args.prompts * args.samples, "multiturn": args.trajectories}
+    rows = {"single": args.batch, "grpo": args.prompts * args.samples,
+            "multiturn": min(args.max_rows or args.trajectories, args.trajectories)}
     result = {"shape": args.shape, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "torch": torch.__version__, "transformers": transformers.__version__,
               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "kv_block_size": args.kv_block_size,
               "kernels": not args.no_kernels, "cuda_graphs": not args.no_cuda_graphs}
+    # More trajectories than rows: room for every trajectory's whole context, so a turn back from its tool finds its
+    # prefix still cached (by demand, the cache holds only the rows' sequences and evicts the waiting ones' prefixes).
+    context = args.prompt_len + args.new_tokens + args.turns * args.tool_tokens
+    kv_blocks = 1 + args.trajectories * -(-context // args.kv_block_size) if rows["multiturn"] < args.trajectories else 0
     for case in cases:
-        engine = build_engine(model, args, max(rows[c] for c in cases))
+        engine = build_engine(model, args, max(rows[c] for c in cases), kv_blocks if case == "multiturn" else 0)
         result[case] = {"single": case_single, "grpo": case_grpo, "multiturn": case_multiturn}[case](
             model, engine, args, device)
         if device.type == "cuda":

@@ -15,7 +15,10 @@ when it began, against one reward model's size (one at a time: about one model, 
 
 The step is `Controller.train_step` on random prompts (no sample stops early), exactly as `python -m hybridrl`
 runs it: wake (the trainer roles' offload, then the engine's wake) → generate → sleep → logprob (params back in
-first) → reward → advantages → update (optimizer state joined first) → reshard. Switching = wake + sleep +
+first) → reward → advantages → update (optimizer state joined first) → reshard. With the default lazy offload
+(`trainer.offload_lazy`) the copies to host start at wake and the device memory is freed only where the engine finds
+no room; `--eager-offload` frees it at wake, as every step did before. The JSON's `freed_gb_per_step` says how much
+was freed. Switching = wake + sleep +
 reshard + the parameter onload inside logprob + the optimizer-state wait inside update; its share of the step is
 reported. Throughput (inline only): our actor's update on batch × seq tokens and a plain FSDP2 step (fully_shard
 per layer + root, bf16 mixed precision, HF loss) on the same tokens; tokens/s, MFU (6·N·tokens/s over the dense
@@ -117,6 +120,8 @@ def main() -> None:
     ap.add_argument("--offload", default="params,optimizer", help="trainer.offload on GPU (none to keep all resident)")
     ap.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo", help="ppo adds a critic of the same shape")
     ap.add_argument("--reward-models", type=int, default=0, help="reward models of the same shape, scored in turn")
+    ap.add_argument("--eager-offload", action="store_true",
+                    help="trainer.offload_lazy=false: free the offloaded memory at wake-up even where the engine has room")
     ap.add_argument("--set", action="append", default=[], help="any other config override, e.g. engine.native.impl=hf")
     args = ap.parse_args()
 
@@ -127,7 +132,7 @@ def main() -> None:
     cfg = bench_config(path, device, [
         *cluster, f"engine.tp_size={args.tp}", f"data.train_batch_size={args.prompts}", f"algorithm.group_size={args.group}",
         f"engine.max_new_tokens={args.new_tokens}", f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
-        f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}", "trainer.lr=1e-6",
+        f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}", f"trainer.offload_lazy={not args.eager_offload}", "trainer.lr=1e-6",
         f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *algorithm_overrides(args.algorithm),
         *reward_model_overrides(args.reward_models, path), *args.set,
     ])
@@ -149,7 +154,9 @@ def main() -> None:
     switching = statistics.median(switching_s(m) for m in steps)
     result = {
         "shape": args.shape, "device": str(device), "workers": args.workers, "engine_tp": args.tp,
-        "trainer_offload": offload, "overrides": args.set,
+        "trainer_offload": offload, "offload_lazy": not args.eager_offload, "overrides": args.set,
+        "freed_gb_per_step": statistics.median(sum(v for k, v in m.items() if re.match(r"^offload/[^/]+/offload_gb$", k))
+                                               for m in steps),
         "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
         "step_s_median": total, "phases_s_median": times,
         "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/", "mismatch/"))}
@@ -171,7 +178,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
-        name = f"bench_step_{args.algorithm}_rm{args.reward_models}_{args.shape}_w{args.workers}_tp{args.tp}_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}"
+        name = f"bench_step_{args.algorithm}_rm{args.reward_models}_{args.shape}_w{args.workers}_tp{args.tp}_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}{'-eager' if args.eager_offload else ''}"
         Path(out, name + ".json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit

@@ -5,11 +5,13 @@
 #
 #   kernel    CUDA tests of the engine's Triton kernels, the sampler, the log-prob kernel, the engine, its scheduler
 #   engine_grpo  bench_engine 1.5B GRPO-shaped: 32 prompts × 8 samples × 512 new (one prefill per group)
-#   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn
+#   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn;
+#                then 512 trajectories on 256 rows, with a profile
 #   engine    bench_engine 0.5B, batch 64 × 256 new, vs HF generate and vs the torch sampler, with a profile
 #   engine_more  bench_engine without CUDA graphs, and at batch 256 (0.5B × 256 new, 1.5B × 1024 new)
 #   trainer   bench_trainer 1.5B, batch 8 × 1024: our update's variants vs plain FSDP2, with profiles
-#   step      bench_step 1.5B: a GRPO step with trainer.offload=params,optimizer and with none
+#   step      bench_step 1.5B: a GRPO step with trainer.offload=params,optimizer (lazy, and eager: --eager-offload)
+#             and with none
 #   step_large  bench_step 1.5B with offload at 64 prompts × 8 × 1024 new tokens
 #   lifecycle bench_lifecycle 1.5B: sleep/wake/offload/onload/reshard seconds, GB/s, bytes freed
 #   (two GPUs, kind nvidia-h200-x2)
@@ -51,9 +53,12 @@ for group in "$@"; do
     engine_grpo)
       step engine_1.5b_grpo 200 $PY tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \
         --out "$OUT/bench_engine_1.5b_grpo_p32x8_n512.json" ;;
-    multiturn)
+    multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs)
       step engine_0.5b_multiturn 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 256 --turns 4 \
-        --tool-ms 50 --new-tokens 256 --out "$OUT/bench_engine_0.5b_multiturn_256x4.json" ;;
+        --tool-ms 50 --new-tokens 256 --out "$OUT/bench_engine_0.5b_multiturn_256x4.json"
+      step engine_0.5b_multiturn_512 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 512 \
+        --max-rows 256 --turns 4 --tool-ms 50 --new-tokens 256 --profile "$OUT/profile_multiturn_0.5b.txt" \
+        --out "$OUT/bench_engine_0.5b_multiturn_512on256x4.json" ;;
     engine)
       step engine_0.5b_b64 200 $PY tools/bench_engine.py --device cuda --shape 0.5b --batch 64 --prompt-len 128 \
         --new-tokens 256 --torch-sampler --profile "$OUT/profile_engine_0.5b.txt" --out "$OUT/bench_engine_0.5b_b64_n256.json" ;;
@@ -67,8 +72,10 @@ for group in "$@"; do
       step trainer_1.5b 420 $PY tools/bench_trainer.py --shape 1.5b --model-dir $MODELS/1.5b --profile "$OUT" \
         --variants "${TRAINER_VARIANTS:-default,eager,eager+unfused_logprobs,eager+foreach,chunk}" ;;
     step)
-      for off in ${STEP_OFFLOADS:-params,optimizer none}; do
-        step "step_1.5b_${off//,/-}" 300 $PY tools/bench_step.py --shape 1.5b --model-dir $MODELS/1.5b --offload $off
+      for off in ${STEP_OFFLOADS:-params,optimizer params,optimizer:eager none}; do
+        flag=""; [[ $off == *:eager ]] && flag=--eager-offload
+        step "step_1.5b_${off//[,:]/-}" 300 $PY tools/bench_step.py --shape 1.5b --model-dir $MODELS/1.5b \
+          --offload ${off%:eager} $flag
       done ;;
     step_large)  # a batch nearer to usual GRPO runs: 64 prompts × 8 samples × 1024 new tokens
       step step_1.5b_p64_n1024 420 $PY tools/bench_step.py --shape 1.5b --model-dir $MODELS/1.5b \
@@ -85,9 +92,10 @@ for group in "$@"; do
     reshard_2gpu)
       step reshard_7b_w2_tp2 240 $PY tools/bench_reshard.py --shape 7b --device cuda --workers 2 --tp-size 2 --repeat 5 ;;
     step_7b_2gpu)
-      for off in ${STEP7B_OFFLOADS:-params,optimizer}; do
-        step "step_7b_w2_tp2_${off//,/-}" 540 $PY tools/bench_step.py --shape 7b --model-dir $MODELS/7b --workers 2 \
-          --tp 2 --prompts ${STEP7B_PROMPTS:-16} --new-tokens 256 --micro 8 --steps 2 --warmup 2 --offload $off
+      for off in ${STEP7B_OFFLOADS:-params,optimizer params,optimizer:eager}; do
+        flag=""; [[ $off == *:eager ]] && flag=--eager-offload
+        step "step_7b_w2_tp2_${off//[,:]/-}" 540 $PY tools/bench_step.py --shape 7b --model-dir $MODELS/7b --workers 2 \
+          --tp 2 --prompts ${STEP7B_PROMPTS:-16} --new-tokens 256 --micro 8 --steps 2 --warmup 2 --offload ${off%:eager} $flag
       done ;;
     lora)
       step lora_7b_r64 420 $PY tools/bench_lora.py --shape 7b --model-dir $MODELS/7b --rank 64 ;;
