@@ -77,9 +77,13 @@ def test_fused_engine_asks_before_its_allocations():
     engine.generate(PROMPTS, params)
     m = engine.model
     per_block = PagedKVCache.bytes_per_block(m.shape.num_layers, engine.block_size, m.kv_heads, m.head_dim, m.dtype)
-    assert asked == [engine.cache.num_blocks * per_block]  # the KV cache, by demand, before it exists
+    # The KV cache, by demand, before it exists, with room for a prefill's activations beside it (hand count: the
+    # states 4 × 32 wide (residual, normed, q/k/v, attention out) and the MLP's 3 × 48 (gate, up, SiLU·up) per token,
+    # float32, 16384 tokens: 16384 · (128 + 144) · 4 bytes).
+    workspace = 16384 * (128 + 144) * 4
+    assert asked == [engine.cache.num_blocks * per_block + workspace]
     engine.sleep(2)
     asked.clear()
     engine.wake_up(["weights", "kv_cache"])
     weights = sum(p.numel() * p.element_size() for p in engine._unique.values())  # each tensor once (tied too)
-    assert weights > 0 and asked == [weights, engine.cache.num_blocks * per_block]
+    assert weights > 0 and asked == [weights, engine.cache.num_blocks * per_block + workspace]

@@ -93,7 +93,9 @@ class TrainerConfig:
     when the engine needs the room (an onload of what was never freed moves nothing). false frees it at wake-up.
     Engines that cannot say what they allocate (HF native, vLLM, SGLang) always free at wake-up."""
     offload_headroom_gb: float = 4.0
-    """Lazy offload: GiB the device keeps free beyond each engine allocation before offloaded memory may stay."""
+    """Lazy offload: GiB kept free beyond what the engine asks for (its weights; its KV cache plus one prefill's
+    activations) before the trainer's state may stay on the device: room for what the engine allocates unasked
+    (CUDA-graph pools, sampler buffers)."""
     device: str = "auto"
     """auto (cuda if available), cpu or cuda."""
     seed: int = 0

@@ -214,6 +214,14 @@ class FusedEngine(NativeEngineBase):
             self.cache.allocator.forget_prefixes()  # K/V computed with the old weights
 
     # -- KV cache -----------------------------------------------------------------------------------------
+    def _prefill_workspace_bytes(self) -> int:
+        """About the most a prefill of engine.native.prefill_tokens tokens holds at once beyond the cache: the
+        residual and normed hidden states, q/k/v, attention output, and the gate/up and SiLU·up activations of one
+        layer (this rank's share)."""
+        m = self.model
+        per_token = 4 * m.shape.hidden + 3 * m.shape.intermediate // self.tp.size
+        return self.options.prefill_tokens * per_token * m.dtype.itemsize
+
     def _block_bytes(self) -> int:
         m = self.model
         return PagedKVCache.bytes_per_block(m.shape.num_layers, self.block_size, m.kv_heads, m.head_dim, m.dtype)
@@ -231,7 +239,7 @@ class FusedEngine(NativeEngineBase):
             1, blocks_for(self.options.max_model_len, self.block_size))
         had_pool = self.cache is not None
         self._drop_pool()  # only ever with no block held: waiting requests stay queued
-        self._make_room(blocks * self._block_bytes())
+        self._make_room(blocks * self._block_bytes() + self._prefill_workspace_bytes())
         if had_pool and self.device.type == "cuda":
             # An old pool's memory is too small for the new one: let it go. Not at a wake-up (no pool): that would
             # hand the trainer's cached memory to the driver only to take it back, and its cudaFree waits for every
