@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,14 @@ def volatile(key: str) -> bool:
     return key.startswith(("time/", "perf/", "memory/")) or key.endswith(("_s", "seconds", "_gbps", "per_s"))
 
 
-def app(args: list[str], cwd: Path) -> subprocess.Popen:
+FAULTS = Path(__file__).resolve().parent / "faults"  # the test-only fault hook (tests/faults/sitecustomize.py)
+
+
+def app(args: list[str], cwd: Path, fault: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if fault:
+        env["HYBRIDRL_TEST_FAULT"] = fault
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen([sys.executable, "-m", "hybridrl", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -30,30 +35,21 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early:\n{proc.stdout.read()[-3000:]}")
-        if time.time() > deadline:
-            proc.kill()
-            raise AssertionError("timed out")
-        time.sleep(0.2)
-
-
 def kill_and_resume(args: list[str], tmp_path: Path) -> tuple[list[dict], list[dict], str]:
-    """Run `args` straight through, then again killed (SIGKILL) once step 4 is logged and resumed with
+    """Run `args` straight through, then again killed (SIGKILL) right after step 4 is logged and resumed with
     `trainer.resume=auto`; returns (straight rows, resumed rows, the resumed run's output). `args` must save every
-    3 steps of 6: the newest checkpoint at the kill is step 3, and step 4's row must be redone."""
+    3 steps of 6: the newest checkpoint at the kill is step 3, and step 4's row must be redone. The kill comes from
+    inside, at step 5's wake-up (the fault hook): a SIGKILL sent from here once step 4's row appeared raced a fast
+    run to its end (seen in CI: the run had saved step 6)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     p = app([*args, f"hydra.run.dir={straight}"], tmp_path)
     assert p.wait(timeout=600) == 0, p.stdout.read()[-3000:]
 
-    p = app([*args, f"hydra.run.dir={resumed}"], tmp_path)
-    wait_for(lambda: (resumed / "metrics.jsonl").exists() and len(rows(resumed)) >= 4, p)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    p = app([*args, f"hydra.run.dir={resumed}"], tmp_path, fault="0:wake:5:kill")
+    assert p.wait(timeout=600) == -signal.SIGKILL, p.stdout.read()[-3000:]
+    assert len(rows(resumed)) == 4
     assert (resumed / "checkpoints" / "step_000003" / "meta.json").exists()
+    assert not (resumed / "checkpoints" / "step_000006").exists()
 
     p = app([*args, "trainer.resume=auto", f"hydra.run.dir={resumed}"], tmp_path)
     out, _ = p.communicate(timeout=600)

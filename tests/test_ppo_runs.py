@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.test_checkpoints import app, rows, volatile, wait_for
+from tests.test_checkpoints import app, rows, volatile
 from tests.test_e2e import run_app
 
 FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.eval_every=0"]
@@ -58,10 +58,9 @@ def test_ppo_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     p = app([*args, f"hydra.run.dir={straight}"], tmp_path)
     assert p.wait(timeout=600) == 0, p.stdout.read()[-3000:]
 
-    p = app([*args, f"hydra.run.dir={resumed}"], tmp_path)
-    wait_for(lambda: (resumed / "metrics.jsonl").exists() and len(rows(resumed)) >= 3, p, timeout=600)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    p = app([*args, f"hydra.run.dir={resumed}"], tmp_path, fault="0:wake:4:kill")  # killed after step 3 is logged
+    assert p.wait(timeout=600) == -signal.SIGKILL, p.stdout.read()[-3000:]
+    assert len(rows(resumed)) == 3 and not (resumed / "checkpoints" / "step_000004").exists()
     ckpt = resumed / "checkpoints" / "step_000002"
     assert (ckpt / "meta.json").exists() and (ckpt / "critic" / "dcp").is_dir()
 
