@@ -132,10 +132,8 @@ class Scheduler:
         """Queue requests in order, all or none (each is checked first); returns their handles."""
         seqs = [self._sequence(r, params) for r in requests]
         for i, seq in enumerate(seqs):
-            seq.handle = self._next_handle + i
+            seq.handle, seq.submitted_at = self._next_handle + i, self.steps
         self._next_handle += len(seqs)
-        for seq in seqs:
-            seq.submitted_at = self.steps
         self.waiting.extend(seqs)
         return [s.handle for s in seqs]
 

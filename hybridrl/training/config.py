@@ -89,9 +89,9 @@ class TrainerConfig:
     """What to move to host memory during rollout (GPU only): a list of parts, e.g. [params,optimizer]; a single
     name (params) or none also works. Any-typed because a command line gives a list or a plain name."""
     offload_lazy: bool = True
-    """With offload: the copies to host start at wake-up and run behind the rollout; the device memory is freed only
-    when the engine needs the room (an onload of what was never freed moves nothing). false frees it at wake-up.
-    Engines that cannot say what they allocate (HF native, vLLM, SGLang) always free at wake-up."""
+    """With offload: the parts leave the device only when the engine asks for room it does not find, largest first
+    (workers/device_room.py); what never left needs no onload. false moves them out at wake-up. Engines that cannot
+    say what they allocate (HF native, vLLM, SGLang) always move them out at wake-up."""
     offload_headroom_gb: float = 4.0
     """Lazy offload: GiB kept free beyond what the engine asks for (its weights; its KV cache plus one prefill's
     activations) before the trainer's state may stay on the device: room for what the engine allocates unasked
