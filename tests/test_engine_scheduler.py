@@ -135,8 +135,8 @@ def test_staggered_starts_equal_solo_generation(model, join_wait):
 
 def test_requests_arriving_steps_apart_share_one_prefill(model):
     """With join_wait_steps=4, a request that arrives while a batch runs waits until two can join (an eighth of the
-    rows, at least 2) or it has waited 4 steps; with 0 each joins at the next step (a prefill each). Tokens are the
-    same either way."""
+    rows, at least 2) or it has waited 4 steps with a row free; with 0 each joins at the next step (a prefill each).
+    Tokens are the same either way."""
     params = SamplingParams(max_new_tokens=12, seed=5)
     reqs = [GenerationRequest(PROMPTS[i % 3] + [50 + i], i, 0) for i in range(4)]
     runs = {}
@@ -157,8 +157,9 @@ def test_requests_arriving_steps_apart_share_one_prefill(model):
     assert runs[(0, 8)][0] == 4 and runs[(0, 8)][1] == {0: 0, 1: 1, 2: 2, 3: 3}
     # 8 rows: requests 1 and 2 join together when the second arrives; request 3 waits 4 steps alone.
     assert runs[(4, 8)][0] == 3 and runs[(4, 8)][1] == {0: 0, 1: 2, 2: 2, 3: 7}
-    # 3 rows: the same; then no row is free for request 3 until request 0 leaves, and by then it has waited enough.
-    assert runs[(4, 3)][0] == 3 and runs[(4, 3)][1] == {0: 0, 1: 2, 2: 2, 3: 11}
+    # 3 rows: the same; then no row is free for request 3 until request 0 leaves (step 11). Its wait counts from there,
+    # not from its arrival: it waits for company until the batch drains (step 13), then joins at once.
+    assert runs[(4, 3)][0] == 3 and runs[(4, 3)][1] == {0: 0, 1: 2, 2: 2, 3: 13}
     # 32 rows: 4 must be able to join at once; requests 1-3 wait until request 1 has waited 4 steps.
     assert runs[(4, 32)][0] == 2 and runs[(4, 32)][1] == {0: 0, 1: 5, 2: 5, 3: 5}
     for key in ((4, 8), (4, 3), (4, 32)):

@@ -16,6 +16,7 @@ import transformers
 from hybridrl.engines import build_engine
 from hybridrl.engines.base import SamplingParams
 from hybridrl.engines.config import EngineConfig, NativeOptions
+import hybridrl.engines.fused.engine as fused_engine_module
 from hybridrl.engines.fused.engine import FusedEngine
 from hybridrl.engines.fused.groups import TensorParallel
 from hybridrl.engines.fused.model import FusedDecoder
@@ -60,9 +61,28 @@ def test_parameters_are_the_fused_layout(kind, tp_size):
         assert got == {spec.name: spec.shape for spec in build_layout(config, "fused", rank, tp_size).specs()}
 
 
-def test_prefill_logits_match_transformers(model):
+@pytest.mark.parametrize("path", ["packed", "flash"])
+def test_prefill_logits_match_transformers(model, path, monkeypatch):
+    """New prompts, through the packed path (short ones) and the flash prefill (long ones; here every one)."""
+    if path == "flash":
+        monkeypatch.setattr(fused_engine_module, "PACKED_PROMPT_MAX", 0)
     engine = fused_engine(model)
+    ran = {"prefill": 0, "extend": 0}
+    for name in ran:
+        forward = getattr(engine.model, name)
+        setattr(engine.model, name, lambda *a, _f=forward, _n=name: ran.__setitem__(_n, ran[_n] + 1) or _f(*a))
     diff = (engine.last_logits(PROMPTS).cpu() - reference_last_logits(model, PROMPTS)).abs().max().item()
+    assert diff < TOL, diff
+    assert ran == ({"prefill": 1, "extend": 0} if path == "flash" else {"prefill": 0, "extend": 1})
+
+
+def test_continuation_logits_match_transformers(model):
+    """Prompts continuing cached prefixes of any length (within a block, at a block's end, none) run packed through
+    the paged attention; their logits equal one unpadded transformers forward of the whole prompt."""
+    prompts = [PROMPTS[0] + PROMPTS[2] * 3, PROMPTS[1] * 20, PROMPTS[2] + [4], PROMPTS[0] * 7]
+    cached = [3, 32, 0, 34]  # block size 16: mid-block, two full blocks, a fresh prompt beside them, past two blocks
+    engine = fused_engine(model, kv_block_size=16)
+    diff = (engine.last_logits(prompts, cached).cpu() - reference_last_logits(model, prompts)).abs().max().item()
     assert diff < TOL, diff
 
 
@@ -274,3 +294,20 @@ def test_cuda_graphs_match_eager_and_survive_sleep():
         engine.wake_up(["weights"])
         Resharder(ReshardConfig(), engine, model.config).sync(model)
         engine.wake_up(["kv_cache"])
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_graphed_extends_match_eager():
+    """Packed prompts (new, and continuing cached prefixes) run eagerly at a token bucket's first use and through
+    its CUDA graph from the second; the logits equal the eager engine's, and a transformers forward's, each time."""
+    model = tiny_model("qwen3").to(DEVICE)
+    prompts = [PROMPTS[0] + PROMPTS[2] * 3, PROMPTS[1] * 20, PROMPTS[2] + [4], PROMPTS[0] * 7]
+    cached = [3, 32, 0, 34]
+    want = reference_last_logits(model, prompts)
+    eager = fused_engine(model, cuda_graphs=False, kv_block_size=16).last_logits(prompts, cached).cpu()
+    engine = fused_engine(model, kv_block_size=16)
+    for use in range(3):
+        got = engine.last_logits(prompts, cached).cpu()
+        assert any(k[0] == "extend" for k in engine.runner.graphs) == (use > 0)
+        assert (got - eager).abs().max().item() < TOL
+        assert (got - want).abs().max().item() < TOL

@@ -55,9 +55,9 @@ for group in "$@"; do
         --out "$OUT/bench_engine_1.5b_grpo_p32x8_n512.json" ;;
     multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs)
       step engine_0.5b_multiturn 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 256 --turns 4 \
-        --tool-ms 50 --new-tokens 256 --out "$OUT/bench_engine_0.5b_multiturn_256x4.json"
+        --tool-ms 50 --new-tokens 256 --join-wait 0 2 8 --out "$OUT/bench_engine_0.5b_multiturn_256x4.json"
       step engine_0.5b_multiturn_512 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 512 \
-        --max-rows 256 --turns 4 --tool-ms 50 --new-tokens 256 --profile "$OUT/profile_multiturn_0.5b.txt" \
+        --max-rows 256 --turns 4 --tool-ms 50 --new-tokens 256 --join-wait 0 2 8 --profile "$OUT/profile_multiturn_0.5b.txt" \
         --out "$OUT/bench_engine_0.5b_multiturn_512on256x4.json" ;;
     engine)
       step engine_0.5b_b64 200 $PY tools/bench_engine.py --device cuda --shape 0.5b --batch 64 --prompt-len 128 \

@@ -12,7 +12,8 @@ One `step`::
                partly filled block; its first token is sampled from the prefill's logits. While a batch runs, a
                request may wait up to `join_wait` steps so that requests arriving a few steps apart (agent turns back
                from their tools) share one prefill: a prefill costs more than a decode step, and a row waiting a few
-               steps costs a few tokens. They join at once when an eighth of the rows (at least 2) can join.
+               steps costs a few tokens. The wait counts from when a row is free; they join at once when an eighth of
+               the rows (at least 2) can join.
     3. launch  one decode step of every row (a CUDA graph on GPU), its tokens copied to the host asynchronously
     4. read    the outputs queued before that launch: append tokens, detect stops and lengths, free finished
                sequences' blocks
@@ -59,7 +60,6 @@ class Sequence_:
     finish: str | None = None
     keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
     cohort_len: int = 0  # the longest prompt admitted with it
-    submitted_at: int = 0  # the scheduler's step count when it was submitted
 
     @property
     def prompt_len(self) -> int:
@@ -118,6 +118,7 @@ class Scheduler:
         self._alloc: BlockAllocator | None = None  # the allocator every held block came from
         self.prefilled_tokens = 0  # prompt tokens run through prefill (tests check prompts run once per group)
         self.steps = self.prefills = self.row_steps = 0  # steps taken, admissions (prefill calls), rows × steps
+        self._room_since: int | None = None  # the step since which a waiting request has had a free row
 
     @property
     def has_work(self) -> bool:
@@ -132,7 +133,7 @@ class Scheduler:
         """Queue requests in order, all or none (each is checked first); returns their handles."""
         seqs = [self._sequence(r, params) for r in requests]
         for i, seq in enumerate(seqs):
-            seq.handle, seq.submitted_at = self._next_handle + i, self.steps
+            seq.handle = self._next_handle + i
         self._next_handle += len(seqs)
         self.waiting.extend(seqs)
         return [s.handle for s in seqs]
@@ -164,7 +165,7 @@ class Scheduler:
         self.waiting.clear()
         self.rows.clear()
         self.pending.clear()
-        self.mode = None
+        self.mode = self._room_since = None
 
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[int, Completion]]:
@@ -200,13 +201,19 @@ class Scheduler:
 
     def _admit(self) -> None:
         if not self.waiting or len(self.rows) >= self.max_rows:
+            self._room_since = None
             return
         mode = self.waiting[0].mode
         if self.rows and mode != self.mode:
             return  # samples differently: waits until the running batch drains
+        if self._room_since is None:
+            self._room_since = self.steps
+        # The wait counts from when a row was free for the request: with more requests than rows, rows free up one by
+        # one as sequences finish, and requests queued long before would otherwise join one prefill per row.
         if (self.rows and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
-                and self.steps - self.waiting[0].submitted_at < self.join_wait):
+                and self.steps - self._room_since < self.join_wait):
             return  # few can join now, more may within a few steps: one prefill for them all
+        self._room_since = None
         groups: list[PromptGroup] = []
         taken: list[Sequence_] = []
         alloc: BlockAllocator | None = None

@@ -31,6 +31,11 @@ from hybridrl.errors import HybridRLError
 
 log = logging.getLogger(__name__)
 
+PACKED_PROMPT_MAX = 512
+"""New prompts up to this many tokens run packed (`_extend_chunk`: the decode step's kernels, graphed on GPU, one
+launch); longer ones run the flash prefill, whose attention reads each key once per tile of queries rather than once
+per query."""
+
 
 class FusedEngine(NativeEngineBase):
     """The built-in engine over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
@@ -57,7 +62,8 @@ class FusedEngine(NativeEngineBase):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
-        self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs)
+        self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
+                                   self.options.prefill_tokens)
         self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
                                    self.options.sampler_kernel, self.options.prefix_cache,
                                    self.options.join_wait_steps)
@@ -105,13 +111,21 @@ class FusedEngine(NativeEngineBase):
         return [done[h] for h in handles]
 
     @torch.inference_mode()
-    def last_logits(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Each prompt's next-token logits [len(prompts), vocab] in float32 (a prefill; for parity checks)."""
+    def last_logits(self, prompts: Sequence[Sequence[int]], cached: Sequence[int] | None = None) -> torch.Tensor:
+        """Each prompt's next-token logits [len(prompts), vocab] in float32 (a prefill; for parity checks). With
+        `cached`, prompt i's first cached[i] tokens are prefilled first and the rest continues them, as an agent's
+        next turn does."""
         self._check_awake("last_logits")
         per_seq = max(blocks_for(len(p), self.block_size) for p in prompts)
         alloc = self.kv_allocator(per_seq * len(prompts), per_seq)
+        self.reserve_width(per_seq)  # RoPE tables for the longest prompt
         groups = [PromptGroup(list(p), alloc.allocate(blocks_for(len(p), self.block_size)), []) for p in prompts]
         try:
+            if cached is not None and any(cached):
+                self._prefill_logits([PromptGroup(list(p[:c]), g.shared, []) for p, c, g in zip(prompts, cached, groups)
+                                      if c])
+                for g, c in zip(groups, cached):
+                    g.cached = c
             return self._prefill_logits(groups)[:, : self.vocab].float()
         finally:
             for g in groups:
@@ -171,42 +185,65 @@ class FusedEngine(NativeEngineBase):
     def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
         """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
         `shared` for a bare group); logits [groups, padded vocab]. One forward takes ≤ engine.native.prefill_tokens
-        padded new tokens, and rows continuing a cached prefix gather ≤ 4× as many context positions."""
+        new tokens (padded, for the flash prefill). Groups continuing a cached prefix (agent turns, shared prefixes)
+        and short new prompts run packed (`_extend_chunk`); long new prompts run the flash prefill. Where the packed
+        path's attention gathers each token's context (the torch path), a chunk gathers ≤ 4× prefill_tokens
+        positions."""
         out, start, budget = [], 0, self.options.prefill_tokens
+        gathers = not self.model.paged_attention_kernel(self.block_size)
+
+        def packed(g: PromptGroup) -> bool:
+            return bool(g.cached) or len(g.prompt) <= PACKED_PROMPT_MAX
 
         def fits(chunk: list[PromptGroup]) -> bool:
-            new = len(chunk) * max(len(g.prompt) - g.cached for g in chunk)
-            context = len(chunk) * max(len(g.prompt) for g in chunk) if any(g.cached for g in chunk) else 0
-            return new <= budget and context <= 4 * budget
+            if not packed(chunk[0]):
+                return len(chunk) * max(len(g.prompt) for g in chunk) <= budget
+            new = sum(len(g.prompt) - g.cached for g in chunk)
+            return new <= budget and (not gathers or new * max(len(g.prompt) for g in chunk) <= 4 * budget)
 
         while start < len(groups):
             end = start + 1
-            while end < len(groups) and fits(groups[start : end + 1]):
+            while end < len(groups) and packed(groups[end]) == packed(groups[start]) and fits(groups[start : end + 1]):
                 end += 1
-            out.append(self._prefill_chunk(groups[start:end]))
+            chunk = groups[start:end]
+            out.append(self._extend_chunk(chunk) if packed(chunk[0]) else self._prefill_chunk(chunk))
             start = end
         return torch.cat(out) if len(out) > 1 else out[0]
 
+    def _tables(self, groups: list[PromptGroup]) -> list[list[int]]:
+        return [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
+
     def _prefill_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prompts from position 0, right-padded into one [groups, longest] forward."""
         bs, dev = self.block_size, self.device
-        tables = [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
-        width = max(len(g.prompt) - g.cached for g in groups)
+        tables = self._tables(groups)
+        width = max(len(g.prompt) for g in groups)
         ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
         slots = []
         for i, g in enumerate(groups):
-            ids[i, : len(g.prompt) - g.cached] = torch.as_tensor(g.prompt[g.cached :], dtype=torch.long)
-            slots += self.cache.slots(tables[i], g.cached, len(g.prompt))
+            ids[i, : len(g.prompt)] = torch.as_tensor(g.prompt, dtype=torch.long)
+            slots += self.cache.slots(tables[i], 0, len(g.prompt))
             # Padding tokens write into the scratch block.
-            slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt) - g.cached, width)]
-        lengths = to_device([len(g.prompt) - g.cached for g in groups], torch.long, dev)
+            slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt), width)]
+        lengths = to_device([len(g.prompt) for g in groups], torch.long, dev)
         slots = to_device(slots, torch.long, dev).view(len(groups), width)
-        start = table = None
-        if any(g.cached for g in groups):  # continue cached prefixes: attend through the block tables
-            start = to_device([g.cached for g in groups], torch.long, dev)
-            wide = max(blocks_for(len(g.prompt), bs) for g in groups)
-            table = to_device([t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables], torch.int32, dev)
         ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids
-        return self.model.prefill(ids, lengths, slots, self.cache, start, table)
+        return self.model.prefill(ids, lengths, slots, self.cache)
+
+    def _extend_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prompts past their cached prefixes (0 for a new one), packed: each new token is a row of
+        `FusedDecoder.extend`, through `DecodeRunner.extend` (a CUDA graph per token bucket on GPU)."""
+        tables = self._tables(groups)
+        wide = max(blocks_for(len(g.prompt), self.block_size) for g in groups)
+        ids, pos, slots, rows, last = [], [], [], [], []
+        for i, g in enumerate(groups):
+            ids += g.prompt[g.cached :]
+            pos += range(g.cached, len(g.prompt))
+            slots += self.cache.slots(tables[i], g.cached, len(g.prompt))
+            rows += [i] * (len(g.prompt) - g.cached)
+            last.append(len(ids) - 1)
+        tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
+        return self.runner.extend(ids, pos, slots, rows, tables, last, SCRATCH_BLOCK * self.block_size)
 
     def load_weights(self, named_tensors) -> None:
         super().load_weights(named_tensors)

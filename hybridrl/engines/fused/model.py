@@ -28,7 +28,7 @@ from hybridrl.engines.fused.groups import TensorParallel
 from hybridrl.engines.fused.kv_cache import PagedKVCache
 from hybridrl.engines.fused.rope import check_supported, rope_tables
 from hybridrl.engines.kernels import use_triton
-from hybridrl.engines.kernels.attention import decode_attention
+from hybridrl.engines.kernels.attention import decode_attention, triton_supports
 from hybridrl.engines.kernels.norms import add_rms_norm, rms_norm, silu_mul
 from hybridrl.engines.kernels.rope_cache import rope_write, split_qkv_torch, write_kv_torch
 from hybridrl.errors import ConfigError
@@ -105,6 +105,11 @@ class FusedDecoder(nn.Module):
         self.cos = self.sin = torch.empty(0)
         self.ensure_positions(1)
 
+    def paged_attention_kernel(self, block_size: int) -> bool:
+        """Whether attention over the paged cache runs the Triton kernel here (else the torch path, which gathers each
+        row's context)."""
+        return self.kernels and triton_supports(self.head_dim, block_size)
+
     def head_weight(self) -> torch.Tensor:
         """The lm_head shard: the embedding's when tied."""
         return (self.model.embed_tokens if self.shape.tied else self.lm_head).weight
@@ -155,72 +160,56 @@ class FusedDecoder(nn.Module):
         return self.tp.gather_last(F.linear(h, self.head_weight()))
 
     # -- forwards -------------------------------------------------------------------------------------
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, cache: PagedKVCache,
-                start: torch.Tensor | None = None, tables: torch.Tensor | None = None) -> torch.Tensor:
-        """Run right-padded prompts ids [B, W] (true lengths [B]); store each token's K/V at its slot (slots [B, W];
-        padding tokens point into the scratch block); return the logits [B, padded vocab] at each last token.
-
-        With `start` [B], row b's ids continue a sequence whose first start[b] tokens are already in the cache:
-        its tokens sit at positions start[b].. and attend to that prefix too, read through `tables` [B, blocks]
-        (the sequence's block table, wide enough for start + length)."""
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
+                cache: PagedKVCache) -> torch.Tensor:
+        """Run right-padded prompts ids [B, W] (true lengths [B]) from position 0; store each token's K/V at its slot
+        (slots [B, W]; padding tokens point into the scratch block); return the logits [B, padded vocab] at each last
+        token. Causal flash attention over the prompt itself: the cache is only written. (Sequences continuing a
+        cached prefix go through `extend`.)"""
         b, w = ids.shape
         n, d, eps, kern = b * w, self.head_dim, self.eps, self.kernels
-        # Padding tokens repeat their row's last position: past it, a row continuing a long cached prefix could run
-        # beyond the RoPE tables (they cover each sequence's own length, not its start plus the longest row's width).
-        pos = torch.minimum(torch.arange(w, device=ids.device)[None, :], (lengths - 1)[:, None])
-        if start is not None:
-            pos = pos + start[:, None]
-        cos, sin = self.cos[pos].view(n, 1, d), self.sin[pos].view(n, 1, d)
+        pos = torch.arange(w, device=ids.device)
+        cos, sin = self.cos[pos].repeat(b, 1).view(n, 1, d), self.sin[pos].repeat(b, 1).view(n, 1, d)
         slots = slots.reshape(n)
         x = self.embed(ids.reshape(n))
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
-        blocks = mask = None
-        if start is not None:  # the same for every layer: made once per call
-            blocks, mask = tables.long(), self._context_mask(tables.shape[1] * cache.block_size, pos, h.dtype)
         with _attention_backends(self.device):
             for i, layer in enumerate(self.model.layers):
                 a = layer.self_attn
                 q, k, v = split_qkv_torch(F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias), self.q_heads,
                                           self.kv_heads, cos, sin, *self._qk_norms(a), eps)
                 write_kv_torch(*cache.layer(i), slots, k, v)
-                q = q.view(b, w, self.q_heads, d).transpose(1, 2)
-                if start is None:  # right padding: a real token attends only to earlier real tokens, causal suffices
-                    k, v = k.view(b, w, self.kv_heads, d), v.view(b, w, self.kv_heads, d)
-                else:
-                    k, v = self._context(cache, i, blocks)
-                o = self._prefill_attention(q, k, v, mask)
+                # Right padding: a real token attends only to earlier real tokens, so causal suffices.
+                o = self._prefill_attention(q.view(b, w, self.q_heads, d).transpose(1, 2),
+                                            k.view(b, w, self.kv_heads, d), v.view(b, w, self.kv_heads, d))
                 post, after = self._norms(i)
                 x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.transpose(1, 2).reshape(n, -1)), post, eps, kern)
                 x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)
         last = h.view(b, w, -1)[torch.arange(b, device=h.device), lengths - 1]
         return self.logits(last)
 
-    def _context(self, cache: PagedKVCache, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V [B, L, kv_heads, d] of layer `layer` at every position of each row's blocks [B, blocks]."""
-        b, nb = blocks.shape
-        kc, vc = cache.layer(layer)
-        length = nb * cache.block_size
-        k = kc[blocks].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
-        v = vc[blocks].permute(0, 1, 3, 2, 4).reshape(b, length, self.kv_heads, self.head_dim)
-        return k, v
-
-    @staticmethod
-    def _context_mask(length: int, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The additive mask [B, 1, W, length] that lets the token at position p see cached positions ≤ p."""
-        keys = torch.arange(length, device=pos.device)
-        mask = torch.zeros(pos.shape[0], 1, pos.shape[1], length, dtype=dtype, device=pos.device)
-        return mask.masked_fill_((keys[None, None, :] > pos[:, :, None])[:, None], float("-inf"))
-
-    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           mask: torch.Tensor | None) -> torch.Tensor:
-        """SDPA of q [B, q_heads, W, d] over k, v [B, L, kv_heads, d]: causal without a mask, else masked."""
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal SDPA of q [B, q_heads, W, d] over k, v [B, W, kv_heads, d]."""
         b, length, _, d = k.shape
         g = self.q_heads // self.kv_heads
         # GQA: each kv head serves g consecutive query heads (transformers' repeat_kv order).
         k = k.view(b, length, self.kv_heads, 1, d).expand(b, length, self.kv_heads, g, d).reshape(b, length, -1, d)
         v = v.view(b, length, self.kv_heads, 1, d).expand(b, length, self.kv_heads, g, d).reshape(b, length, -1, d)
-        return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                              is_causal=mask is None, scale=d**-0.5)
+        return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=d**-0.5)
+
+    def extend(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
+               table_rows: torch.Tensor, cache: PagedKVCache, last: torch.Tensor, max_len: int,
+               n_splits: int = 1) -> torch.Tensor:
+        """Prompt tokens packed with no padding, each at its position (tokens, positions, cache slots [N]), token i
+        of the sequence whose block table is block_table[table_rows[i]]: the logits [len(last), padded vocab] at the
+        tokens `last`. A sequence may continue a cached prefix (an agent's next turn) or start at position 0.
+
+        Each token is one row of the decode step: all K/V of a layer are written first, then every token attends
+        its sequence's positions ≤ its own through the paged cache, the cached prefix and the new tokens before it
+        alike. The same few fused kernels per layer as a decode step, so it can be captured in a CUDA graph too
+        (`DecodeRunner.extend`)."""
+        h = self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, table_rows)
+        return self.logits(h[last])
 
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
                cache: PagedKVCache, max_len: int, n_splits: int = 1) -> torch.Tensor:
@@ -228,6 +217,12 @@ class FusedDecoder(nn.Module):
         positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
         in a CUDA graph. `max_len` (> every position) is the torch attention path's gathered width; `n_splits` the
         Triton kernel's key split."""
+        return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits))
+
+    def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
+                cache: PagedKVCache, max_len: int, n_splits: int,
+                table_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The final-normed hidden states [N, hidden] of tokens at positions `pos`, over the paged cache."""
         eps, kern = self.eps, self.kernels
         seq_lens = pos + 1
         x = self.embed(tokens)
@@ -237,8 +232,9 @@ class FusedDecoder(nn.Module):
             kc, vc = cache.layer(i)
             q = rope_write(F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias), self.q_heads, self.kv_heads,
                            self.cos, self.sin, pos, slots, kc, vc, *self._qk_norms(a), eps, kern)
-            o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern)
+            o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern,
+                                 table_rows)
             post, after = self._norms(i)
             x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.reshape(o.shape[0], -1)), post, eps, kern)
             x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)
-        return self.logits(h)
+        return h

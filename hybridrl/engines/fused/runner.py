@@ -1,5 +1,6 @@
 """The decode step over rows [0, B) of a running batch: per-row state on the device, and a CUDA graph per batch
-bucket that runs the whole step (forward, sampling, bookkeeping) in one launch.
+bucket that runs the whole step (forward, sampling, bookkeeping) in one launch. Prompts joining the batch run
+packed through `extend`, graphed per token bucket the same way.
 
 Per-row state, in static buffers the graphs read and write in place::
 
@@ -13,6 +14,10 @@ leave with `compact` (a few [rows]-sized copies; no KV moves), between steps, so
 sequences come and go. A graph is captured lazily per (bucket, sampler mode), and dropped by `release` whenever
 what it points at moves (sleep, a larger cache or block table, new RoPE tables). Unseeded sampling draws from a
 torch.Generator, which a graph cannot replay: then the graph covers the forward and the sampler runs after it.
+
+`extend` runs prompt tokens (an agent's next turn past its cached prefix, or a short new prompt) as rows of the same
+layers (`FusedDecoder.extend`). Eagerly that is ~10 launches per layer, ~14 ms of host time at 24 layers on the
+H200's host (measured), several decode steps' worth; graphed per bucket of token counts it is one launch.
 """
 
 from __future__ import annotations
@@ -89,7 +94,8 @@ class HostCopy:
 class DecodeRunner:
     """Owns the per-row decode state of up to `rows` sequences and the CUDA graphs captured over it."""
 
-    def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool) -> None:
+    def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool, extend_tokens: int = 0) -> None:
+        """`extend_tokens`: the most packed prompt tokens one `extend` graph takes (0: extends run eagerly)."""
         self.model, self.rows = model, rows
         self.device = model.device
         self.on_gpu = self.device.type == "cuda"
@@ -98,7 +104,8 @@ class DecodeRunner:
         self.pool = None
         self.cache: PagedKVCache | None = None
         self._buckets = batch_buckets(rows)
-        self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_gpu else 1
+        self._extend_buckets = [b for b in batch_buckets(extend_tokens) if b >= 16] if extend_tokens else []
+        self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_gpu else 1
         self.release()  # no buffers until `bind`
 
     # -- buffers ------------------------------------------------------------------------------------------
@@ -114,6 +121,9 @@ class DecodeRunner:
         self.out_lp = torch.zeros(n, dtype=torch.float32, device=dev)
         vocab_cols = self.model.vocab_rows * self.model.tp.size
         self.logits = torch.empty(n, vocab_cols, dtype=self.model.dtype, device=dev) if self.use_graphs else None
+        # An extend's inputs (tokens, positions, slots, table rows), the joining sequences' block tables and the
+        # tokens whose logits are wanted: made at the first graphed extend.
+        self.ext_in = self.ext_table = self.ext_last = None
 
     @property
     def width(self) -> int:
@@ -125,11 +135,13 @@ class DecodeRunner:
         old = self.table
         self.table = torch.zeros(self.rows, width, dtype=torch.int32, device=self.device)
         self.table[:, : old.shape[1]] = old
+        self.ext_table = None
         self.drop_graphs()
 
     def drop_graphs(self) -> None:
-        """Forget every captured graph (they are captured again on first use)."""
+        """Forget every captured graph (they are captured again on first use; an extend bucket on its second)."""
         self.graphs.clear()
+        self._extend_uses: dict[int, int] = {}
         self.pool = None
 
     def release(self) -> None:
@@ -138,6 +150,7 @@ class DecodeRunner:
         self.cache = None
         self.tokens = self.pos = self.steps = self.keys = self.active = self.table = None
         self.out_tok = self.out_lp = self.logits = None
+        self.ext_in = self.ext_table = self.ext_last = None
 
     # -- rows joining and leaving ---------------------------------------------------------------------------
     def place(self, start: int, tokens: torch.Tensor, pos: list[int], keys: list[int] | None,
@@ -178,7 +191,7 @@ class DecodeRunner:
         bs = self.cache.block_size
         block = table.gather(1, (pos // bs).clamp(max=self.width - 1)[:, None]).squeeze(1).long()
         slots = block * bs + pos % bs
-        splits = split_count(b, self.model.kv_heads, self.width, bs, self._sms)
+        splits = split_count(b, self.model.kv_heads, self.width, bs, self.sms)
         return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits)
 
     def _sample_advance(self, b: int, logits: torch.Tensor, mode: SamplerMode,
@@ -215,26 +228,40 @@ class DecodeRunner:
             self.logits[:b].copy_(logits)
 
     def _capture(self, b: int, mode: SamplerMode) -> torch.cuda.CUDAGraph | None:
-        # The warm-up runs the real step (lazy inits, Triton compiles, cuBLAS workspaces) and advances the row state;
-        # it is put back before the capture, so the replay computes the step exactly once. The K/V the warm-up
-        # writes are the values the replay writes again.
-        state = [t.clone() for t in (self.tokens, self.pos, self.steps, self.out_tok, self.out_lp)]
+        # The warm-up runs the real step and advances the row state; it is put back before the capture, so the replay
+        # computes the step exactly once. The K/V the warm-up writes are the values the replay writes again.
+        return self._capture_graph((b, mode if mode.in_graph else None), lambda: self._graph_body(b, mode),
+                                   [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp])
+
+    def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:
+        """Warm `body` up (lazy inits, Triton compiles, cuBLAS workspaces), put `state` back, capture it as the graph
+        `key`. On any failure: log once, run eagerly from now on, return None."""
+        saved = [t.clone() for t in state]
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()  # shared: one graph runs at a time
             side = torch.cuda.Stream(device=self.device)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._graph_body(b, mode)
+                body()
             torch.cuda.current_stream().wait_stream(side)
-            for t, saved in zip((self.tokens, self.pos, self.steps, self.out_tok, self.out_lp), state):
-                t.copy_(saved)
+            for t, old in zip(state, saved):
+                t.copy_(old)
             graph = torch.cuda.CUDAGraph()
-            # thread_local: other threads' CUDA calls (the NCCL watchdog's event queries) must not void the capture.
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                self._graph_body(b, mode)
-        except Exception as e:  # noqa: BLE001 - any capture failure: decode eagerly, say so once
-            log.warning("native engine: CUDA graph capture failed (%s: %s); decoding eagerly from now on",
+            # Not `with torch.cuda.graph(...)`: it first synchronizes and empties the device and pinned-host caches,
+            # so each capture gave back memory the next steps allocate again (cudaFree and cudaFreeHost wait for the
+            # device) and dropped the pinned staging buffers. thread_local: other threads' CUDA calls (the NCCL
+            # watchdog's event queries) must not void the capture.
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    body()
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream().wait_stream(side)
+        except Exception as e:  # noqa: BLE001 - any capture failure: run eagerly, say so once
+            log.warning("native engine: CUDA graph capture failed (%s: %s); running eagerly from now on",
                         type(e).__name__, e)
             self.use_graphs = False
             self.drop_graphs()
@@ -242,8 +269,61 @@ class DecodeRunner:
                 torch.cuda.synchronize(self.device)
             except Exception:  # noqa: BLE001 - the eager path reports any real device error itself
                 pass
-            for t, saved in zip((self.tokens, self.pos, self.steps, self.out_tok, self.out_lp), state):
-                t.copy_(saved)
+            for t, old in zip(state, saved):
+                t.copy_(old)
             return None
-        self.graphs[(b, mode if mode.in_graph else None)] = graph
+        self.graphs[key] = graph
         return graph
+
+    # -- prompts joining ------------------------------------------------------------------------------------
+    def extend(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int], tables: list[list[int]],
+               last: list[int], scratch_slot: int) -> torch.Tensor:
+        """Logits [len(last), padded vocab] of prompt tokens packed as `FusedDecoder.extend` takes them (token i of
+        the sequence whose block table is tables[rows[i]]). A CUDA graph per token bucket where one serves (GPU,
+        Triton attention, ≤ extend_tokens tokens, ≤ rows sequences), captured at a bucket's second use; padding
+        tokens write `scratch_slot`."""
+        n, g, dev = len(ids), len(last), self.device
+        bs = self.cache.block_size
+        wide = max(len(t) for t in tables)
+        if not (self.use_graphs and self._extend_buckets and n <= self._extend_buckets[-1] and g <= self.rows
+                and wide <= self.width and self.model.paged_attention_kernel(bs)):
+            return self._extend_eager(ids, pos, slots, rows, tables, last)
+        nb = next(b for b in self._extend_buckets if b >= n)
+        key = ("extend", nb)
+        self._extend_uses[nb] = self._extend_uses.get(nb, 0) + 1
+        if key not in self.graphs and self._extend_uses[nb] < 2:
+            # A bucket is captured at its second use since the graphs were last dropped: a GRPO rollout prefills
+            # once per wake-up, and a capture (warm-up, capture, replay) costs more than one eager run.
+            return self._extend_eager(ids, pos, slots, rows, tables, last)
+        gb = min(nb, self.rows)
+        if self.ext_in is None:
+            self.ext_in = torch.zeros(4, self._extend_buckets[-1], dtype=torch.long, device=dev)
+            self.ext_last = torch.zeros(self.rows, dtype=torch.long, device=dev)
+        if self.ext_table is None:  # made again when the tables widen
+            self.ext_table = torch.zeros(self.rows, self.width, dtype=torch.int32, device=dev)
+        pad = nb - n
+        # Padding tokens: position 0 of table row 0, K/V into the scratch slot; their logits are never read.
+        self.ext_in[:, :nb] = to_device([ids + [0] * pad, pos + [0] * pad, slots + [scratch_slot] * pad,
+                                         rows + [0] * pad], torch.long, dev)
+        self.ext_table[:g, :wide] = to_device([t + [0] * (wide - len(t)) for t in tables], torch.int32, dev)
+        self.ext_last[:gb] = to_device(last + [0] * (gb - g), torch.long, dev)
+        graph = self.graphs.get(key) or self._capture_graph(key, lambda: self._extend_body(nb, gb), [])
+        if graph is None:  # capture failed: graphs are off from now on
+            return self.extend(ids, pos, slots, rows, tables, last, scratch_slot)
+        graph.replay()
+        return self.logits[:g].clone()  # the next graph overwrites the buffer (a later chunk's extend, a decode step)
+
+    def _extend_eager(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int],
+                      tables: list[list[int]], last: list[int]) -> torch.Tensor:
+        dev, wide = self.device, max(len(t) for t in tables)
+        table = to_device([t + [0] * (wide - len(t)) for t in tables], torch.int32, dev)
+        splits = split_count(len(ids), self.model.kv_heads, wide, self.cache.block_size, self.sms)
+        return self.model.extend(to_device(ids, torch.long, dev), to_device(pos, torch.long, dev),
+                                 to_device(slots, torch.long, dev), table, to_device(rows, torch.long, dev),
+                                 self.cache, to_device(last, torch.long, dev), max(pos) + 1, splits)
+
+    def _extend_body(self, nb: int, gb: int) -> None:
+        tokens, pos, slots, rows = self.ext_in[:, :nb]
+        splits = split_count(nb, self.model.kv_heads, self.width, self.cache.block_size, self.sms)
+        self.logits[:gb].copy_(self.model.extend(tokens, pos, slots, self.ext_table, rows, self.cache,
+                                                 self.ext_last[:gb], self.width * self.cache.block_size, splits))

@@ -28,9 +28,13 @@ if HAS_TRITON:
 
 
 def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                           seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+                           seq_lens: torch.Tensor, max_len: int, scale: float,
+                           table_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Attention output [B, q_heads, d] of q [B, q_heads, d] over the first `seq_lens[b]` cached positions of each
-    sequence (`max_len` ≥ every seq_lens[b]: the gathered width, padding masked)."""
+    sequence (`max_len` ≥ every seq_lens[b]: the gathered width, padding masked). With `table_rows` [B], query b reads
+    block table row table_rows[b] (several queries of one sequence share its row)."""
+    if table_rows is not None:
+        block_table = block_table[table_rows]
     b, hq, d = q.shape
     _, hkv, bs, _ = k_cache.shape
     g = hq // hkv
@@ -50,11 +54,15 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 if HAS_TRITON:
 
     @triton.jit
-    def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits, group,
-                      stride_table, stride_blk, stride_head,
+    def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits,
+                      group, stride_table, stride_blk, stride_head,
                       BS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                      IEEE: tl.constexpr, DIRECT: tl.constexpr):
+                      IEEE: tl.constexpr, DIRECT: tl.constexpr, ROWS: tl.constexpr):
         seq = tl.program_id(0).to(tl.int64)
+        if ROWS:
+            table_row = tl.load(rows_ptr + seq).to(tl.int64)
+        else:
+            table_row = seq
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         q_heads = tl.num_programs(1) * group
@@ -76,7 +84,7 @@ if HAS_TRITON:
         for start in range(first, last, TILE_BLOCKS):
             blk = start + t // BS
             in_range = blk < last
-            phys = tl.load(table_ptr + seq * stride_table + blk, mask=in_range, other=0).to(tl.int64)
+            phys = tl.load(table_ptr + table_row * stride_table + blk, mask=in_range, other=0).to(tl.int64)
             valid = in_range & (blk * BS + t % BS < seq_len)
             off = phys * stride_blk + kvh * stride_head + (t % BS) * D
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
@@ -132,7 +140,8 @@ def _tile_blocks(block_size: int) -> int:
 
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float, n_splits: int) -> torch.Tensor:
+                            seq_lens: torch.Tensor, scale: float, n_splits: int,
+                            table_rows: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton form of `decode_attention_torch` (head_dim a power of two ≥ 16; block_table int32 or int64)."""
     b, hq, d = q.shape
     _, hkv, bs, _ = k_cache.shape
@@ -143,10 +152,10 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     parts = torch.empty(0 if direct else b * hq * n_splits * d, dtype=torch.float32, device=q.device)
     lse = torch.empty(0 if direct else b * hq * n_splits, dtype=torch.float32, device=q.device)
     _split_kernel[(b, hkv, n_splits)](
-        q, k_cache, v_cache, block_table, seq_lens, parts, lse, out, scale, n_splits, group,
-        block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
+        q, k_cache, v_cache, block_table, table_rows if table_rows is not None else seq_lens, seq_lens, parts, lse, out,
+        scale, n_splits, group, block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
         BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs),
-        IEEE=q.dtype == torch.float32, DIRECT=direct,
+        IEEE=q.dtype == torch.float32, DIRECT=direct, ROWS=table_rows is not None,
     )
     if not direct:
         _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
@@ -160,11 +169,12 @@ def triton_supports(head_dim: int, block_size: int) -> bool:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, max_len: int, scale: float | None = None, n_splits: int = 1,
-                     kernels: bool = True) -> torch.Tensor:
+                     kernels: bool = True, table_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention [B, q_heads, d]; the Triton split-K kernel on CUDA when `kernels` and the shape allows,
-    else `decode_attention_torch` (which gathers `max_len` positions per sequence)."""
+    else `decode_attention_torch` (which gathers `max_len` positions per sequence). `table_rows` [B]: query b reads
+    block table row table_rows[b] (None: row b)."""
     d = q.shape[-1]
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     if use_triton(q, kernels) and triton_supports(d, k_cache.shape[2]):
-        return decode_attention_triton(q, k_cache, v_cache, block_table, seq_lens, scale, n_splits)
-    return decode_attention_torch(q, k_cache, v_cache, block_table, seq_lens, max_len, scale)
+        return decode_attention_triton(q, k_cache, v_cache, block_table, seq_lens, scale, n_splits, table_rows)
+    return decode_attention_torch(q, k_cache, v_cache, block_table, seq_lens, max_len, scale, table_rows)
