@@ -279,6 +279,22 @@ def test_one_prefill_of_a_long_cached_prefix_and_a_long_new_part(model):
     same(got, solo)
 
 
+def test_a_short_prompt_with_many_new_tokens_beside_a_long_prompt(model):
+    """Admitted together, a long prompt with few new tokens and a short one with many: the short one's positions
+    stay within the block tables while the long prompt's length plus its steps would not (the CPU attention width
+    once ran past the tables), and each equals its solo generation."""
+    reqs = [(GenerationRequest([10 + i % 80 for i in range(60)], 0), SamplingParams(max_new_tokens=2, seed=3)),
+            (GenerationRequest(PROMPTS[0], 1), SamplingParams(max_new_tokens=40, seed=3))]
+    solo = [fused(model, kv_block_size=16).generate_requests([r], p)[0] for r, p in reqs]
+    engine = fused(model, kv_block_size=16)
+    handles = {engine.submit(r, p): i for i, (r, p) in enumerate(reqs)}
+    got = {}
+    while engine.has_work:
+        got.update({handles[h]: c for h, c in engine.step()})
+    assert engine.runner.width * 16 < 60 + 40  # the cohort's longest prompt plus the short one's steps
+    same([got[0], got[1]], solo)
+
+
 def test_a_full_cache_evicts_prefixes_and_keeps_serving(model):
     engine = fused(model, kv_block_size=4, kv_blocks=1 + 12, max_batch_size=2)
     params = SamplingParams(max_new_tokens=6, seed=5)

@@ -181,9 +181,10 @@ class Scheduler:
         launched = []
         if self.rows:
             # The torch attention path's width: positions up to the cohort's longest prompt plus the steps taken
-            # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit).
-            attend = run.width * self.backend.block_size if run.on_gpu else max(
-                s.cohort_len + s.launched for s in self.rows)
+            # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit), within the
+            # block tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
+            width = run.width * self.backend.block_size
+            attend = width if run.on_gpu else min(width, max(s.cohort_len + s.launched for s in self.rows))
             copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend)
             launched = [(list(self.rows), copy)]
             for s in self.rows:
