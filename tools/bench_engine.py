@@ -270,7 +270,7 @@ def turn_lengths(t: int, turns: int, new: int, staggered: bool, gen: torch.Gener
 
 
 def run_multiturn(engine, prompts, tools, lengths, args, device, profile: str | None = None) -> dict:
-    """Cold and two warm timings (median) of every trajectory's turns through `AsyncEngine`, a `tool_ms` sleep between
+    """Cold and three warm timings (median) of every trajectory's turns through `AsyncEngine`, a `tool_ms` sleep between
     turns; the host time spent in prefill calls; with `profile` (GPU) a profiler table of one more run over the first
     64 trajectories, by CPU time."""
     t, turns = len(prompts), len(lengths[0])
@@ -301,7 +301,7 @@ def run_multiturn(engine, prompts, tools, lengths, args, device, profile: str | 
     cold, _ = timed(lambda: asyncio.run(all_trajectories()), device)
     engine.prefill = timed_prefill
     warm = []
-    for _ in range(2):
+    for _ in range(3):  # the median of three: single runs differ by up to a fifth on the H200 host
         engine.cache.allocator.forget_prefixes()  # each timed run finds only what it computed itself
         before = (sch.prefilled_tokens, sch.prefills, sch.steps, sch.row_steps)
         host["prefill_s"] = 0.0

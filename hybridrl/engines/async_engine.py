@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.frozen_heap import frozen_heap
 
 
 class AsyncEngine:
@@ -49,17 +50,18 @@ class AsyncEngine:
 
     async def _drive(self) -> None:
         try:
-            while True:
-                await asyncio.sleep(0)  # coroutines woken by the last step submit their next turn first
-                if not self._busy():
-                    return
-                if self.continuous:
-                    for handle, completion in self.engine.step():
-                        future = self._futures.pop(handle)
-                        if not future.done():
-                            future.set_result(completion)
-                else:
-                    self._run_queued()
+            with frozen_heap():  # the garbage collector's full passes skip what lived before the rollout
+                while True:
+                    await asyncio.sleep(0)  # coroutines woken by the last step submit their next turn first
+                    if not self._busy():
+                        return
+                    if self.continuous:
+                        for handle, completion in self.engine.step():
+                            future = self._futures.pop(handle)
+                            if not future.done():
+                                future.set_result(completion)
+                    else:
+                        self._run_queued()
         except BaseException as e:  # the engine failed: every waiter hears it, none hangs
             waiting = list(self._futures.values()) + [f for _, _, f in self._queued]
             self._futures.clear()

@@ -20,6 +20,7 @@ import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.frozen_heap import frozen_heap
 from hybridrl.engines.fused.groups import TensorParallel
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.fused.model import FusedDecoder
@@ -103,8 +104,9 @@ class FusedEngine(NativeEngineBase):
             if requests:  # a cache sized by demand is sized once for the whole call, by its longest sequence
                 longest = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1
                 self.kv_allocator(0, blocks_for(longest, self.block_size))
-            while self.scheduler.has_work:
-                done.update(self.scheduler.step())
+            with frozen_heap():
+                while self.scheduler.has_work:
+                    done.update(self.scheduler.step())
         except BaseException:
             self.scheduler.abort()  # nothing half-done is left for the next call
             raise
