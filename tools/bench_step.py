@@ -45,6 +45,7 @@ from bench_trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from hybridrl.data.prompts import Prompt  # noqa: E402
+from hybridrl.training.config import TrainerConfig  # noqa: E402
 
 # Seconds of the step spent moving memory between the roles rather than computing.
 SWITCH_PHASES = ("time/wake", "time/sleep", "time/reshard")
@@ -106,7 +107,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--micro", type=int, default=8, help="trainer micro-batch (sequences)")
+    ap.add_argument("--micro", type=int, default=TrainerConfig.micro_batch_size,
+                    help="trainer.micro_batch_size (sequences; default: the trainer's own default)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up steps")
     ap.add_argument("--warmup", type=int, default=2,
                     help="untimed steps first: the first update creates Adam state, whose pinned host buffers "
@@ -154,7 +156,8 @@ def main() -> None:
     switching = statistics.median(switching_s(m) for m in steps)
     result = {
         "shape": args.shape, "device": str(device), "workers": args.workers, "engine_tp": args.tp,
-        "trainer_offload": offload, "offload_lazy": not args.eager_offload, "overrides": args.set,
+        "trainer_offload": offload, "offload_lazy": not args.eager_offload, "micro_batch_size": args.micro,
+        "overrides": args.set,
         "freed_gb_per_step": statistics.median(sum(v for k, v in m.items() if re.match(r"^offload/[^/]+/offload_gb$", k))
                                                for m in steps),
         "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
