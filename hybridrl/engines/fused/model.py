@@ -9,6 +9,9 @@ name (tests check the two agree). A decode step, per layer::
       → gate_up_proj → SiLU(gate)·up (silu_mul) → down_proj (row-parallel) → all-reduce
       → x, h = x + mlp, RMSNorm of the next layer (or the final norm)                              (add_rms_norm)
 
+`extend` runs prompt tokens through the same layers, each token a row that reads its sequence's block table (agent
+turns past their cached prefix, short new prompts); `prefill` runs long new prompts padded, with flash attention.
+
 Each op is a Triton kernel on GPU (`engine.native.kernels`) and the torch code it replaces elsewhere; the torch
 code follows transformers op for op (float32 RMSNorm, RoPE tables cast to the weight dtype), so float32 log-probs
 match a trainer's full forward. Embedding and lm_head are vocab-parallel (rows padded to a multiple of 64): a
