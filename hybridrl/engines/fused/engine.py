@@ -33,9 +33,9 @@ from hybridrl.errors import HybridRLError
 log = logging.getLogger(__name__)
 
 PACKED_PROMPT_MAX = 512
-"""New prompts up to this many tokens run packed (`_extend_chunk`: the decode step's kernels, graphed on GPU, one
-launch); longer ones run the flash prefill, whose attention reads each key once per tile of queries rather than once
-per query."""
+"""Where the paged attention kernel runs (GPU), new prompts up to this many tokens run packed (`_extend_chunk`: the
+decode step's kernels, graphed, one launch); longer ones run the flash prefill, whose attention reads each key once
+per tile of queries rather than once per query."""
 
 
 class FusedEngine(NativeEngineBase):
@@ -188,14 +188,17 @@ class FusedEngine(NativeEngineBase):
         """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
         `shared` for a bare group); logits [groups, padded vocab]. One forward takes ≤ engine.native.prefill_tokens
         new tokens (padded, for the flash prefill). Groups continuing a cached prefix (agent turns, shared prefixes)
-        and short new prompts run packed (`_extend_chunk`); long new prompts run the flash prefill. Where the packed
+        run packed (`_extend_chunk`), and so do short new prompts where the paged attention kernel runs; other new
+        prompts run the flash prefill. Where the packed
         path's attention gathers each token's context (the torch path), a chunk gathers ≤ 4× prefill_tokens
         positions."""
         out, start, budget = [], 0, self.options.prefill_tokens
         gathers = not self.model.paged_attention_kernel(self.block_size)
 
         def packed(g: PromptGroup) -> bool:
-            return bool(g.cached) or len(g.prompt) <= PACKED_PROMPT_MAX
+            # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt
+            # is cheaper padded through SDPA; float32 CPU runs then also reproduce earlier runs bit for bit.
+            return bool(g.cached) or (not gathers and len(g.prompt) <= PACKED_PROMPT_MAX)
 
         def fits(chunk: list[PromptGroup]) -> bool:
             if not packed(chunk[0]):
