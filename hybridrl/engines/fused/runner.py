@@ -121,9 +121,6 @@ class DecodeRunner:
         self.out_lp = torch.zeros(n, dtype=torch.float32, device=dev)
         vocab_cols = self.model.vocab_rows * self.model.tp.size
         self.logits = torch.empty(n, vocab_cols, dtype=self.model.dtype, device=dev) if self.use_graphs else None
-        # An extend's inputs (tokens, positions, slots, table rows), the joining sequences' block tables and the
-        # tokens whose logits are wanted: made at the first graphed extend.
-        self.ext_in = self.ext_table = self.ext_last = None
 
     @property
     def width(self) -> int:
@@ -150,6 +147,8 @@ class DecodeRunner:
         self.cache = None
         self.tokens = self.pos = self.steps = self.keys = self.active = self.table = None
         self.out_tok = self.out_lp = self.logits = None
+        # A graphed extend's inputs (tokens, positions, slots, table rows), the joining sequences' block tables and
+        # the tokens whose logits are wanted: made at the first graphed extend after `bind`.
         self.ext_in = self.ext_table = self.ext_last = None
 
     # -- rows joining and leaving ---------------------------------------------------------------------------
@@ -279,12 +278,12 @@ class DecodeRunner:
     def extend(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int], tables: list[list[int]],
                last: list[int], scratch_slot: int) -> torch.Tensor:
         """Logits [len(last), padded vocab] of prompt tokens packed as `FusedDecoder.extend` takes them (token i of
-        the sequence whose block table is tables[rows[i]]). A CUDA graph per token bucket where one serves (GPU,
+        the sequence whose block table is tables[rows[i]]; the tables padded to one width). A CUDA graph per token bucket where one serves (GPU,
         Triton attention, ≤ extend_tokens tokens, ≤ rows sequences), captured at a bucket's second use; padding
         tokens write `scratch_slot`."""
         n, g, dev = len(ids), len(last), self.device
         bs = self.cache.block_size
-        wide = max(len(t) for t in tables)
+        wide = len(tables[0])
         if not (self.use_graphs and self._extend_buckets and n <= self._extend_buckets[-1] and g <= self.rows
                 and wide <= self.width and self.model.paged_attention_kernel(bs)):
             return self._extend_eager(ids, pos, slots, rows, tables, last)
@@ -305,7 +304,7 @@ class DecodeRunner:
         # Padding tokens: position 0 of table row 0, K/V into the scratch slot; their logits are never read.
         self.ext_in[:, :nb] = to_device([ids + [0] * pad, pos + [0] * pad, slots + [scratch_slot] * pad,
                                          rows + [0] * pad], torch.long, dev)
-        self.ext_table[:g, :wide] = to_device([t + [0] * (wide - len(t)) for t in tables], torch.int32, dev)
+        self.ext_table[:g, :wide] = to_device(tables, torch.int32, dev)
         self.ext_last[:gb] = to_device(last + [0] * (gb - g), torch.long, dev)
         graph = self.graphs.get(key) or self._capture_graph(key, lambda: self._extend_body(nb, gb), [])
         if graph is None:  # capture failed: graphs are off from now on
@@ -315,9 +314,9 @@ class DecodeRunner:
 
     def _extend_eager(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int],
                       tables: list[list[int]], last: list[int]) -> torch.Tensor:
-        dev, wide = self.device, max(len(t) for t in tables)
-        table = to_device([t + [0] * (wide - len(t)) for t in tables], torch.int32, dev)
-        splits = split_count(len(ids), self.model.kv_heads, wide, self.cache.block_size, self.sms)
+        dev = self.device
+        table = to_device(tables, torch.int32, dev)
+        splits = split_count(len(ids), self.model.kv_heads, table.shape[1], self.cache.block_size, self.sms)
         return self.model.extend(to_device(ids, torch.long, dev), to_device(pos, torch.long, dev),
                                  to_device(slots, torch.long, dev), table, to_device(rows, torch.long, dev),
                                  self.cache, to_device(last, torch.long, dev), max(pos) + 1, splits)
