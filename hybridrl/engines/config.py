@@ -74,7 +74,8 @@ class NativeOptions:
     """Fused engine: most prompt + completion tokens of one sequence; 0 = no fixed limit (the KV cache is sized
     by demand and grows between batches)."""
     prefill_tokens: int = 16384
-    """Fused engine: most (padded) prompt tokens prefilled in one forward; bounds activation memory."""
+    """Fused engine: most prompt tokens (padded, for long new prompts) prefilled in one forward, and the largest
+    packed prefill a CUDA graph is captured for; bounds activation memory."""
     kv_block_size: int = 16
     """Fused engine: tokens per KV-cache block (the unit of allocation and of prompt sharing)."""
     kv_blocks: int = 0
@@ -87,8 +88,8 @@ class NativeOptions:
     wake-up; 0 = by demand (max_batch_size sequences of the longest request, grown when idle)."""
     join_wait_steps: int = 8
     """Fused engine: decode steps a request may wait to join a running batch, so that requests arriving close together
-    (agent turns back from their tools) share one prefill instead of one each; they join at once when an eighth of the
-    rows (at least 2) can, or nothing runs. 0 = join at the next step."""
+    (agent turns back from their tools) share one prefill instead of one each, counted from when a row is free; they
+    join at once when an eighth of the rows (at least 2) can, or nothing runs. 0 = join at the next step."""
 
     def __post_init__(self) -> None:
         if self.impl not in NATIVE_IMPLS:
