@@ -14,7 +14,7 @@ import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_pos_emb
 
 import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
-from hybridrl.engines.kernels import HAS_TRITON, attention, norms, rope_cache
+from hybridrl.engines.kernels import HAS_TRITON, attention, linear, norms, rope_cache
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available() and os.environ.get("HYBRIDRL_TEST_DEVICE", "cuda" if not INTERPRET else "") == "cuda"
@@ -218,3 +218,84 @@ def test_triton_rope_write_matches_torch(dtype, qk_norm):
     assert ((caches[2][block, :, offset].float() - caches[0][block, :, offset].float()).abs() <= tol[:, hq:]).all()
     assert torch.equal(caches[2].count_nonzero(), caches[0].count_nonzero())  # nothing written elsewhere
     assert torch.equal(caches[3], caches[1])
+
+
+def test_skinny_plans_are_the_measured_best():
+    """On 132 SMs, the plans for the 0.5B's projections at batch 64 are the best of the H200 sweep
+    (docs/measurements/h200_1201/i_linear.json); where cuBLAS won or tied (gate_up, 256 rows) there is no plan."""
+    assert linear.skinny_plan(64, 1152, 896, 132) == (8, 64, 64)     # qkv: 3.88 → 2.87 µs
+    assert linear.skinny_plan(64, 896, 896, 132) == (4, 32, 64)      # o_proj: 3.71 → 2.63 µs
+    assert linear.skinny_plan(64, 896, 4864, 132) == (8, 64, 128)    # down_proj: 7.22 → 4.28 µs
+    assert linear.skinny_plan(64, 9728, 896, 132) is None            # gate_up: cuBLAS 5.98, ours 6.13 µs
+    assert linear.skinny_plan(256, 1536, 1536, 132) is None          # 1.5B o_proj at 256 rows: cuBLAS 5.5, ours 6.3
+    assert linear.skinny_plan(64, 896, 896, 0) is None               # no SMs given: cuBLAS
+    assert linear.skinny_plan(4, 64, 96, 132).splits == 1            # K too short to split
+
+
+def test_project_is_f_linear_without_triton():
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(3, 8, generator=gen), torch.randn(5, 8, generator=gen), torch.randn(5, generator=gen)
+    assert torch.equal(linear.project(x, w, b, 132, kernels=False), torch.nn.functional.linear(x, w, b))
+    parts = torch.randn(3, 4, 5, generator=gen)
+    assert torch.equal(linear.summed(parts, torch.float32), parts[0] + parts[1] + parts[2])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,splits,bias", [(5, 40, 70, 1, True), (64, 96, 256, 1, False), (17, 33, 300, 3, True),
+                                                (64, 128, 512, 8, False)])
+def test_triton_linear_matches_a_float64_product(dtype, m, n, k, splits, bias):
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen) / k**0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    x, w = x.to(dtype), w.to(dtype)
+    b = b.to(dtype) if bias else None
+    want = x.double() @ w.double().T + (b.double() if bias else 0)
+    dev = TRITON_DEVICE
+    got = linear.linear_triton(x.to(dev), w.to(dev), b.to(dev) if bias else None, splits=splits, block_n=32,
+                               block_k=64)
+    if splits == 1:
+        assert got.dtype == dtype and got.shape == (m, n)
+        assert (got.double().cpu() - want).abs().max().item() <= 2**-7 * want.abs().max().item() + 1e-4
+    else:  # float32 partials, one per stretch of K (whole 64-wide steps), the bias in the first
+        per = -(-(-(-k // splits)) // 64) * 64
+        assert got.dtype == torch.float32 and got.shape == (-(-k // per), m, n)
+        assert (got.double().sum(0).cpu() - want).abs().max().item() < 1e-4
+        first = x[:, :per].double() @ w[:, :per].double().T + (b.double() if bias else 0)
+        assert (got[0].double().cpu() - first).abs().max().item() < 1e-4
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_consumers_sum_projection_partials(dtype):
+    """add_rms_norm and rope_write take a projection's float32 partials: the same as the summed projection. The
+    partials are multiples of 1/4 in [-2, 2], so every order of summing them is exact."""
+    from hybridrl.engines.fused.rope import rope_tables
+    from tests.tiny_models import tiny_config
+
+    gen = torch.Generator().manual_seed(0)
+    dev = TRITON_DEVICE
+    parts = (torch.randint(-8, 9, (3, 7, 96), generator=gen) / 4).to(dev)
+    x = torch.randn(7, 96, generator=gen).to(dtype).to(dev)
+    w = (1 + 0.3 * torch.randn(96, generator=gen)).to(dtype).to(dev)
+    total = (parts[0] + parts[1] + parts[2]).to(dtype)
+    s, h = norms.add_rms_norm_triton(x, parts, w, 1e-6)
+    s_ref, h_ref = norms.add_rms_norm_triton(x, total, w, 1e-6)
+    assert torch.equal(s, s_ref)
+    # The two compiled variants may sum the squares in another order: the norm may move by an ulp (seen on the H200
+    # in float32), which can flip one rounding of the output.
+    ulp = 1e-6 if dtype == torch.float32 else 2**-7
+    assert torch.allclose(h.float(), h_ref.float(), rtol=2 * ulp, atol=1e-6)
+    assert torch.equal(norms.add_rms_norm_torch(x, parts, w, 1e-6)[0], s_ref)
+
+    hq, hkv, d, bs = 4, 2, 16, 4
+    qkv_parts = (torch.randint(-8, 9, (2, 5, (hq + 2 * hkv) * d), generator=gen) / 4).to(dev)
+    cos, sin = rope_tables(tiny_config("qwen3"), 64, dtype, torch.device(dev))
+    pos = torch.tensor([0, 9, 33, 4, 63], device=dev)
+    slots = torch.tensor([5, 0, 13, 14, 31], device=dev)
+    caches = [torch.zeros(8, hkv, bs, d, dtype=dtype, device=dev) for _ in range(4)]
+    q = rope_cache.rope_write_triton(qkv_parts, hq, hkv, cos, sin, pos, slots, caches[0], caches[1], None, None, 1e-6)
+    q_ref = rope_cache.rope_write_triton((qkv_parts[0] + qkv_parts[1]).to(dtype), hq, hkv, cos, sin, pos, slots,
+                                         caches[2], caches[3], None, None, 1e-6)
+    assert q.dtype == dtype and torch.equal(q, q_ref)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])

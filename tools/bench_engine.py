@@ -51,6 +51,7 @@ SHAPES = {
     "1.5b": (1536, 28, 12, 2, 8960, 151936, True),
 }
 BANDWIDTH = {"datasheet": 4.8e12, "measured_copy": 4.3e12}  # H200 HBM3e, bytes/s
+WARM_RUNS = 5  # warm generate runs per figure; the median is reported
 
 
 def build_model(shape: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -71,6 +72,8 @@ def build_engine(model, args, rows: int, kv_blocks: int = 0) -> FusedEngine:
     options = NativeOptions(max_batch_size=rows, cuda_graphs=not args.no_cuda_graphs, kernels=not args.no_kernels,
                             kv_block_size=args.kv_block_size, kv_blocks=kv_blocks)
     engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
+    if args.no_skinny_gemm:
+        engine.model.gemm_sms = 0
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     return engine
 
@@ -194,14 +197,16 @@ def run_generate(engine: FusedEngine, prompts, n: int, new: int, device: torch.d
         return seconds, outs, engine.scheduler.prefilled_tokens - before
 
     cold, _, _ = run(params)
-    # The first warm run captures the packed prefill's graph (a bucket is captured at its second use); the second
-    # replays every graph, as a serving loop does.
+    # The first warm run captures the packed prefill's graph (a bucket is captured at its second use); the next
+    # replay every graph, as a serving loop does: their median (the machine is noisy).
     warm_first, _, _ = run(params)
-    warm, outs, prefilled = run(params)
+    warm_runs = [run(params) for _ in range(WARM_RUNS)]
+    warm = statistics.median(r[0] for r in warm_runs)
+    _, outs, prefilled = warm_runs[-1]
     prefill, _, _ = run(SamplingParams(n=n, max_new_tokens=1, seed=0))
     produced = sum(len(o.token_ids) for o in outs)
     out = {"rows": rows, "tokens": produced, "seconds_cold": cold, "seconds_warm_first": warm_first,
-           "seconds_warm": warm, "seconds_prefill": prefill,
+           "seconds_warm": warm, "seconds_warm_runs": [r[0] for r in warm_runs], "seconds_prefill": prefill,
            "tokens_per_s_cold": rows * new / cold, "tokens_per_s": rows * new / warm,
            "decode_step_ms": (warm - prefill) / max(1, new - 1) * 1e3, "prefilled_tokens": prefilled,
            "cuda_graphs": len(engine.runner.graphs), "graphs_enabled": engine.runner.use_graphs,
@@ -232,6 +237,21 @@ def case_single(model, engine, args, device) -> dict:
                 torch.cuda.synchronize(device)
             Path(args.profile).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
                                                                      max_name_column_width=60))
+    if device.type == "cuda" and engine.model.gemm_sms:
+        # Side by side: every projection in cuBLAS (the skinny split-K GEMMs off), graphs captured again.
+        sms, engine.model.gemm_sms = engine.model.gemm_sms, 0
+        engine.runner.drop_graphs()
+        engine.generate(prompts, params)
+        t_cublas = statistics.median(timed(lambda: engine.generate(prompts, params), device)[0]
+                                     for _ in range(WARM_RUNS))
+        engine.model.gemm_sms = sms
+        engine.runner.drop_graphs()
+        engine.generate(prompts, params)
+        t_ours = statistics.median(timed(lambda: engine.generate(prompts, params), device)[0]
+                                   for _ in range(WARM_RUNS))
+        res["cublas_only"] = {"seconds_warm": t_cublas, "tokens_per_s": args.batch * args.new_tokens / t_cublas,
+                              "seconds_warm_skinny_again": t_ours,
+                              "speedup_skinny": t_cublas / t_ours}
     if args.torch_sampler:
         engine.scheduler.sampler_kernel = False
         engine.generate(prompts, params)  # captures this sampler's graphs
@@ -382,6 +402,7 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="single: skip transformers generate (slow at large sizes)")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     ap.add_argument("--no-kernels", action="store_true", help="torch ops instead of the Triton decode kernels")
+    ap.add_argument("--no-skinny-gemm", action="store_true", help="every projection in cuBLAS (no split-K GEMMs)")
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
     ap.add_argument("--profile", help="GPU: a profiler table to this file (single: one warm generate; multiturn: one "

@@ -32,6 +32,7 @@ from hybridrl.engines.fused.kv_cache import PagedKVCache
 from hybridrl.engines.fused.rope import check_supported, rope_tables
 from hybridrl.engines.kernels import use_triton
 from hybridrl.engines.kernels.attention import decode_attention, triton_supports
+from hybridrl.engines.kernels.linear import project
 from hybridrl.engines.kernels.norms import add_rms_norm, rms_norm, silu_mul
 from hybridrl.engines.kernels.rope_cache import rope_write, split_qkv_torch, write_kv_torch
 from hybridrl.errors import ConfigError
@@ -99,6 +100,9 @@ class FusedDecoder(nn.Module):
         self.vocab_rows = padded_vocab(s.vocab) // tp.size
         self.eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
         self.kernels = use_triton(torch.empty(0, device=self.device), kernels)
+        # SMs the skinny GEMMs plan for (`linear.project`); 0 leaves every projection to cuBLAS.
+        self.gemm_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                         if self.kernels and self.device.type == "cuda" else 132 if self.kernels else 0)
         self.model = nn.Module()
         self.model.embed_tokens = _Weights((self.vocab_rows, s.hidden), False, dtype, self.device)
         self.model.layers = nn.ModuleList(FusedLayer(s, tp.size, dtype, self.device) for _ in range(s.num_layers))
@@ -139,6 +143,10 @@ class FusedDecoder(nn.Module):
         return self.tp.all_reduce(x)
 
     def _row_parallel(self, proj: _Weights, x: torch.Tensor) -> torch.Tensor:
+        """x Wᵀ summed over the TP group (+ b); unsharded and bias-free, possibly float32 partials for the
+        residual add (`linear.project`)."""
+        if self.tp.size == 1 and proj.bias is None:
+            return project(x, proj.weight, None, self.gemm_sms, self.kernels)
         out = self.tp.all_reduce(F.linear(x, proj.weight))
         return out if proj.bias is None else out + proj.bias  # the bias is added once, after the sum
 
@@ -233,7 +241,8 @@ class FusedDecoder(nn.Module):
         for i, layer in enumerate(self.model.layers):
             a = layer.self_attn
             kc, vc = cache.layer(i)
-            q = rope_write(F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias), self.q_heads, self.kv_heads,
+            q = rope_write(project(h, a.qkv_proj.weight, a.qkv_proj.bias, self.gemm_sms, self.kernels),
+                           self.q_heads, self.kv_heads,
                            self.cos, self.sin, pos, slots, kc, vc, *self._qk_norms(a), eps, kern)
             o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern,
                                  table_rows)

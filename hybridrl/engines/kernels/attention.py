@@ -88,6 +88,7 @@ if HAS_TRITON:
             valid = in_range & (blk * BS + t % BS < seq_len)
             off = phys * stride_blk + kvh * stride_head + (t % BS) * D
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # in flight with k
             if IEEE:
                 qk = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -97,7 +98,6 @@ if HAS_TRITON:
             p = tl.exp(qk - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             if IEEE:
                 pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -130,19 +130,32 @@ if HAS_TRITON:
 
 
 def split_count(batch: int, kv_heads: int, max_blocks: int, block_size: int, sms: int) -> int:
-    """Key splits per (sequence, kv head): enough programs for ~2 waves over the SMs, at most one per 64 keys."""
-    want = -(-2 * sms // max(1, batch * kv_heads))
+    """Key splits per (sequence, kv head): about one wave of programs over the SMs, at most one per 64 keys.
+
+    On the H200 (tools/bench_decode_kernels.py, docs/measurements/h200_1201/j_attention.json), 64 rows × 2 kv heads
+    (128 programs on 132 SMs) ran fastest unsplit: 6.5 µs against 8.1 at 3 splits with their reduce; a smaller
+    batch needs the splits to fill the SMs."""
+    want = sms // max(1, batch * kv_heads)
     return max(1, min(want, -(-max_blocks * block_size // 64), 32))
 
 
-def _tile_blocks(block_size: int) -> int:
-    return max(1, 64 // block_size)
+def tile_keys(head_dim: int) -> int:
+    """Keys per step of a program's loop: 8192 key elements (128 keys at head dim 64, 64 at 128: the fastest of
+    32/64/128 on the H200 for the 0.5B and 1.5B shapes)."""
+    return max(16, min(128, 8192 // head_dim))
+
+
+def _tile_blocks(block_size: int, keys: int = 64) -> int:
+    return max(1, keys // block_size)
 
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, n_splits: int,
-                            table_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The Triton form of `decode_attention_torch` (head_dim a power of two ≥ 16; block_table int32 or int64)."""
+                            table_rows: torch.Tensor | None = None, keys: int | None = None,
+                            warps: int = 4) -> torch.Tensor:
+    """The Triton form of `decode_attention_torch` (head_dim a power of two ≥ 16; block_table int32 or int64).
+    `keys` per step of a program's loop (whole blocks; default `tile_keys`), `warps` per program: launch tuning
+    only."""
     b, hq, d = q.shape
     _, hkv, bs, _ = k_cache.shape
     group = hq // hkv
@@ -154,8 +167,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     _split_kernel[(b, hkv, n_splits)](
         q, k_cache, v_cache, block_table, table_rows if table_rows is not None else seq_lens, seq_lens, parts, lse, out,
         scale, n_splits, group, block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
-        BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs),
-        IEEE=q.dtype == torch.float32, DIRECT=direct, ROWS=table_rows is not None,
+        BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs, keys or tile_keys(d)),
+        IEEE=q.dtype == torch.float32, DIRECT=direct, ROWS=table_rows is not None, num_warps=warps,
     )
     if not direct:
         _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
@@ -164,7 +177,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def triton_supports(head_dim: int, block_size: int) -> bool:
     """Whether the Triton kernel takes this shape (a power-of-two head dim of at least 16; tiles of ≥ 16 keys)."""
-    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _tile_blocks(block_size) * block_size >= 16
+    tile = _tile_blocks(block_size, tile_keys(head_dim)) * block_size
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and tile >= 16
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

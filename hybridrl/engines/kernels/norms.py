@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels.linear import summed
 
 if HAS_TRITON:
     import triton
@@ -27,8 +28,9 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 def add_rms_norm_torch(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta, rms_norm(x + delta)): the residual stream and the next block's normed input."""
-    s = x + delta
+    """(x + delta, rms_norm(x + delta)): the residual stream and the next block's normed input. delta may be a
+    projection's float32 partials [S, N, H] (`linear.project`)."""
+    s = x + summed(delta, x.dtype)
     return s, rms_norm_torch(s, weight, eps)
 
 
@@ -42,14 +44,20 @@ def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, hidden, eps,
-                             HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, hidden, eps, parts, part_stride,
+                             HAS_DELTA: tl.constexpr, PARTS: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         inside = cols < hidden
         x = tl.load(x_ptr + row * hidden + cols, mask=inside, other=0.0)
         if HAS_DELTA:
-            d = tl.load(d_ptr + row * hidden + cols, mask=inside, other=0.0)
+            if PARTS:  # a projection's float32 partials, all in one load: summed, then rounded as its epilogue would
+                s = tl.arange(0, SP)
+                d = tl.load(d_ptr + s[:, None] * part_stride + row * hidden + cols[None, :],
+                            mask=(s < parts)[:, None] & inside[None, :], other=0.0)
+                d = tl.sum(d, axis=0).to(res_ptr.dtype.element_ty)
+            else:
+                d = tl.load(d_ptr + row * hidden + cols, mask=inside, other=0.0)
             x = (x.to(tl.float32) + d.to(tl.float32)).to(res_ptr.dtype.element_ty)
             tl.store(res_ptr + row * hidden + cols, x, mask=inside)
         xf = x.to(tl.float32)
@@ -70,16 +78,20 @@ if HAS_TRITON:
 
 
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        eps: float, warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton form of `add_rms_norm_torch` over rows of x [N, H]; with delta None, a plain RMSNorm
-    (the first element is then x itself)."""
+    (the first element is then x itself). `warps` per row: by default 8 for partials (with o_proj at 64 rows, 4.5 µs
+    for the pair against 5.0 with 4 warps on the H200: docs/measurements/h200_1201/l_pairs.json), else 4."""
     x = x.contiguous()
     n, hidden = x.shape
     out = torch.empty_like(x)
     res = torch.empty_like(x) if delta is not None else x
     d = delta.contiguous() if delta is not None else x
-    _add_rms_norm_kernel[(n,)](x, d, weight, res, out, hidden, eps, HAS_DELTA=delta is not None,
-                               BLOCK=triton.next_power_of_2(hidden))
+    parts = d.shape[0] if d.dim() == 3 else 1
+    warps = warps or (8 if parts > 1 else 4)
+    _add_rms_norm_kernel[(n,)](x, d, weight, res, out, hidden, eps, parts, n * hidden, HAS_DELTA=delta is not None,
+                               PARTS=d.dim() == 3, SP=triton.next_power_of_2(parts),
+                               BLOCK=triton.next_power_of_2(hidden), num_warps=warps)
     return res, out
 
 
@@ -104,7 +116,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kernels: bool = 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                  kernels: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta, rms_norm(x + delta)) of rows [N, H] (one Triton kernel on CUDA when `kernels`)."""
+    """(x + delta, rms_norm(x + delta)) of rows [N, H] (one Triton kernel on CUDA when `kernels`); delta [N, H] or
+    a projection's float32 partials [S, N, H]."""
     if use_triton(x, kernels) and x.dim() == 2:
         return add_rms_norm_triton(x, delta, weight, eps)
     return add_rms_norm_torch(x, delta, weight, eps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels.linear import summed
 from hybridrl.engines.kernels.norms import rms_norm_torch
 
 if HAS_TRITON:
@@ -54,9 +55,10 @@ def rope_write_torch(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: 
                      sin_table: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                      eps: float) -> torch.Tensor:
-    """Rotated q [N, q_heads, d] of qkv [N, (q + 2 kv) · d] at positions `pos`; k (rotated) and v go to the cache."""
-    q, k, v = split_qkv_torch(qkv, q_heads, kv_heads, cos_table[pos][:, None], sin_table[pos][:, None],
-                              q_norm, k_norm, eps)
+    """Rotated q [N, q_heads, d] of qkv [N, (q + 2 kv) · d] (or its float32 partials [S, N, (q + 2 kv) · d]) at
+    positions `pos`; k (rotated) and v go to the cache."""
+    q, k, v = split_qkv_torch(summed(qkv, k_cache.dtype), q_heads, kv_heads, cos_table[pos][:, None],
+                              sin_table[pos][:, None], q_norm, k_norm, eps)
     write_kv_torch(k_cache, v_cache, slots, k, v)
     return q
 
@@ -65,15 +67,22 @@ if HAS_TRITON:
 
     @triton.jit
     def _rope_write_kernel(qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_ptr, kn_ptr,
-                           eps, q_heads, kv_heads, stride_blk, stride_head,
-                           BS: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr):
+                           eps, q_heads, kv_heads, stride_blk, stride_head, parts, part_stride,
+                           BS: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
+                           PARTS: tl.constexpr, SP: tl.constexpr):
         tok = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         dt = q_ptr.dtype.element_ty
         i = tl.arange(0, HALF)
         src = qkv_ptr + tok * (q_heads + 2 * kv_heads) * D + head * D
-        lo = tl.load(src + i).to(tl.float32)
-        hi = tl.load(src + HALF + i).to(tl.float32)
+        if PARTS:  # the projection's float32 partials, in one load: summed, then rounded as its epilogue would
+            s = tl.arange(0, SP)
+            at = src + s[:, None] * part_stride + i[None, :]
+            lo = tl.sum(tl.load(at, mask=(s < parts)[:, None], other=0.0), axis=0).to(dt).to(tl.float32)
+            hi = tl.sum(tl.load(at + HALF, mask=(s < parts)[:, None], other=0.0), axis=0).to(dt).to(tl.float32)
+        else:
+            lo = tl.load(src + i).to(tl.float32)
+            hi = tl.load(src + HALF + i).to(tl.float32)
         slot = tl.load(slot_ptr + tok)
         block = slot // BS
         offset = slot % BS
@@ -110,17 +119,19 @@ if HAS_TRITON:
 def rope_write_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor,
                       sin_table: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                      eps: float) -> torch.Tensor:
+                      eps: float, warps: int = 1) -> torch.Tensor:
     """The Triton form of `rope_write_torch` (head_dim a power of two; one program per token and head)."""
-    n = qkv.shape[0]
+    partial = qkv.dim() == 3
+    n = qkv.shape[-2]
     d = cos_table.shape[-1]
     qkv = qkv.contiguous()
-    q = torch.empty(n, q_heads, d, dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty(n, q_heads, d, dtype=k_cache.dtype, device=qkv.device)
     norm = q_norm is not None
     _rope_write_kernel[(n, q_heads + 2 * kv_heads)](
-        qkv, q, k_cache, v_cache, cos_table, sin_table, pos, slots, q_norm if norm else qkv, k_norm if norm else qkv,
-        eps, q_heads, kv_heads, k_cache.stride(0), k_cache.stride(1),
-        BS=k_cache.shape[2], D=d, HALF=d // 2, QK_NORM=norm, num_warps=1,
+        qkv, q, k_cache, v_cache, cos_table, sin_table, pos, slots, q_norm if norm else q, k_norm if norm else q,
+        eps, q_heads, kv_heads, k_cache.stride(0), k_cache.stride(1), qkv.shape[0] if partial else 1,
+        n * qkv.shape[-1], BS=k_cache.shape[2], D=d, HALF=d // 2, QK_NORM=norm, PARTS=partial,
+        SP=triton.next_power_of_2(qkv.shape[0]) if partial else 1, num_warps=warps,
     )
     return q
 

@@ -1,0 +1,133 @@
+"""Skinny GEMMs of a decode step: y = x Wᵀ (+ b) for few rows (a decode batch) and a weight [N, K].
+
+At decode batch sizes a projection reads its whole weight for a few dozen rows, so its time is the weight read plus
+latency: the launch, and each program's serial walk over K. cuBLAS picks tall tiles and, for long K, a split-K with a
+separate reduce kernel. Here one program owns a [rows, BLOCK_N] tile of the output and a share of K (`splits`
+shares); with one split it writes the output in the weight dtype, with several it writes float32 partials
+[splits, rows, N] that the consumer sums (`add_rms_norm` after o_proj and down_proj), so no reduce kernel runs and
+the sum order is fixed (deterministic, unlike atomics).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.engines.kernels import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, m, n, k, k_per_split,
+                       HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr):
+        pid_n = tl.program_id(0)
+        split = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        row_in = rows < m
+        col_in = cols < n
+        x_rows = x_ptr + rows.to(tl.int64)[:, None] * k
+        w_rows = w_ptr + cols.to(tl.int64)[:, None] * k
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        start = split * k_per_split
+        stop = tl.minimum(start + k_per_split, k)
+        for k0 in tl.range(start, stop, BLOCK_K, num_stages=STAGES):
+            kk = k0 + ks
+            k_in = kk < stop
+            a = tl.load(x_rows + kk[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
+            b = tl.load(w_rows + kk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
+            if IEEE:  # float32 weights: a true float32 product, not TF32
+                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(b), acc)
+        if HAS_BIAS:
+            if split == 0:
+                acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+        out_mask = row_in[:, None] & col_in[None, :]
+        offs = rows.to(tl.int64)[:, None] * n + cols[None, :]
+        if PARTIAL:
+            tl.store(out_ptr + split.to(tl.int64) * m * n + offs, acc, mask=out_mask)
+        else:
+            tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, splits: int = 1,
+                  block_n: int = 32, block_k: int = 128, block_m: int = 64, stages: int = 3,
+                  warps: int = 4) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]ᵀ (+ bias): [M, N] in x's dtype with one split, else float32 partials
+    [splits, M, N] whose sum is the product (the bias is in split 0)."""
+    x = x.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    # Each split's share of K is a whole number of BLOCK_K steps.
+    per = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+    splits = triton.cdiv(k, per)
+    block_m = max(16, min(block_m, triton.next_power_of_2(m)))
+    if splits == 1:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, block_n), splits, triton.cdiv(m, block_m))
+    _linear_kernel[grid](x, weight, bias if bias is not None else weight, out, m, n, k, per,
+                         HAS_BIAS=bias is not None, PARTIAL=splits > 1, BLOCK_M=block_m, BLOCK_N=block_n,
+                         BLOCK_K=block_k, STAGES=stages, IEEE=x.dtype == torch.float32, num_warps=warps)
+    return out
+
+
+class SkinnyPlan(NamedTuple):
+    """A launch of the skinny kernel: K splits, and the tile's width along N and its step along K."""
+
+    splits: int
+    block_n: int
+    block_k: int
+
+
+# Where the skinny kernel beats cuBLAS on the H200 (tools/bench_decode_kernels.py, in
+# docs/measurements/h200_1201/i_linear.json): up to 64 rows and outputs up to 2048 wide (the 0.5B's qkv, o_proj
+# and down_proj at batch 64: 3.9/3.7/7.2 µs → 2.9/2.6/4.3). Wide outputs (gate_up) and 256 rows run as fast or
+# faster in cuBLAS.
+SKINNY_MAX_ROWS = 64
+SKINNY_MAX_WIDTH = 2048
+
+
+def skinny_plan(m: int, n: int, k: int, sms: int) -> SkinnyPlan | None:
+    """The launch for x [m, k] @ W[n, k]ᵀ on a GPU with `sms` SMs, or None where cuBLAS is the better choice.
+
+    About one program per SM: tiles of 64 output columns (32 for narrow, short products), and the power-of-two
+    number of K splits (≤ 8) that brings tiles × splits nearest to the SM count, so each program walks a short
+    stretch of K."""
+    if m > SKINNY_MAX_ROWS or n > SKINNY_MAX_WIDTH or sms <= 0:
+        return None
+    block_n = 32 if n < 1024 and k < 2048 else 64
+    tiles = -(-n // block_n)
+    want = max(1.0, sms / tiles)
+    splits = min(min((1, 2, 4, 8), key=lambda s: abs(s - want)), max(1, k // 64))
+    block_k = 128 if k // splits >= 512 else 64
+    return SkinnyPlan(splits, block_n, block_k)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sms: int,
+            kernels: bool = True) -> torch.Tensor:
+    """x Wᵀ (+ b) for a decode step: float32 partials [S, M, N] from the skinny kernel where its plan beats cuBLAS
+    (Triton, few rows, a narrow weight), else F.linear's [M, N]. Hand the result to a consumer that takes partials
+    (`rope_write`, `add_rms_norm`), or to `summed`."""
+    plan = skinny_plan(x.shape[0], weight.shape[0], weight.shape[1], sms) if use_triton(x, kernels) else None
+    if plan is None:
+        return F.linear(x, weight, bias)
+    return linear_triton(x, weight, bias, splits=plan.splits, block_n=plan.block_n, block_k=plan.block_k)
+
+
+def summed(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A projection's output [M, N] in `dtype`: its float32 partials summed (then rounded once, as a GEMM's epilogue
+    rounds), or itself."""
+    return y.sum(0).to(dtype) if y.dim() == 3 else y

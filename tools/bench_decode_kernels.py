@@ -1,0 +1,214 @@
+"""Launch sweeps of the decode step's kernels, each op timed inside a CUDA graph (as the engine runs it): 20 calls per
+graph, the median of replays, side by side in one process. Prints JSON.
+
+  linear     the projections: cuBLAS (F.linear) against the Triton skinny GEMM over tiles and K splits; per shape
+             cuBLAS µs, the best Triton config (with one split, and overall), the weight-read bound, the largest
+             difference from cuBLAS
+  pairs      each skinny projection with the kernel that consumes it (qkv → rope_write, o_proj and down_proj →
+             add_rms_norm), over K splits and the consumer's warps, against cuBLAS + the consumer
+  attention  paged decode attention over key splits, keys per tile and warps; the engine's current choice beside the
+             best, and the K/V-read bound
+
+    python tools/bench_decode_kernels.py --what linear attention --shapes 0.5b 1.5b --out kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.engines.kernels.attention import decode_attention_triton, split_count, tile_keys
+from hybridrl.engines.kernels.linear import linear_triton, skinny_plan
+from hybridrl.engines.kernels.norms import add_rms_norm_triton
+from hybridrl.engines.kernels.rope_cache import rope_write_triton
+
+# (name, rows, N, K, bias): the fused projections of one layer at the benchmark's decode batch, and the lm_head.
+SHAPES = {
+    "0.5b": [("qkv", 64, 1152, 896, True), ("o", 64, 896, 896, False), ("gate_up", 64, 9728, 896, False),
+             ("down", 64, 896, 4864, False)],
+    "1.5b": [("qkv", 256, 2048, 1536, True), ("o", 256, 1536, 1536, False), ("gate_up", 256, 17920, 1536, False),
+             ("down", 256, 1536, 8960, False)],
+}
+# (rows, q heads, kv heads, head dim, shortest and longest context): the benchmarks' decode batches.
+ATTENTION = {"0.5b": (64, 14, 2, 64, 128, 384), "1.5b": (256, 12, 2, 128, 128, 640)}
+HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
+
+
+def graph_time_us(fn, calls: int = 20, replays: int = 30) -> float:
+    """Median µs per call of fn() captured `calls` times in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / calls)
+    return statistics.median(times[3:])
+
+
+def bench_shape(name: str, m: int, n: int, k: int, bias: bool) -> dict:
+    dev = torch.device("cuda")
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device=dev, dtype=torch.bfloat16) if bias else None
+    ref = F.linear(x, w, b)
+    row = {"name": name, "rows": m, "n": n, "k": k, "bound_us": n * k * 2 / HBM_BYTES_PER_S * 1e6,
+           "cublas_us": graph_time_us(lambda: F.linear(x, w, b))}
+    results = []
+    block_ms = [64] if m <= 64 else [64, 128]
+    for bm, bn, bk, splits, stages, warps in itertools.product(block_ms, [16, 32, 64, 128], [64, 128, 256],
+                                                               [1, 2, 4, 8], [3, 4], [4]):
+        if bn * bk * 2 * stages + bm * bk * 2 * stages > 200_000 or (n // bn) * splits > 8192:
+            continue
+        kw = dict(splits=splits, block_n=bn, block_k=bk, block_m=bm, stages=stages, warps=warps)
+        try:
+            out = linear_triton(x, w, b, **kw)
+            got = out if out.dim() == 2 else out.sum(0).to(x.dtype)
+            err = (got.float() - ref.float()).abs().max().item()
+            us = graph_time_us(lambda: linear_triton(x, w, b, **kw))
+        except Exception as e:  # noqa: BLE001 - a config that does not fit the SM is skipped
+            results.append({**kw, "error": type(e).__name__})
+            continue
+        results.append({**kw, "us": us, "max_abs_diff": err})
+    ok = [r for r in results if "us" in r]
+    best = min(ok, key=lambda r: r["us"])
+    best1 = min((r for r in ok if r["splits"] == 1), key=lambda r: r["us"])
+    row.update(best=best, best_one_split=best1, speedup=row["cublas_us"] / best["us"],
+               speedup_one_split=row["cublas_us"] / best1["us"], configs=len(ok),
+               top5=sorted(ok, key=lambda r: r["us"])[:5])
+    return row
+
+
+def bench_pairs(shape: str) -> list[dict]:
+    """Projection + consumer, timed together: F.linear then the consumer on its bf16 output, against the skinny
+    kernel's partials summed by the consumer."""
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows_, hq, hkv, d = ATTENTION[shape][:4]
+    out = []
+    for name, m, n, k, bias in SHAPES[shape]:
+        if name == "gate_up":
+            continue
+        m = min(m, 64)
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+        b = torch.randn(n, device=dev, dtype=torch.bfloat16) if bias else None
+        if name == "qkv":
+            cache = [torch.zeros(m + 1, hkv, 16, d, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+            cos = torch.randn(4096, d, device=dev, dtype=torch.bfloat16)
+            sin = torch.randn_like(cos)
+            pos = torch.arange(m, device=dev) * 7
+            slots = torch.arange(m, device=dev) * 16 + 16
+
+            def consume(y, warps, cache=cache, cos=cos, sin=sin, pos=pos, slots=slots):
+                rope_write_triton(y, hq, hkv, cos, sin, pos, slots, *cache, None, None, 1e-6, warps=warps)
+            warp_set = [1, 2, 4]
+        else:
+            x = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+            nw = torch.ones(n, device=dev, dtype=torch.bfloat16)
+
+            def consume(y, warps, x=x, nw=nw):
+                add_rms_norm_triton(x, y, nw, 1e-6, warps=warps)
+            warp_set = [1, 2, 4, 8]
+        plan = skinny_plan(m, n, k, sms)
+        row = {"shape": shape, "name": name, "rows": m, "n": n, "k": k, "plan": plan._asdict() if plan else None,
+               "cublas": {w_: graph_time_us(lambda w_=w_: consume(F.linear(a, w, b), w_)) for w_ in warp_set}}
+        res = []
+        for splits, bn, warps in itertools.product([1, 2, 4, 8], [32, 64], warp_set):
+            bk = 128 if k // splits >= 512 else 64
+            kw = dict(splits=splits, block_n=bn, block_k=bk)
+            us = graph_time_us(lambda kw=kw, warps=warps: consume(linear_triton(a, w, b, **kw), warps))
+            res.append({**kw, "warps": warps, "us": us})
+        row["best"] = min(res, key=lambda r: r["us"])
+        row["plan_us"] = {r["warps"]: r["us"] for r in res
+                          if plan and (r["splits"], r["block_n"], r["block_k"]) == tuple(plan)}
+        row["all"] = res
+        out.append(row)
+    return out
+
+
+def bench_attention(shape: str, block_size: int = 16) -> dict:
+    rows, hq, hkv, d, shortest, longest = ATTENTION[shape]
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.randint(shortest, longest + 1, (rows,), generator=gen)
+    width = -(-longest // block_size)
+    blocks = 1 + rows * width
+    k = torch.randn(blocks, hkv, block_size, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    table = (1 + torch.randperm(blocks - 1, generator=gen)[: rows * width].view(rows, width)).int().to(dev)
+    q = torch.randn(rows, hq, d, device=dev, dtype=torch.bfloat16)
+    seq_lens = lens.to(dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    current = split_count(rows, hkv, width, block_size, sms)
+    ref = decode_attention_triton(q, k, v, table, seq_lens, d**-0.5, current)
+    mean_len = lens.float().mean().item()
+    row = {"shape": shape, "rows": rows, "q_heads": hq, "kv_heads": hkv, "head_dim": d, "mean_len": mean_len,
+           "bound_us": rows * mean_len * hkv * d * 2 * 2 / HBM_BYTES_PER_S * 1e6,
+           "current": {"splits": current, "tile_keys": tile_keys(d), "warps": 4}}
+    results = []
+    for splits, tile, warps in itertools.product([1, 2, 3, 4, 6, 8, 12], [32, 64, 128], [1, 2, 4, 8]):
+        kw = dict(n_splits=splits, keys=tile, warps=warps)
+        try:
+            err = (decode_attention_triton(q, k, v, table, seq_lens, d**-0.5, **kw).float() - ref.float()).abs().max()
+            us = graph_time_us(lambda: decode_attention_triton(q, k, v, table, seq_lens, d**-0.5, **kw))
+        except Exception as e:  # noqa: BLE001 - a config that does not fit is skipped
+            results.append({**kw, "error": type(e).__name__})
+            continue
+        results.append({**kw, "us": us, "max_abs_diff": err.item()})
+    ok = [r for r in results if "us" in r]
+    row["current"]["us"] = next(r["us"] for r in ok
+                                if (r["n_splits"], r["keys"], r["warps"]) == (current, tile_keys(d), 4))
+    row["best"] = min(ok, key=lambda r: r["us"])
+    row["speedup"] = row["current"]["us"] / row["best"]["us"]
+    row["top8"] = sorted(ok, key=lambda r: r["us"])[:8]
+    row["all"] = ok
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--what", nargs="+", default=["linear", "attention"], choices=("linear", "pairs", "attention"))
+    ap.add_argument("--shapes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    args = ap.parse_args()
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "attention": {},
+              "pairs": {}}
+
+    def save() -> None:  # after each shape, so a run cut short keeps what it measured
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+
+    for s in args.shapes:
+        if "attention" in args.what:
+            report["attention"][s] = bench_attention(s)
+            save()
+        if "pairs" in args.what:
+            report["pairs"][s] = bench_pairs(s)
+            save()
+        if "linear" in args.what:
+            for shape in SHAPES[s]:
+                report["shapes"].setdefault(s, []).append(bench_shape(*shape))
+                save()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
