@@ -42,6 +42,7 @@ from hybridrl.engines.async_engine import AsyncEngine  # noqa: E402
 from hybridrl.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from hybridrl.engines.config import NativeOptions  # noqa: E402
 from hybridrl.engines.fused.engine import FusedEngine  # noqa: E402
+from hybridrl.engines.kernels import attention as attention_kernels  # noqa: E402
 from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
 
 # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab, tied)
@@ -403,6 +404,8 @@ def main() -> None:
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     ap.add_argument("--no-kernels", action="store_true", help="torch ops instead of the Triton decode kernels")
     ap.add_argument("--no-skinny-gemm", action="store_true", help="every projection in cuBLAS (no split-K GEMMs)")
+    ap.add_argument("--attention-tile-keys", type=int, default=0,
+                    help="keys per step of the decode attention kernel's loop (0: the kernel's own choice)")
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
     ap.add_argument("--profile", help="GPU: a profiler table to this file (single: one warm generate; multiturn: one "
@@ -411,6 +414,8 @@ def main() -> None:
     args = ap.parse_args()
 
     device = torch.device(args.device)
+    if args.attention_tile_keys:
+        attention_kernels.tile_keys = lambda head_dim: args.attention_tile_keys
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny shapes gain nothing from more; on a loaded machine OpenMP's waiting costs 10×
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
