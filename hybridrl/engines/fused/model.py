@@ -9,6 +9,9 @@ name (tests check the two agree). A decode step, per layer::
       → gate_up_proj → SiLU(gate)·up (silu_mul) → down_proj (row-parallel) → all-reduce
       → x, h = x + mlp, RMSNorm of the next layer (or the final norm)                              (add_rms_norm)
 
+At ≤ 64 rows the narrow projections (qkv; o_proj and down_proj at TP 1) run as split-K Triton GEMMs whose float32
+partials the next kernel sums (`kernels/linear.py`); the rest, and larger batches, run in cuBLAS.
+
 `extend` runs prompt tokens through the same layers, each token a row that reads its sequence's block table (agent
 turns past their cached prefix, short new prompts); `prefill` runs long new prompts padded, with flash attention.
 
@@ -100,7 +103,8 @@ class FusedDecoder(nn.Module):
         self.vocab_rows = padded_vocab(s.vocab) // tp.size
         self.eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
         self.kernels = use_triton(torch.empty(0, device=self.device), kernels)
-        # SMs the skinny GEMMs plan for (`linear.project`); 0 leaves every projection to cuBLAS.
+        # SMs the skinny GEMMs plan for (`linear.project`; 132, an H100/H200's, under Triton's CPU interpreter in
+        # tests); 0 leaves every projection to cuBLAS.
         self.gemm_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                          if self.kernels and self.device.type == "cuda" else 132 if self.kernels else 0)
         self.model = nn.Module()

@@ -4,8 +4,8 @@ At decode batch sizes a projection reads its whole weight for a few dozen rows, 
 latency: the launch, and each program's serial walk over K. cuBLAS picks tall tiles and, for long K, a split-K with a
 separate reduce kernel. Here one program owns a [rows, BLOCK_N] tile of the output and a share of K (`splits`
 shares); with one split it writes the output in the weight dtype, with several it writes float32 partials
-[splits, rows, N] that the consumer sums (`add_rms_norm` after o_proj and down_proj), so no reduce kernel runs and
-the sum order is fixed (deterministic, unlike atomics).
+[splits, rows, N] that the consuming kernel sums (`rope_write` after qkv, `add_rms_norm` after o_proj and
+down_proj), so no reduce kernel runs and the sum order is fixed (deterministic, unlike atomics).
 """
 
 from __future__ import annotations
