@@ -236,8 +236,10 @@ def test_project_is_f_linear_without_triton():
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(3, 8, generator=gen), torch.randn(5, 8, generator=gen), torch.randn(5, generator=gen)
     assert torch.equal(linear.project(x, w, b, 132, kernels=False), torch.nn.functional.linear(x, w, b))
-    parts = torch.randn(3, 4, 5, generator=gen)
+    parts = torch.randint(-8, 9, (3, 4, 5), generator=gen) / 4  # exact sums in any order
     assert torch.equal(linear.summed(parts, torch.float32), parts[0] + parts[1] + parts[2])
+    finished = parts[0]
+    assert linear.summed(finished, torch.bfloat16) is finished  # a finished projection passes through
 
 
 @needs_triton
