@@ -230,12 +230,16 @@ def test_skinny_plans_are_the_measured_best():
     assert linear.skinny_plan(256, 1536, 1536, 132) is None          # 1.5B o_proj at 256 rows: cuBLAS 5.5, ours 6.3
     assert linear.skinny_plan(64, 896, 896, 0) is None               # no SMs given: cuBLAS
     assert linear.skinny_plan(4, 64, 96, 132).splits == 1            # K too short to split
+    assert linear.skinny_plan(0, 896, 896, 132) is None              # no rows: nothing to launch
 
 
 def test_project_is_f_linear_without_triton():
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(3, 8, generator=gen), torch.randn(5, 8, generator=gen), torch.randn(5, generator=gen)
     assert torch.equal(linear.project(x, w, b, 132, kernels=False), torch.nn.functional.linear(x, w, b))
+    # A weight that is not dense rows (a transposed view) stays with F.linear, kernels or not.
+    wt = torch.randn(8, 5, generator=gen).T
+    assert torch.equal(linear.project(x, wt, None, 132), torch.nn.functional.linear(x, wt))
     parts = torch.randint(-8, 9, (3, 4, 5), generator=gen) / 4  # exact sums in any order
     assert torch.equal(linear.summed(parts, torch.float32), parts[0] + parts[1] + parts[2])
     finished = parts[0]

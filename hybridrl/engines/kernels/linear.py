@@ -106,7 +106,7 @@ def skinny_plan(m: int, n: int, k: int, sms: int) -> SkinnyPlan | None:
     About one program per SM: tiles of 64 output columns (32 for narrow, short products), and the power-of-two
     number of K splits (≤ 8) that brings tiles × splits nearest to the SM count, so each program walks a short
     stretch of K."""
-    if m > SKINNY_MAX_ROWS or n > SKINNY_MAX_WIDTH or sms <= 0:
+    if not 0 < m <= SKINNY_MAX_ROWS or n > SKINNY_MAX_WIDTH or sms <= 0:
         return None
     block_n = 32 if n < 1024 and k < 2048 else 64
     tiles = -(-n // block_n)
@@ -122,7 +122,8 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sm
     (Triton, few rows, a narrow weight), else F.linear's [M, N]. Hand the result to a consumer that takes partials
     (`rope_write`, `add_rms_norm`), or to `summed`."""
     plan = skinny_plan(x.shape[0], weight.shape[0], weight.shape[1], sms) if use_triton(x, kernels) else None
-    if plan is None:
+    # The kernel reads the weight as dense rows [N, K].
+    if plan is None or not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
         return F.linear(x, weight, bias)
     return linear_triton(x, weight, bias, splits=plan.splits, block_n=plan.block_n, block_k=plan.block_k)
 
