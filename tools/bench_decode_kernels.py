@@ -100,7 +100,7 @@ def bench_pairs(shape: str) -> list[dict]:
     kernel's partials summed by the consumer."""
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rows_, hq, hkv, d = ATTENTION[shape][:4]
+    hq, hkv, d = ATTENTION[shape][1:4]
     out = []
     for name, m, n, k, bias in SHAPES[shape]:
         if name == "gate_up":

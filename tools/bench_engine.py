@@ -239,17 +239,16 @@ def case_single(model, engine, args, device) -> dict:
             Path(args.profile).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
                                                                      max_name_column_width=60))
     if device.type == "cuda" and engine.model.gemm_sms:
-        # Side by side: every projection in cuBLAS (the skinny split-K GEMMs off), graphs captured again.
-        sms, engine.model.gemm_sms = engine.model.gemm_sms, 0
-        engine.runner.drop_graphs()
-        engine.generate(prompts, params)
-        t_cublas = statistics.median(timed(lambda: engine.generate(prompts, params), device)[0]
+        # Side by side: every projection in cuBLAS (the skinny split-K GEMMs off), then on again.
+        def warm_median(gemm_sms: int) -> float:
+            engine.model.gemm_sms = gemm_sms
+            engine.runner.drop_graphs()  # the graphs hold the kernels they were captured with
+            engine.generate(prompts, params)
+            return statistics.median(timed(lambda: engine.generate(prompts, params), device)[0]
                                      for _ in range(WARM_RUNS))
-        engine.model.gemm_sms = sms
-        engine.runner.drop_graphs()
-        engine.generate(prompts, params)
-        t_ours = statistics.median(timed(lambda: engine.generate(prompts, params), device)[0]
-                                   for _ in range(WARM_RUNS))
+
+        sms = engine.model.gemm_sms
+        t_cublas, t_ours = warm_median(0), warm_median(sms)
         res["cublas_only"] = {"seconds_warm": t_cublas, "tokens_per_s": args.batch * args.new_tokens / t_cublas,
                               "seconds_warm_skinny_again": t_ours,
                               "speedup_skinny": t_cublas / t_ours}

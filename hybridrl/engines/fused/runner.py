@@ -278,9 +278,9 @@ class DecodeRunner:
     def extend(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int], tables: list[list[int]],
                last: list[int], scratch_slot: int) -> torch.Tensor:
         """Logits [len(last), padded vocab] of prompt tokens packed as `FusedDecoder.extend` takes them (token i of
-        the sequence whose block table is tables[rows[i]]; the tables padded to one width). A CUDA graph per token bucket where one serves (GPU,
-        Triton attention, ≤ extend_tokens tokens, ≤ rows sequences), captured at a bucket's second use; padding
-        tokens write `scratch_slot`."""
+        the sequence whose block table is tables[rows[i]]; the tables padded to one width). A CUDA graph per token
+        bucket where one serves (GPU, Triton attention, ≤ extend_tokens tokens, ≤ rows sequences), captured at a
+        bucket's second use; padding tokens write `scratch_slot`."""
         n, g, dev = len(ids), len(last), self.device
         bs = self.cache.block_size
         wide = len(tables[0])

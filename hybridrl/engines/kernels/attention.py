@@ -145,7 +145,7 @@ def tile_keys(head_dim: int) -> int:
     return max(16, min(128, 8192 // head_dim))
 
 
-def _tile_blocks(block_size: int, keys: int = 64) -> int:
+def _tile_blocks(block_size: int, keys: int) -> int:
     return max(1, keys // block_size)
 
 
