@@ -1,30 +1,39 @@
-"""The fused Triton sampler (GPU only) against the torch path it replaces: same noise, same draws."""
+"""The fused Triton sampler against the torch path it replaces: same noise, same draws.
+
+Runs on CUDA, or on CPU under Triton's interpreter with `TRITON_INTERPRET=1 HYBRIDRL_KERNELS_ON_CPU=1` (smaller
+batches there: the interpreter is slow).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
 from hybridrl.engines import sampling_triton
-from hybridrl.engines.sampling import sample_tokens
+from hybridrl.engines.kernels import ON_CPU
+from hybridrl.engines.sampling import sample_tokens, step_key
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or sampling_triton.triton is None, reason="the fused sampler needs CUDA and Triton"
+    sampling_triton.triton is None or not (torch.cuda.is_available() or ON_CPU),
+    reason="the fused sampler needs Triton, and CUDA or the interpreter (HYBRIDRL_KERNELS_ON_CPU=1)",
 )
+ROWS, STEPS = (64, 10) if DEVICE == "cuda" else (6, 2)
 
 
 def keys_for(rows: int) -> torch.Tensor:
-    return (torch.arange(rows, device="cuda", dtype=torch.int64) * 2654435761 + 97) ^ 0x5DEECE66D
+    return (torch.arange(rows, device=DEVICE, dtype=torch.int64) * 2654435761 + 97) ^ 0x5DEECE66D
 
 
 @pytest.mark.parametrize("vocab,temperature", [(151936, 1.0), (32003, 0.7), (1000, 1.5)])
 def test_kernel_draws_what_the_torch_path_draws(vocab, temperature):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    padded = torch.randn(64, vocab + 61, device="cuda", generator=g).to(torch.bfloat16) * 3
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    padded = torch.randn(ROWS, vocab + 61, device=DEVICE, generator=g).to(torch.bfloat16) * 3
     logits = padded[:, :vocab]  # a strided view, as the engine passes it (padded vocab rows)
-    keys = keys_for(64)
+    keys = keys_for(ROWS)
     same, total = 0, 0
-    for step in range(10):
+    for step in range(STEPS):
         tk, lk = sample_tokens(logits, temperature, keys=keys, step=step)
         tt, lt = sample_tokens(logits, temperature, keys=keys, step=step, kernel=False)
         same += int((tk == tt).sum())
@@ -37,6 +46,19 @@ def test_kernel_draws_what_the_torch_path_draws(vocab, temperature):
     assert same / total >= 0.995, same / total
 
 
+def test_launch_tuning_leaves_the_draws_unchanged():
+    """Segments per row and entries per step only split the work: the same tokens, the same log-probs to rounding."""
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    logits = torch.randn(ROWS, 5003, device=DEVICE, generator=g) * 2
+    keys = keys_for(ROWS)
+    ref_tok, ref_lp = sample_tokens(logits, 0.8, keys=keys, step=4, kernel=False)
+    for segments, block in [(1, 1024), (8, 1024), (16, 256), (32, 2048)]:
+        tok, lp = sampling_triton.sample_counter(logits, 0.8, keys, step_key(4), segments=segments, block=block)
+        assert torch.equal(tok, ref_tok), (segments, block)
+        assert torch.allclose(lp, ref_lp, atol=1e-5), (segments, block)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="40,000 rows: too slow for the interpreter")
 def test_kernel_draws_follow_the_softmax():
     probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], device="cuda")
     rows = 40000
@@ -48,8 +70,8 @@ def test_kernel_draws_follow_the_softmax():
 
 
 def test_a_row_draws_the_same_alone_or_in_a_batch():
-    g = torch.Generator(device="cuda").manual_seed(1)
-    logits = torch.randn(48, 5000, device="cuda", generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    logits = torch.randn(48, 5000, device=DEVICE, generator=g)
     keys = keys_for(48)
     full, _ = sample_tokens(logits, 1.0, keys=keys, step=5)
     part, _ = sample_tokens(logits[7:19], 1.0, keys=keys[7:19], step=5)
@@ -58,10 +80,10 @@ def test_a_row_draws_the_same_alone_or_in_a_batch():
 
 def test_kernel_takes_one_step_per_row():
     """Rows of a continuous batch are at different steps: the kernel's per-row draw equals each row's own."""
-    g = torch.Generator(device="cuda").manual_seed(2)
-    logits = torch.randn(16, 7000, device="cuda", generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(2)
+    logits = torch.randn(16, 7000, device=DEVICE, generator=g)
     keys = keys_for(16)
-    steps = torch.arange(16, device="cuda", dtype=torch.int64) * 37 % 11
+    steps = torch.arange(16, device=DEVICE, dtype=torch.int64) * 37 % 11
     tok, lp = sample_tokens(logits, 0.9, keys=keys, step=steps)
     for r in range(16):
         t1, l1 = sample_tokens(logits[r : r + 1], 0.9, keys=keys[r : r + 1], step=int(steps[r]))

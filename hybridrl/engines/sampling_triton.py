@@ -3,8 +3,9 @@
 `sample_tokens` on the torch path makes the float32 logits, a log-softmax, a softmax and the [B, V]
 int64 noise tensor with some thirty elementwise kernels; at Qwen's 152k vocabulary that was the largest
 cost of a decode step. Here each program takes one (row, vocab segment): it hashes the same counter
-noise as `counter_exponential` (splitmix64 on int64, bit for bit), keeps a running log-sum-exp and the
-running best Gumbel score ``x - log(E)``, and writes those four numbers; a second kernel combines the
+noise as `counter_exponential` (splitmix64 on int64, bit for bit), keeps a running log-sum-exp (rescaled
+once per step of entries, one `exp` per entry) and the running best Gumbel score ``x - log(E)``, and writes
+those four numbers; a second kernel combines the
 segments of each row into the token and its log-prob. Plain temperature sampling only: top-k/top-p and
 greedy stay on the torch path.
 """
@@ -19,8 +20,17 @@ try:  # Triton ships with CUDA builds of torch; CPU wheels have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-_SEGMENTS = 16  # vocab segments per row: B × 16 programs keep every SM busy at decode batch sizes
-_BLOCK = 2048
+# Launch tuning from tools/bench_decode_kernels.py --what sampler (docs/measurements/h200_1201/r_kernels.json, H200,
+# Qwen's 151,936 entries): at 64 and 256 rows, 8 segments of 1024-entry steps were the fastest of 8/16/32 ×
+# 1024/2048/4096 × 4/8 warps (256 rows: 154 µs, against 181 at 16 × 2048). Below 64 rows, 16 segments keep more
+# programs in flight (not measured there; the earlier default).
+_BLOCK = 1024
+_WARPS = 4
+
+
+def segments_for(rows: int) -> int:
+    """Vocabulary segments per row (one program each) for a batch of `rows`."""
+    return 8 if rows >= 64 else 16
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -43,45 +53,58 @@ if triton is not None:
 
     @triton.jit
     def _segment_kernel(logits_ptr, stride, keys_ptr, step_key, vocab, seg_len, temperature,
-                        best_ptr, idx_ptr, max_ptr, sum_ptr, SEGMENTS: tl.constexpr, BLOCK: tl.constexpr):
+                        best_ptr, idx_ptr, max_ptr, sum_ptr, SEGMENTS: tl.constexpr, BLOCK: tl.constexpr,
+                        SCALED: tl.constexpr):
         row = tl.program_id(0)
         seg = tl.program_id(1)
         base = _mix(tl.load(keys_ptr + row) ^ step_key)
         lo = seg * seg_len
         hi = tl.minimum(lo + seg_len, vocab)
-        run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-        run_sum = tl.zeros([BLOCK], tl.float32)
+        lanes = tl.arange(0, BLOCK)
+        # The counter's column term, cols · golden, as this block's start · golden plus a lane term fixed before the
+        # loop (equal modulo 2^64): one int64 multiply per block instead of one per entry.
+        lane_term = lanes.to(tl.int64) * -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
+        col_term = lo.to(tl.int64) * -7046029254386353131
+        block_term = tl.full((), BLOCK, tl.int64) * -7046029254386353131  # wraps, as the torch path's product does
+        run_max = tl.full((), float("-inf"), tl.float32)
+        run_sum = tl.zeros((), tl.float32)
         best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_idx = tl.zeros([BLOCK], tl.int64)
+        best_idx = tl.zeros([BLOCK], tl.int32)
         for start in range(lo, hi, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
+            cols = start + lanes
             inside = cols < hi
             x = tl.load(logits_ptr + row * stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            x = x / temperature
-            # Online log-sum-exp per lane (merged across lanes at the end).
-            new_max = tl.maximum(run_max, x)
+            if SCALED:  # temperature 1 divides by nothing: x / 1.0 is x, bit for bit
+                x = x / temperature
+            # Log-sum-exp rescaled once per block (one exp per entry, not two: the per-lane running form
+            # needs a second to rescale every lane).
+            new_max = tl.maximum(run_max, tl.max(x, axis=0))
             safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - safe) + tl.exp(x - safe)
+            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(x - safe), axis=0)
             run_max = new_max
-            # The noise of `counter_exponential`: Exp(1) from 24 hashed bits; score = x - log(E).
-            h = _mix(base + cols.to(tl.int64) * -7046029254386353131)  # 0x9E3779B97F4A7C15 as int64
+            # The noise of `counter_exponential`: Exp(1) from the top 24 bits of splitmix64; score = x - log(E).
+            # Only bits 40..63 are kept, and splitmix64's last step (h ^ h >> 31) leaves those unchanged,
+            # so it is skipped.
+            h = base + col_term + lane_term
+            col_term += block_term
+            h = h ^ ((h >> 30) & 0x3FFFFFFFF)
+            h = h * -4658895280553007687  # 0xBF58476D1CE4E5B9 as int64
+            h = h ^ ((h >> 27) & 0x1FFFFFFFFF)
+            h = h * -7723592293110705685  # 0x94D049BB133111EB as int64
             bits = (h >> 40) & 0xFFFFFF
             u = (bits.to(tl.float32) + 0.5) / 16777216.0
             score = tl.where(inside, x - tl.log(-tl.log(u)), float("-inf"))
             better = score > best  # strict: the first (lowest) column wins a tie, like argmax
             best = tl.where(better, score, best)
-            best_idx = tl.where(better, cols.to(tl.int64), best_idx)
+            best_idx = tl.where(better, cols, best_idx)
         seg_best = tl.max(best, axis=0)
         # Lowest column among lanes holding the segment's best score.
         seg_idx = tl.min(tl.where(best == seg_best, best_idx, vocab), axis=0)
-        seg_max = tl.max(run_max, axis=0)
-        safe_max = tl.where(seg_max == float("-inf"), 0.0, seg_max)
-        seg_sum = tl.sum(run_sum * tl.exp(run_max - safe_max), axis=0)
         out = row * SEGMENTS + seg
         tl.store(best_ptr + out, seg_best)
-        tl.store(idx_ptr + out, seg_idx)
-        tl.store(max_ptr + out, seg_max)
-        tl.store(sum_ptr + out, seg_sum)
+        tl.store(idx_ptr + out, seg_idx.to(tl.int64))
+        tl.store(max_ptr + out, run_max)
+        tl.store(sum_ptr + out, run_sum)
 
     @triton.jit
     def _combine_kernel(logits_ptr, stride, temperature, best_ptr, idx_ptr, max_ptr, sum_ptr,
@@ -101,23 +124,28 @@ if triton is not None:
         tl.store(lp_ptr + row, x - lse)
 
 
-def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor,
-                   step_key: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor, step_key: int,
+                   segments: int | None = None, block: int = _BLOCK,
+                   warps: int = _WARPS) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens [B] (int64) and their log-probs [B] (float32) for `logits` [B, V] (any float dtype; rows
-    may be a strided view), drawn with the counter noise of (keys, step_key). See the module doc."""
+    may be a strided view), drawn with the counter noise of (keys, step_key). See the module doc.
+    `segments` per row (a power of two; default `segments_for`), `block` entries per step and `warps` per program:
+    launch tuning only."""
     rows, vocab = logits.shape
+    segments = segments or segments_for(rows)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device
-    seg_len = -(-vocab // _SEGMENTS)
-    parts = torch.empty(4, rows, _SEGMENTS, dtype=torch.float32, device=dev)
-    idx = torch.empty(rows, _SEGMENTS, dtype=torch.int64, device=dev)
-    _segment_kernel[(rows, _SEGMENTS)](
+    seg_len = -(-vocab // segments)
+    parts = torch.empty(4, rows, segments, dtype=torch.float32, device=dev)
+    idx = torch.empty(rows, segments, dtype=torch.int64, device=dev)
+    _segment_kernel[(rows, segments)](
         logits, logits.stride(0), keys, step_key, vocab, seg_len, float(temperature),
-        parts[0], idx, parts[1], parts[2], SEGMENTS=_SEGMENTS, BLOCK=_BLOCK,
+        parts[0], idx, parts[1], parts[2], SEGMENTS=segments, BLOCK=block, SCALED=temperature != 1.0,
+        num_warps=warps,
     )
     tokens = torch.empty(rows, dtype=torch.int64, device=dev)
     logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
     _combine_kernel[(rows,)](logits, logits.stride(0), float(temperature), parts[0], idx, parts[1], parts[2],
-                             tokens, logprobs, SEGMENTS=_SEGMENTS)
+                             tokens, logprobs, SEGMENTS=segments)
     return tokens, logprobs
