@@ -233,6 +233,36 @@ def test_skinny_plans_are_the_measured_best():
     assert linear.skinny_plan(0, 896, 896, 132) is None              # no rows: nothing to launch
 
 
+def test_batched_split_plans_are_the_measured_best():
+    """The batched cuBLAS split (float32 K slices) where it beat F.linear on the H200
+    (docs/measurements/h200_1201/x_batched_split.json), and nowhere else."""
+    assert linear.batched_splits(256, 1536, 8960) == 4      # 1.5B down_proj + norm at 256 rows: 20.1 → 15.3 µs
+    assert linear.batched_splits(128, 1536, 8960) == 4      # ... at 128 rows: 11.6 → 10.2 µs
+    assert linear.batched_splits(256, 896, 4864) == 4       # 0.5B down_proj + norm at 256 rows: 11.3 → 8.4 µs
+    assert linear.batched_splits(64, 896, 4864) == 0        # ≤ 64 rows: the skinny kernel's (4.3 µs against 4.9)
+    assert linear.batched_splits(256, 1536, 1536) == 0      # o_proj: K too short to gain (≤ 0.35 µs)
+    assert linear.batched_splits(256, 17920, 1536) == 0     # gate_up: a wide output loses (32 against 22.6 µs)
+    assert linear.batched_splits(256, 1536, 4100) == 0      # slices would not be 16-byte aligned
+
+
+@pytest.mark.skipif(not CUDA, reason="torch.bmm with a float32 output runs on CUDA only")
+def test_batched_split_matches_a_float64_product():
+    gen = torch.Generator().manual_seed(0)
+    m, n, k = 96, 72, 4096 + 512
+    x, w = torch.randn(m, k, generator=gen).bfloat16(), (torch.randn(n, k, generator=gen) / k**0.5).bfloat16()
+    want = x.double() @ w.double().T
+    got = linear.linear_batched(x.cuda(), w.cuda(), 4)
+    assert got.dtype == torch.float32 and got.shape == (4, m, n)
+    assert (got.double().sum(0).cpu() - want).abs().max().item() < 1e-4
+    kc = k // 4
+    third = x[:, 2 * kc:3 * kc].double() @ w[:, 2 * kc:3 * kc].double().T
+    assert (got[2].double().cpu() - third).abs().max().item() < 1e-4
+    # `project` takes this path for such a shape, and F.linear's for one with a bias.
+    assert linear.project(x.cuda(), w.cuda(), None, 132).shape == (4, m, n)
+    assert linear.project(x.cuda(), w.cuda(), torch.zeros(n, dtype=x.dtype, device="cuda"), 132).shape == (m, n)
+    assert linear.project(x.cuda(), w.cuda(), None, 0).shape == (m, n)  # no SMs given: F.linear
+
+
 def test_project_is_f_linear_without_triton():
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(3, 8, generator=gen), torch.randn(5, 8, generator=gen), torch.randn(5, generator=gen)

@@ -10,7 +10,8 @@ name (tests check the two agree). A decode step, per layer::
       → x, h = x + mlp, RMSNorm of the next layer (or the final norm)                              (add_rms_norm)
 
 At ≤ 64 rows the narrow projections (qkv; o_proj and down_proj at TP 1) run as split-K Triton GEMMs whose float32
-partials the next kernel sums (`kernels/linear.py`); the rest, and larger batches, run in cuBLAS.
+partials the next kernel sums (`kernels/linear.py`); at more rows down_proj (TP 1) runs as a batched cuBLAS GEMM over
+K slices, its float32 partials summed the same way; the rest runs in cuBLAS.
 
 `extend` runs prompt tokens through the same layers, each token a row that reads its sequence's block table (agent
 turns past their cached prefix, short new prompts); `prefill` runs long new prompts padded, with flash attention.

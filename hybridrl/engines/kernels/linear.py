@@ -6,6 +6,10 @@ separate reduce kernel. Here one program owns a [rows, BLOCK_N] tile of the outp
 shares); with one split it writes the output in the weight dtype, with several it writes float32 partials
 [splits, rows, N] that the consuming kernel sums (`rope_write` after qkv, `add_rms_norm` after o_proj and
 down_proj), so no reduce kernel runs and the sum order is fixed (deterministic, unlike atomics).
+
+At more rows a long-K product is compute, and cuBLAS beats Triton's tiles; there cuBLAS's own split-K for a narrow
+output (down_proj) ends in a separate reduce kernel. `project` then runs the same split as one batched cuBLAS GEMM over
+K slices (`torch.bmm` with float32 output) and hands its [splits, rows, N] partials to the same consumers.
 """
 
 from __future__ import annotations
@@ -116,16 +120,56 @@ def skinny_plan(m: int, n: int, k: int, sms: int) -> SkinnyPlan | None:
     return SkinnyPlan(splits, block_n, block_k)
 
 
+# Where the batched cuBLAS split beats F.linear on the H200 (tools/bench_decode_kernels.py --what batched,
+# docs/measurements/h200_1201/x_batched_split.json; each with the add_rms_norm that consumes it): down_proj of the 1.5B
+# at 256 rows 20.1 → 15.3 µs (128 rows: 11.6 → 10.2), of the 0.5B at 256 rows 11.3 → 8.4 (128: 9.9 → 7.4), all with
+# 4 slices (2 and 8 were slower). At K 1536 (the 1.5B's o_proj) the best split gained ≤ 0.35 µs, and a wide output
+# (gate_up) lost outright (32 µs against 22.6), so neither takes it.
+BATCHED_SPLITS = 4
+BATCHED_MIN_K = 4096
+
+
+def batched_splits(m: int, n: int, k: int) -> int:
+    """K slices for x [m, k] @ W[n, k]ᵀ as one batched cuBLAS GEMM with float32 partials, or 0 where F.linear is the
+    better choice: more rows than the skinny kernel takes, a narrow output, a long K that splits into 16-byte-aligned
+    slices."""
+    if m <= SKINNY_MAX_ROWS or n > SKINNY_MAX_WIDTH or k < BATCHED_MIN_K or k % (BATCHED_SPLITS * 8):
+        return 0
+    return BATCHED_SPLITS
+
+
+def linear_batched(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """Float32 partials [splits, M, N] of x [M, K] @ weight[N, K]ᵀ (no bias; CUDA): slice s is the product over
+    K columns [s·K/splits, (s+1)·K/splits), all slices in one batched cuBLAS GEMM that reads x and the weight in
+    place."""
+    m, k = x.shape
+    n = weight.shape[0]
+    kc = k // splits
+    a = x.as_strided((splits, m, kc), (kc, x.stride(0), 1))
+    b = weight.as_strided((splits, n, kc), (kc, weight.stride(0), 1)).transpose(1, 2)
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sms: int,
             kernels: bool = True) -> torch.Tensor:
     """x Wᵀ (+ b) for a decode step: float32 partials [S, M, N] from the skinny kernel where its plan beats cuBLAS
-    (Triton, few rows, a narrow weight), else F.linear's [M, N]. Hand the result to a consumer that takes partials
-    (`rope_write`, `add_rms_norm`), or to `summed`."""
-    plan = skinny_plan(x.shape[0], weight.shape[0], weight.shape[1], sms) if use_triton(x, kernels) else None
-    # The kernel reads the weight as dense rows [N, K].
-    if plan is None or not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
+    (Triton, few rows, a narrow weight) or from a batched cuBLAS split (more rows, a long K), else F.linear's
+    [M, N]. Hand the result to a consumer that takes partials (`rope_write`, `add_rms_norm`), or to `summed`.
+    `sms` 0 turns both off (every projection in F.linear)."""
+    # Both read the weight as dense rows [N, K].
+    if not (use_triton(x, kernels) and sms > 0 and weight.is_contiguous()
+            and (bias is None or bias.is_contiguous())):
         return F.linear(x, weight, bias)
-    return linear_triton(x, weight, bias, splits=plan.splits, block_n=plan.block_n, block_k=plan.block_k)
+    m, k = x.shape
+    n = weight.shape[0]
+    plan = skinny_plan(m, n, k, sms)
+    if plan is not None:
+        return linear_triton(x, weight, bias, splits=plan.splits, block_n=plan.block_n, block_k=plan.block_k)
+    # The batched split: CUDA (cuBLAS), half-precision inputs as measured, no bias, x's columns dense.
+    if (x.is_cuda and bias is None and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1
+            and (splits := batched_splits(m, n, k))):
+        return linear_batched(x, weight, splits)
+    return F.linear(x, weight, bias)
 
 
 def summed(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
