@@ -6,8 +6,14 @@ graph, the median of replays, side by side in one process. Prints JSON.
              difference from cuBLAS
   pairs      each skinny projection with the kernel that consumes it (qkv → rope_write, o_proj and down_proj →
              add_rms_norm), over K splits and the consumer's warps, against cuBLAS + the consumer
-  attention  paged decode attention over key splits, keys per tile and warps; the engine's current choice beside the
-             best, and the K/V-read bound
+  attention  paged decode attention over key splits, keys per tile, warps and pipeline stages; the engine's current
+             choice beside the best, and the K/V-read bound
+  batched    the batched cuBLAS split (`linear.linear_batched`: float32 K slices) against F.linear, each alone and
+             with the `add_rms_norm` that consumes it, for the row-parallel projections at 128 and 256 rows
+  blas       each projection (and the lm_head) in F.linear under each of torch's BLAS backends (cuBLAS, cuBLASLt)
+  sampler    the fused sampler (`sampling_triton.sample_counter`) over segments per row, entries per step and warps,
+             beside the torch path and, with --sampler-baseline FILE, another module's `sample_counter` (an A/B of
+             a kernel change in one process)
 
     python tools/bench_decode_kernels.py --what linear attention --shapes 0.5b 1.5b --out kernels.json
 """
@@ -15,6 +21,7 @@ graph, the median of replays, side by side in one process. Prints JSON.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import statistics
@@ -22,8 +29,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from hybridrl.engines import sampling_triton
 from hybridrl.engines.kernels.attention import decode_attention_triton, split_count, tile_keys
-from hybridrl.engines.kernels.linear import linear_triton, skinny_plan
+from hybridrl.engines.kernels.linear import batched_splits, linear_batched, linear_triton, skinny_plan
 from hybridrl.engines.kernels.norms import add_rms_norm_triton
 from hybridrl.engines.kernels.rope_cache import rope_write_triton
 
@@ -71,9 +79,11 @@ def bench_shape(name: str, m: int, n: int, k: int, bias: bool) -> dict:
     row = {"name": name, "rows": m, "n": n, "k": k, "bound_us": n * k * 2 / HBM_BYTES_PER_S * 1e6,
            "cublas_us": graph_time_us(lambda: F.linear(x, w, b))}
     results = []
-    block_ms = [64] if m <= 64 else [64, 128]
-    for bm, bn, bk, splits, stages, warps in itertools.product(block_ms, [16, 32, 64, 128], [64, 128, 256],
-                                                               [1, 2, 4, 8], [3, 4], [4]):
+    # Few rows: narrow tiles, 4 warps (i_linear.json); more rows: the taller tiles and 8 warps of a compute-bound GEMM.
+    block_ms, block_ns, block_ks, warp_set = (([64], [16, 32, 64, 128], [64, 128, 256], [4]) if m <= 64 else
+                                              ([64, 128], [64, 128, 256], [64, 128], [4, 8]))
+    for bm, bn, bk, splits, stages, warps in itertools.product(block_ms, block_ns, block_ks, [1, 2, 4, 8], [3, 4],
+                                                               warp_set):
         if bn * bk * 2 * stages + bm * bk * 2 * stages > 200_000 or (n // bn) * splits > 8192:
             continue
         kw = dict(splits=splits, block_n=bn, block_k=bk, block_m=bm, stages=stages, warps=warps)
@@ -105,7 +115,6 @@ def bench_pairs(shape: str) -> list[dict]:
     for name, m, n, k, bias in SHAPES[shape]:
         if name == "gate_up":
             continue
-        m = min(m, 64)
         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
         b = torch.randn(n, device=dev, dtype=torch.bfloat16) if bias else None
@@ -118,26 +127,30 @@ def bench_pairs(shape: str) -> list[dict]:
 
             def consume(y, warps, cache=cache, cos=cos, sin=sin, pos=pos, slots=slots):
                 rope_write_triton(y, hq, hkv, cos, sin, pos, slots, *cache, None, None, 1e-6, warps=warps)
-            warp_set = [1, 2, 4]
+            warp_set = [1, 2, 4] if m <= 64 else [2, 4]
         else:
             x = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
             nw = torch.ones(n, device=dev, dtype=torch.bfloat16)
 
             def consume(y, warps, x=x, nw=nw):
                 add_rms_norm_triton(x, y, nw, 1e-6, warps=warps)
-            warp_set = [1, 2, 4, 8]
+            warp_set = [1, 2, 4, 8] if m <= 64 else [4, 8]
         plan = skinny_plan(m, n, k, sms)
         row = {"shape": shape, "name": name, "rows": m, "n": n, "k": k, "plan": plan._asdict() if plan else None,
                "cublas": {w_: graph_time_us(lambda w_=w_: consume(F.linear(a, w, b), w_)) for w_ in warp_set}}
         res = []
-        for splits, bn, warps in itertools.product([1, 2, 4, 8], [32, 64], warp_set):
-            bk = 128 if k // splits >= 512 else 64
-            kw = dict(splits=splits, block_n=bn, block_k=bk)
+        # Few rows: the skinny tiles of i_linear.json; more rows: taller tiles and 8 GEMM warps too.
+        tiles = ([(64, 32, 4), (64, 64, 4)] if m <= 64 else
+                 [(64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8)])
+        for splits, (bm, bn, gemm_warps), warps in itertools.product([1, 2, 4, 8], tiles, warp_set):
+            bk = 128 if k // splits >= 512 and bn <= 64 else 64
+            kw = dict(splits=splits, block_n=bn, block_k=bk, block_m=bm, warps=gemm_warps)
             us = graph_time_us(lambda kw=kw, warps=warps: consume(linear_triton(a, w, b, **kw), warps))
-            res.append({**kw, "warps": warps, "us": us})
+            res.append({**kw, "consumer_warps": warps, "us": us})
         row["best"] = min(res, key=lambda r: r["us"])
-        row["plan_us"] = {r["warps"]: r["us"] for r in res
-                          if plan and (r["splits"], r["block_n"], r["block_k"]) == tuple(plan)}
+        row["plan_us"] = {r["consumer_warps"]: r["us"] for r in res
+                          if plan and (r["splits"], r["block_n"], r["block_k"], r["block_m"], r["warps"]) ==
+                          (*plan, 64, 4)}
         row["all"] = res
         out.append(row)
     return out
@@ -163,8 +176,12 @@ def bench_attention(shape: str, block_size: int = 16) -> dict:
            "bound_us": rows * mean_len * hkv * d * 2 * 2 / HBM_BYTES_PER_S * 1e6,
            "current": {"splits": current, "tile_keys": tile_keys(d), "warps": 4}}
     results = []
-    for splits, tile, warps in itertools.product([1, 2, 3, 4, 6, 8, 12], [32, 64, 128], [1, 2, 4, 8]):
-        kw = dict(n_splits=splits, keys=tile, warps=warps)
+    # Splits only help when rows × kv heads leave SMs idle; at more rows the sweep tries pipeline depths instead.
+    few = rows * hkv < sms
+    split_set, warp_set, stage_set = (([1, 2, 3, 4, 6, 8, 12], [1, 2, 4, 8], [3]) if few else
+                                      ([1, 2], [2, 4, 8], [2, 3, 4]))
+    for splits, tile, warps, stages in itertools.product(split_set, [32, 64, 128], warp_set, stage_set):
+        kw = dict(n_splits=splits, keys=tile, warps=warps, stages=stages)
         try:
             err = (decode_attention_triton(q, k, v, table, seq_lens, d**-0.5, **kw).float() - ref.float()).abs().max()
             us = graph_time_us(lambda: decode_attention_triton(q, k, v, table, seq_lens, d**-0.5, **kw))
@@ -174,7 +191,7 @@ def bench_attention(shape: str, block_size: int = 16) -> dict:
         results.append({**kw, "us": us, "max_abs_diff": err.item()})
     ok = [r for r in results if "us" in r]
     row["current"]["us"] = next(r["us"] for r in ok
-                                if (r["n_splits"], r["keys"], r["warps"]) == (current, tile_keys(d), 4))
+                                if (r["n_splits"], r["keys"], r["warps"], r["stages"]) == (current, tile_keys(d), 4, 3))
     row["best"] = min(ok, key=lambda r: r["us"])
     row["speedup"] = row["current"]["us"] / row["best"]["us"]
     row["top8"] = sorted(ok, key=lambda r: r["us"])[:8]
@@ -182,21 +199,117 @@ def bench_attention(shape: str, block_size: int = 16) -> dict:
     return row
 
 
+def bench_batched(shape: str) -> list[dict]:
+    """o_proj and down_proj (no bias, consumed by add_rms_norm) at 128 and 256 rows: F.linear against K slices."""
+    dev = torch.device("cuda")
+    out = []
+    for name, _, n, k, bias in SHAPES[shape]:
+        if name not in ("o", "down"):
+            continue
+        for m in (128, 256):
+            a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+            x = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+            nw = torch.ones(n, device=dev, dtype=torch.bfloat16)
+            ref = F.linear(a, w).float()
+            row = {"shape": shape, "name": name, "rows": m, "n": n, "k": k, "plan": batched_splits(m, n, k),
+                   "cublas_us": graph_time_us(lambda: F.linear(a, w)),
+                   "cublas_with_norm_us": graph_time_us(lambda: add_rms_norm_triton(x, F.linear(a, w), nw, 1e-6))}
+            for splits in (2, 4, 8):
+                if k % (splits * 8):
+                    continue
+                got = linear_batched(a, w, splits).sum(0)
+                row[f"split{splits}"] = {
+                    "us": graph_time_us(lambda splits=splits: linear_batched(a, w, splits)),
+                    "with_norm_us": graph_time_us(lambda splits=splits: add_rms_norm_triton(
+                        x, linear_batched(a, w, splits), nw, 1e-6)),
+                    "max_abs_diff": (got - ref).abs().max().item()}
+            out.append(row)
+    return out
+
+
+def bench_blas(shape: str) -> list[dict]:
+    """F.linear per projection under `torch.backends.cuda.preferred_blas_library` cublas and cublaslt."""
+    dev = torch.device("cuda")
+    rows = SHAPES[shape][0][1]
+    vocab_rows = 151936
+    hidden = SHAPES[shape][1][2]
+    out = []
+    for name, m, n, k, bias in [*SHAPES[shape], ("lm_head", rows, vocab_rows, hidden, False)]:
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+        b = torch.randn(n, device=dev, dtype=torch.bfloat16) if bias else None
+        row = {"name": name, "rows": m, "n": n, "k": k, "bound_us": n * k * 2 / HBM_BYTES_PER_S * 1e6}
+        before = torch.backends.cuda.preferred_blas_library()
+        try:
+            for lib in ("cublas", "cublaslt"):
+                torch.backends.cuda.preferred_blas_library(lib)
+                row[f"{lib}_us"] = graph_time_us(lambda: F.linear(a, w, b))
+        finally:
+            torch.backends.cuda.preferred_blas_library(before)
+        out.append(row)
+    return out
+
+
+def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> dict:
+    """The fused sampler at Qwen's vocabulary over bf16 logits (the engine's dtype), temperature 1."""
+    from hybridrl.engines.sampling import sample_tokens, step_key
+
+    dev = torch.device("cuda")
+    logits = torch.randn(rows, vocab, device=dev).to(torch.bfloat16) * 3
+    keys = (torch.arange(rows, device=dev, dtype=torch.int64) * 2654435761 + 97) ^ 0x5DEECE66D
+    key = step_key(3)
+    torch_tok, _ = sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False)
+    row = {"rows": rows, "vocab": vocab, "read_bound_us": rows * vocab * 2 / HBM_BYTES_PER_S * 1e6,
+           "torch_path_us": graph_time_us(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False),
+                                          calls=2, replays=10)}
+    if baseline_file:
+        spec = importlib.util.spec_from_file_location("sampler_baseline", baseline_file)
+        base = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(base)
+        tok, _ = base.sample_counter(logits, 1.0, keys, key)
+        row["baseline"] = {"us": graph_time_us(lambda: base.sample_counter(logits, 1.0, keys, key)),
+                           "same_tokens_as_torch": float((tok == torch_tok).float().mean())}
+    res = []
+    for segments, block, warps in itertools.product([8, 16, 32], [1024, 2048, 4096], [4, 8]):
+        kw = dict(segments=segments, block=block, warps=warps)
+        tok, _ = sampling_triton.sample_counter(logits, 1.0, keys, key, **kw)
+        res.append({**kw, "us": graph_time_us(lambda kw=kw: sampling_triton.sample_counter(logits, 1.0, keys, key,
+                                                                                           **kw)),
+                    "same_tokens_as_torch": float((tok == torch_tok).float().mean())})
+    row["current"] = next(r for r in res if (r["segments"], r["block"], r["warps"]) ==
+                          (sampling_triton.segments_for(rows), sampling_triton._BLOCK, sampling_triton._WARPS))
+    row["best"] = min(res, key=lambda r: r["us"])
+    row["all"] = res
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", nargs="+", default=["linear", "attention"], choices=("linear", "pairs", "attention"))
+    ap.add_argument("--what", nargs="+", default=["linear", "attention"], choices=("linear", "pairs", "attention", "sampler", "blas", "batched"))
     ap.add_argument("--shapes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--sampler-baseline", default=None, help="a module file whose sample_counter is timed beside")
     args = ap.parse_args()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "attention": {},
-              "pairs": {}}
+              "pairs": {}, "sampler": {}, "blas": {}, "batched": {}}
 
     def save() -> None:  # after each shape, so a run cut short keeps what it measured
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=2)
 
+    if "sampler" in args.what:
+        for rows in (64, 256):
+            report["sampler"][rows] = bench_sampler(rows, args.sampler_baseline)
+            save()
     for s in args.shapes:
+        if "blas" in args.what:
+            report["blas"][s] = bench_blas(s)
+            save()
+        if "batched" in args.what:
+            report["batched"][s] = bench_batched(s)
+            save()
         if "attention" in args.what:
             report["attention"][s] = bench_attention(s)
             save()

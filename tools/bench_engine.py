@@ -402,7 +402,8 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="single: skip transformers generate (slow at large sizes)")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     ap.add_argument("--no-kernels", action="store_true", help="torch ops instead of the Triton decode kernels")
-    ap.add_argument("--no-skinny-gemm", action="store_true", help="every projection in cuBLAS (no split-K GEMMs)")
+    ap.add_argument("--no-skinny-gemm", action="store_true",
+                    help="every projection in F.linear (no split-K Triton GEMMs, no batched cuBLAS splits)")
     ap.add_argument("--attention-tile-keys", type=int, default=0,
                     help="keys per step of the decode attention kernel's loop (0: the kernel's own choice)")
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")

@@ -152,10 +152,10 @@ def _tile_blocks(block_size: int, keys: int) -> int:
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, n_splits: int,
                             table_rows: torch.Tensor | None = None, keys: int | None = None,
-                            warps: int = 4) -> torch.Tensor:
+                            warps: int = 4, stages: int = 3) -> torch.Tensor:
     """The Triton form of `decode_attention_torch` (head_dim a power of two ≥ 16; block_table int32 or int64).
-    `keys` per step of a program's loop (whole blocks; default `tile_keys`), `warps` per program: launch tuning
-    only."""
+    `keys` per step of a program's loop (whole blocks; default `tile_keys`), `warps` per program and `stages` of
+    its software pipeline: launch tuning only."""
     b, hq, d = q.shape
     _, hkv, bs, _ = k_cache.shape
     group = hq // hkv
@@ -169,6 +169,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         scale, n_splits, group, block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
         BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs, keys or tile_keys(d)),
         IEEE=q.dtype == torch.float32, DIRECT=direct, ROWS=table_rows is not None, num_warps=warps,
+        num_stages=stages,
     )
     if not direct:
         _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
