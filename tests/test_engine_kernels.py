@@ -185,11 +185,12 @@ def test_triton_norms_match_torch(dtype):
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_triton_rope_write_matches_torch(dtype, qk_norm):
+@pytest.mark.parametrize("hq,heads", [(4, 8), (6, 4), (6, 1), (6, 16)])  # programs straddling q/k/v, and padded
+def test_triton_rope_write_matches_torch(dtype, qk_norm, hq, heads):
     from hybridrl.engines.fused.rope import rope_tables
     from tests.tiny_models import tiny_config
 
-    hq, hkv, d, n, bs = 4, 2, 16, 5, 4
+    hkv, d, n, bs = 2, 16, 5, 4
     gen = torch.Generator().manual_seed(0)
     dev = TRITON_DEVICE
     qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen).to(dtype).to(dev)
@@ -201,7 +202,8 @@ def test_triton_rope_write_matches_torch(dtype, qk_norm):
     kn = (1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(dev) if qk_norm else None
     caches = [torch.zeros(8, hkv, bs, d, dtype=dtype, device=dev) for _ in range(4)]
     q_ref = rope_cache.rope_write_torch(qkv, hq, hkv, cos, sin, pos, slots, caches[0], caches[1], qn, kn, 1e-6)
-    q = rope_cache.rope_write_triton(qkv, hq, hkv, cos, sin, pos, slots, caches[2], caches[3], qn, kn, 1e-6)
+    q = rope_cache.rope_write_triton(qkv, hq, hkv, cos, sin, pos, slots, caches[2], caches[3], qn, kn, 1e-6,
+                                     heads=heads)
     # The same roundings in the same order, but rsqrt may differ by an ulp before them. Each output is
     # x·cos + swap(x)·sin: an ulp of either product can survive the sum, so the bound is an ulp (2^-7 in bf16) of
     # |x·cos| + |swap(x)·sin|, not of the result, which can cancel (seen on the H200: 0.03125 at a value of 4.56,

@@ -10,6 +10,7 @@ graph, the median of replays, side by side in one process. Prints JSON.
              choice beside the best, and the K/V-read bound
   batched    the batched cuBLAS split (`linear.linear_batched`: float32 K slices) against F.linear, each alone and
              with the `add_rms_norm` that consumes it, for the row-parallel projections at 128 and 256 rows
+  rope       `rope_write` over heads per program and warps, with --rope-baseline FILE another module's timed beside
   blas       each projection (and the lm_head) in F.linear under each of torch's BLAS backends (cuBLAS, cuBLASLt)
   sampler    the fused sampler (`sampling_triton.sample_counter`) over segments per row, entries per step and warps,
              beside the torch path and, with --sampler-baseline FILE, another module's `sample_counter` (an A/B of
@@ -251,6 +252,53 @@ def bench_blas(shape: str) -> list[dict]:
     return out
 
 
+def load_module(path: str, name: str):
+    """A module from a file (a previous version of one of ours, for an A/B in one process)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench_rope(shape: str, baseline_file: str | None) -> dict:
+    """rope_write at the shape's decode batch (Qwen2: no q/k norm; 16-position blocks), on a bf16 qkv and, where the
+    skinny GEMM plans qkv at that batch, on its float32 partials."""
+    from hybridrl.engines.kernels import rope_cache
+
+    rows, hq, hkv, d = ATTENTION[shape][:4]
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    n = (hq + 2 * hkv) * d
+    qkv = torch.randn(rows, n, device=dev, dtype=torch.bfloat16)
+    cos = torch.randn(4096, d, device=dev, dtype=torch.bfloat16)
+    sin = torch.randn_like(cos)
+    pos = torch.arange(rows, device=dev) * 7
+    slots = torch.arange(rows, device=dev) * 16 + 16
+    cache = [torch.zeros(rows + 1, hkv, 16, d, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    inputs = {"bf16": qkv}
+    plan = skinny_plan(rows, n, SHAPES[shape][0][3], sms)
+    if plan is not None and plan.splits > 1:  # the partials rope_write sums in the engine at this batch
+        inputs[f"partials{plan.splits}"] = (qkv.float() / plan.splits).expand(plan.splits, rows, n).contiguous()
+    base = load_module(baseline_file, "rope_baseline") if baseline_file else None
+    out = {"shape": shape, "rows": rows, "heads": hq + 2 * hkv, "head_dim": d}
+    for name, x in inputs.items():
+        row = {}
+        if base is not None:
+            row["baseline_us"] = graph_time_us(lambda x=x: base.rope_write_triton(x, hq, hkv, cos, sin, pos, slots,
+                                                                                  *cache, None, None, 1e-6))
+        res = []
+        for heads, warps in itertools.product([1, 2, 4, 8, 16, 32], [1, 2, 4]):
+            kw = dict(heads=heads, warps=warps)
+            res.append({**kw, "us": graph_time_us(lambda kw=kw, x=x: rope_cache.rope_write_triton(
+                x, hq, hkv, cos, sin, pos, slots, *cache, None, None, 1e-6, **kw))})
+        launch = rope_cache.rope_launch(x.dim() == 3)
+        row["current"] = next(r for r in res if (r["heads"], r["warps"]) == launch)
+        row["best"] = min(res, key=lambda r: r["us"])
+        row["all"] = res
+        out[name] = row
+    return out
+
+
 def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> dict:
     """The fused sampler at Qwen's vocabulary over bf16 logits (the engine's dtype), temperature 1."""
     from hybridrl.engines.sampling import sample_tokens, step_key
@@ -264,9 +312,7 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
            "torch_path_us": graph_time_us(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False),
                                           calls=2, replays=10)}
     if baseline_file:
-        spec = importlib.util.spec_from_file_location("sampler_baseline", baseline_file)
-        base = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(base)
+        base = load_module(baseline_file, "sampler_baseline")
         tok, _ = base.sample_counter(logits, 1.0, keys, key)
         row["baseline"] = {"us": graph_time_us(lambda: base.sample_counter(logits, 1.0, keys, key)),
                            "same_tokens_as_torch": float((tok == torch_tok).float().mean())}
@@ -286,13 +332,15 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", nargs="+", default=["linear", "attention"], choices=("linear", "pairs", "attention", "sampler", "blas", "batched"))
+    ap.add_argument("--what", nargs="+", default=["linear", "attention"],
+                    choices=("linear", "pairs", "attention", "sampler", "blas", "batched", "rope"))
     ap.add_argument("--shapes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--sampler-baseline", default=None, help="a module file whose sample_counter is timed beside")
+    ap.add_argument("--rope-baseline", default=None, help="a module file whose rope_write_triton is timed beside")
     args = ap.parse_args()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "attention": {},
-              "pairs": {}, "sampler": {}, "blas": {}, "batched": {}}
+              "pairs": {}, "sampler": {}, "blas": {}, "batched": {}, "rope": {}}
 
     def save() -> None:  # after each shape, so a run cut short keeps what it measured
         if args.out:
@@ -309,6 +357,9 @@ def main() -> None:
             save()
         if "batched" in args.what:
             report["batched"][s] = bench_batched(s)
+            save()
+        if "rope" in args.what:
+            report["rope"][s] = bench_rope(s, args.rope_baseline)
             save()
         if "attention" in args.what:
             report["attention"][s] = bench_attention(s)
