@@ -245,6 +245,7 @@ def test_batched_split_plans_are_the_measured_best():
     assert linear.batched_splits(256, 1536, 1536) == 0      # o_proj: K too short to gain (≤ 0.35 µs)
     assert linear.batched_splits(256, 17920, 1536) == 0     # gate_up: a wide output loses (32 against 22.6 µs)
     assert linear.batched_splits(256, 1536, 4100) == 0      # slices would not be 16-byte aligned
+    assert linear.batched_splits(2048, 1536, 8960) == 0     # a packed prefill: compute-bound, F.linear's
 
 
 @pytest.mark.skipif(not CUDA, reason="torch.bmm with a float32 output runs on CUDA only")

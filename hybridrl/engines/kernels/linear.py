@@ -127,13 +127,17 @@ def skinny_plan(m: int, n: int, k: int, sms: int) -> SkinnyPlan | None:
 # (gate_up) lost outright (32 µs against 22.6), so neither takes it.
 BATCHED_SPLITS = 4
 BATCHED_MIN_K = 4096
+# Measured at 128 and 256 rows only. Past a decode batch (a packed prefill's thousands of tokens) the product is
+# compute-bound, cuBLAS does not split it, and the partials would only add traffic.
+BATCHED_MAX_ROWS = 256
 
 
 def batched_splits(m: int, n: int, k: int) -> int:
     """K slices for x [m, k] @ W[n, k]ᵀ as one batched cuBLAS GEMM with float32 partials, or 0 where F.linear is the
-    better choice: more rows than the skinny kernel takes, a narrow output, a long K that splits into 16-byte-aligned
-    slices."""
-    if m <= SKINNY_MAX_ROWS or n > SKINNY_MAX_WIDTH or k < BATCHED_MIN_K or k % (BATCHED_SPLITS * 8):
+    better choice: a decode batch larger than the skinny kernel takes, a narrow output, a long K that splits into
+    16-byte-aligned slices."""
+    if (not SKINNY_MAX_ROWS < m <= BATCHED_MAX_ROWS or n > SKINNY_MAX_WIDTH or k < BATCHED_MIN_K
+            or k % (BATCHED_SPLITS * 8)):
         return 0
     return BATCHED_SPLITS
 
