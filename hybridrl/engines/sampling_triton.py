@@ -4,10 +4,9 @@
 int64 noise tensor with some thirty elementwise kernels; at Qwen's 152k vocabulary that was the largest
 cost of a decode step. Here each program takes one (row, vocab segment): it hashes the same counter
 noise as `counter_exponential` (splitmix64 on int64, bit for bit), keeps a running log-sum-exp (rescaled
-once per step of entries, one `exp` per entry) and the running best Gumbel score ``x - log(E)``, and writes
-those four numbers; a second kernel combines the
-segments of each row into the token and its log-prob. Plain temperature sampling only: top-k/top-p and
-greedy stay on the torch path.
+once per step of entries, one `exp` per entry) and the running best Gumbel score ``x - log(E)``, and
+writes those four numbers; a second kernel combines the segments of each row into the token and its
+log-prob. Plain temperature sampling only: top-k/top-p and greedy stay on the torch path.
 """
 
 from __future__ import annotations
