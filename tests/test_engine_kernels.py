@@ -248,6 +248,14 @@ def test_batched_split_plans_are_the_measured_best():
     assert linear.batched_splits(2048, 1536, 8960) == 0     # a packed prefill: compute-bound, F.linear's
 
 
+def test_batched_split_needs_a_bmm_with_float32_output():
+    """The probe that guards it: the CPU has no kernel for bmm's float32 output, so `project` never takes the path
+    there (nor on a torch without `out_dtype`); on CUDA with this torch it does."""
+    assert linear.bmm_float_out(torch.device("cpu")) is False
+    if CUDA:
+        assert linear.bmm_float_out(torch.device("cuda")) is True
+
+
 @pytest.mark.skipif(not CUDA, reason="torch.bmm with a float32 output runs on CUDA only")
 def test_batched_split_matches_a_float64_product():
     gen = torch.Generator().manual_seed(0)

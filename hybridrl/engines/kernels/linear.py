@@ -142,6 +142,23 @@ def batched_splits(m: int, n: int, k: int) -> int:
     return BATCHED_SPLITS
 
 
+_FLOAT_OUT: dict[str, bool] = {}
+
+
+def bmm_float_out(device: torch.device) -> bool:
+    """Whether `torch.bmm(..., out_dtype=torch.float32)` runs on half inputs on this device type (newer torch, CUDA;
+    older torch has no `out_dtype`, the CPU no kernel for it). Probed once per device type, on tiny tensors."""
+    kind = torch.device(device).type
+    if kind not in _FLOAT_OUT:
+        a = torch.zeros(1, 1, 8, dtype=torch.bfloat16, device=device)
+        try:
+            torch.bmm(a, a.transpose(1, 2), out_dtype=torch.float32)
+            _FLOAT_OUT[kind] = True
+        except (TypeError, RuntimeError):  # no such argument, or no kernel for it (NotImplementedError)
+            _FLOAT_OUT[kind] = False
+    return _FLOAT_OUT[kind]
+
+
 def linear_batched(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
     """Float32 partials [splits, M, N] of x [M, K] @ weight[N, K]ᵀ (no bias; CUDA): slice s is the product over
     K columns [s·K/splits, (s+1)·K/splits), all slices in one batched cuBLAS GEMM that reads x and the weight in
@@ -169,9 +186,10 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sm
     plan = skinny_plan(m, n, k, sms)
     if plan is not None:
         return linear_triton(x, weight, bias, splits=plan.splits, block_n=plan.block_n, block_k=plan.block_k)
-    # The batched split: CUDA (cuBLAS), half-precision inputs as measured, no bias, x's columns dense.
+    # The batched split: CUDA (cuBLAS), half-precision inputs as measured, no bias, x's columns dense, and a torch
+    # whose bmm writes float32.
     if (x.is_cuda and bias is None and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1
-            and (splits := batched_splits(m, n, k))):
+            and (splits := batched_splits(m, n, k)) and bmm_float_out(x.device)):
         return linear_batched(x, weight, splits)
     return F.linear(x, weight, bias)
 
