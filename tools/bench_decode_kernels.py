@@ -351,22 +351,15 @@ def main() -> None:
         for rows in (64, 256):
             report["sampler"][rows] = bench_sampler(rows, args.sampler_baseline)
             save()
+    # One report entry per shape, in this order.
+    per_shape = {"blas": bench_blas, "batched": bench_batched,
+                 "rope": lambda s: bench_rope(s, args.rope_baseline), "attention": bench_attention,
+                 "pairs": bench_pairs}
     for s in args.shapes:
-        if "blas" in args.what:
-            report["blas"][s] = bench_blas(s)
-            save()
-        if "batched" in args.what:
-            report["batched"][s] = bench_batched(s)
-            save()
-        if "rope" in args.what:
-            report["rope"][s] = bench_rope(s, args.rope_baseline)
-            save()
-        if "attention" in args.what:
-            report["attention"][s] = bench_attention(s)
-            save()
-        if "pairs" in args.what:
-            report["pairs"][s] = bench_pairs(s)
-            save()
+        for what, bench in per_shape.items():
+            if what in args.what:
+                report[what][s] = bench(s)
+                save()
         if "linear" in args.what:
             for shape in SHAPES[s]:
                 report["shapes"].setdefault(s, []).append(bench_shape(*shape))

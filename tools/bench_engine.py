@@ -239,7 +239,7 @@ def case_single(model, engine, args, device) -> dict:
             Path(args.profile).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
                                                                      max_name_column_width=60))
     if device.type == "cuda" and engine.model.gemm_sms:
-        # Side by side: every projection in cuBLAS (the skinny split-K GEMMs off), then on again.
+        # Side by side: every projection in F.linear (the split-K GEMMs, Triton and batched cuBLAS, off), then on.
         def warm_median(gemm_sms: int) -> float:
             engine.model.gemm_sms = gemm_sms
             engine.runner.drop_graphs()  # the graphs hold the kernels they were captured with

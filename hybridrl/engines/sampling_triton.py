@@ -42,12 +42,18 @@ def available(logits: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _mix(x):
-        # splitmix64's finalizer on int64; `>>` is arithmetic, so the masks make the shifts logical.
+    def _mix_head(x):
+        # splitmix64's finalizer on int64 up to its last xor-shift; `>>` is arithmetic, so the masks make the shifts
+        # logical. That last step (x ^ x >> 31) leaves bits 31..63 as they are.
         x = x ^ ((x >> 30) & 0x3FFFFFFFF)
         x = x * -4658895280553007687  # 0xBF58476D1CE4E5B9 as int64
         x = x ^ ((x >> 27) & 0x1FFFFFFFFF)
-        x = x * -7723592293110705685  # 0x94D049BB133111EB as int64
+        return x * -7723592293110705685  # 0x94D049BB133111EB as int64
+
+    @triton.jit
+    def _mix(x):
+        # splitmix64's finalizer on int64.
+        x = _mix_head(x)
         return x ^ ((x >> 31) & 0x1FFFFFFFF)
 
     @triton.jit
@@ -82,14 +88,9 @@ if triton is not None:
             run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(x - safe), axis=0)
             run_max = new_max
             # The noise of `counter_exponential`: Exp(1) from the top 24 bits of splitmix64; score = x - log(E).
-            # Only bits 40..63 are kept, and splitmix64's last step (h ^ h >> 31) leaves those unchanged,
-            # so it is skipped.
-            h = base + col_term + lane_term
+            # Only bits 40..63 are kept, which splitmix64's last step leaves unchanged: `_mix_head` suffices.
+            h = _mix_head(base + col_term + lane_term)
             col_term += block_term
-            h = h ^ ((h >> 30) & 0x3FFFFFFFF)
-            h = h * -4658895280553007687  # 0xBF58476D1CE4E5B9 as int64
-            h = h ^ ((h >> 27) & 0x1FFFFFFFFF)
-            h = h * -7723592293110705685  # 0x94D049BB133111EB as int64
             bits = (h >> 40) & 0xFFFFFF
             u = (bits.to(tl.float32) + 0.5) / 16777216.0
             score = tl.where(inside, x - tl.log(-tl.log(u)), float("-inf"))

@@ -79,7 +79,7 @@ if HAS_TRITON:
         total = q_heads + 2 * kv_heads
         inside = head < total
         is_q = head < q_heads
-        is_v = head >= q_heads + kv_heads
+        is_v = inside & (head >= q_heads + kv_heads)
         is_k = inside & ~is_q & ~is_v
         src = qkv_ptr + tok * total * D + head[:, None] * D + i[None, :]
         m2 = inside[:, None]
@@ -119,8 +119,8 @@ if HAS_TRITON:
         tl.store(k_dst + HALF, out_hi, mask=is_k[:, None])
         v_head = head - q_heads - kv_heads
         v_dst = vc_ptr + block * stride_blk + v_head[:, None] * stride_head + offset * D + i[None, :]
-        tl.store(v_dst, lo.to(dt), mask=(inside & is_v)[:, None])
-        tl.store(v_dst + HALF, hi.to(dt), mask=(inside & is_v)[:, None])
+        tl.store(v_dst, lo.to(dt), mask=is_v[:, None])
+        tl.store(v_dst + HALF, hi.to(dt), mask=is_v[:, None])
 
 
 def rope_launch(partials: bool) -> tuple[int, int]:
