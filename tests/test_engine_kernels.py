@@ -14,7 +14,7 @@ import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_pos_emb
 
 import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
-from hybridrl.engines.kernels import HAS_TRITON, attention, linear, norms, rope_cache
+from hybridrl.engines.kernels import HAS_TRITON, attention, linear, norms, rope_cache, step_state
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available() and os.environ.get("HYBRIDRL_TEST_DEVICE", "cuda" if not INTERPRET else "") == "cuda"
@@ -346,3 +346,42 @@ def test_triton_consumers_sum_projection_partials(dtype):
                                          caches[2], caches[3], None, None, 1e-6)
     assert q.dtype == dtype and torch.equal(q, q_ref)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_cache_slots_torch_matches_hand_computed_slots():
+    # Block size 16: position 17 of the sequence on table row [5, 9] is block 9's offset 1 → 9·16 + 1; position 3 of
+    # row [2, 0] is 2·16 + 3; a padding row's position 40 runs past its two-block table and reads the last block.
+    table = torch.tensor([[5, 9], [2, 0], [7, 4]], dtype=torch.int32)
+    pos = torch.tensor([17, 3, 40])
+    assert step_state.cache_slots_torch(table, pos, 16).tolist() == [145, 35, 4 * 16 + 8]
+
+
+def test_advance_torch_moves_active_rows_only():
+    tok, lp = torch.tensor([11, 12, 13]), torch.tensor([-0.5, -1.0, -2.0])
+    out_tok, out_lp, tokens = torch.zeros(3, dtype=torch.long), torch.zeros(3), torch.zeros(3, dtype=torch.long)
+    pos, steps, active = torch.tensor([4, 9, 0]), torch.tensor([1, 5, 0]), torch.tensor([1, 1, 0])
+    step_state.advance_torch(tok, lp, out_tok, out_lp, tokens, pos, steps, active)
+    assert out_tok.tolist() == tokens.tolist() == [11, 12, 13] and out_lp.tolist() == [-0.5, -1.0, -2.0]
+    assert pos.tolist() == [5, 10, 0] and steps.tolist() == [2, 6, 0]
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [3, 256, 300])
+def test_triton_step_state_matches_torch(rows):
+    """Slots and the advance over more rows than one program takes (300), on a table view as the runner slices it."""
+    g = torch.Generator().manual_seed(rows)
+    dev = TRITON_DEVICE
+    table = torch.randint(0, 1000, (rows + 5, 12), generator=g, dtype=torch.int32).to(dev)[:rows]
+    pos = torch.randint(0, 16 * 14, (rows,), generator=g).to(dev)  # some past the table: padding rows
+    assert torch.equal(step_state.cache_slots_triton(table, pos, 16), step_state.cache_slots_torch(table, pos, 16))
+    tok = torch.randint(0, 50000, (rows,), generator=g).to(dev)
+    lp = -torch.rand(rows, generator=g).to(dev)
+    state = [torch.zeros(rows, dtype=torch.long, device=dev), torch.zeros(rows, device=dev),
+             torch.randint(0, 9, (rows,), generator=g).to(dev), pos.clone(),
+             torch.randint(0, 99, (rows,), generator=g).to(dev)]
+    active = (torch.rand(rows, generator=g) < 0.7).long().to(dev)
+    ref = [t.clone() for t in state]
+    step_state.advance_triton(tok, lp, *state, active)
+    step_state.advance_torch(tok, lp, *ref, active)
+    for got, want in zip(state, ref):
+        assert torch.equal(got, want)

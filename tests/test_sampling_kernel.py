@@ -85,6 +85,8 @@ def test_kernel_takes_one_step_per_row():
     keys = keys_for(16)
     steps = torch.arange(16, device=DEVICE, dtype=torch.int64) * 37 % 11
     tok, lp = sample_tokens(logits, 0.9, keys=keys, step=steps)
+    # The kernel makes each row's step key itself; the torch path makes them as tensors (`row_keys`).
+    assert torch.equal(tok, sample_tokens(logits, 0.9, keys=keys, step=steps, kernel=False)[0])
     for r in range(16):
         t1, l1 = sample_tokens(logits[r : r + 1], 0.9, keys=keys[r : r + 1], step=int(steps[r]))
         assert tok[r] == t1[0] and torch.allclose(lp[r], l1[0])

@@ -162,7 +162,7 @@ def main() -> None:
                                                for m in steps),
         "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
         "step_s_median": total, "phases_s_median": times,
-        "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/", "mismatch/"))}
+        "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/", "mismatch/", "engine/"))}
                      for m in steps],
         "algorithm": args.algorithm, "reward_models": args.reward_models,
         "switching_s": switching, "switching_share": switching / total,
@@ -172,6 +172,8 @@ def main() -> None:
                                      if k.startswith("memory/") and k.endswith("/peak_allocated_gb")},
         "reward_phase": reward_phase_memory(steps[-1]),
         "rollout_tokens_per_s": statistics.median(m["perf/rollout_tokens_per_s"] for m in steps),
+        # Host seconds inside time/generate spent capturing the CUDA graphs that the last sleep dropped.
+        "graph_capture_s_median": statistics.median(m.get("engine/graph_capture_s", 0.0) for m in steps),
         "trainer_per_gpu": trainer_rates(steps, args, n_params(path)),
         "memory_after_phase": {k: v for k, v in steps[-1].items() if k.startswith("memory/")},
     }

@@ -126,5 +126,9 @@ class RolloutEngine(abc.ABC):
         """Engine-side memory figures in GiB (empty where the engine cannot tell)."""
         return {}
 
+    def take_stats(self) -> dict[str, float]:
+        """Engine figures accumulated since the last call, as step metrics (empty where the engine keeps none)."""
+        return {}
+
     def shutdown(self) -> None:
         """Free every resource the engine holds; the object is unusable afterwards."""

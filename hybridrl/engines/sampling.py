@@ -93,7 +93,7 @@ def sample_tokens(
     if kernel and keys is not None and top_k <= 0 and top_p >= 1.0 and sampling_triton.available(logits):
         if isinstance(step, int):
             return sampling_triton.sample_counter(logits, temperature, keys, step_key(step))
-        return sampling_triton.sample_counter(logits, temperature, row_keys(keys, step), 0)  # key ^ 0 = key
+        return sampling_triton.sample_counter(logits, temperature, keys, 0, steps=step)  # row_keys in the kernel
     scaled = logits.float() / temperature
     logprobs = torch.log_softmax(scaled, dim=-1)
     filtered = scaled

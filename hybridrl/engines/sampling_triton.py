@@ -57,11 +57,13 @@ if triton is not None:
         return x ^ ((x >> 31) & 0x1FFFFFFFF)
 
     @triton.jit
-    def _segment_kernel(logits_ptr, stride, keys_ptr, step_key, vocab, seg_len, temperature,
+    def _segment_kernel(logits_ptr, stride, keys_ptr, steps_ptr, step_key, vocab, seg_len, temperature,
                         best_ptr, idx_ptr, max_ptr, sum_ptr, SEGMENTS: tl.constexpr, BLOCK: tl.constexpr,
-                        SCALED: tl.constexpr):
+                        SCALED: tl.constexpr, ROW_STEPS: tl.constexpr):
         row = tl.program_id(0)
         seg = tl.program_id(1)
+        if ROW_STEPS:  # `sampling.step_keys` of this row's own step, as `row_keys` makes it (products wrap)
+            step_key = _mix((tl.load(steps_ptr + row) + 1) * -7046029254386353131)
         base = _mix(tl.load(keys_ptr + row) ^ step_key)
         lo = seg * seg_len
         hi = tl.minimum(lo + seg_len, vocab)
@@ -125,12 +127,13 @@ if triton is not None:
 
 
 def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor, step_key: int,
-                   segments: int | None = None, block: int = _BLOCK,
-                   warps: int = _WARPS) -> tuple[torch.Tensor, torch.Tensor]:
+                   segments: int | None = None, block: int = _BLOCK, warps: int = _WARPS,
+                   steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens [B] (int64) and their log-probs [B] (float32) for `logits` [B, V] (any float dtype; rows
-    may be a strided view), drawn with the counter noise of (keys, step_key). See the module doc.
-    `segments` per row (a power of two; default `segments_for`), `block` entries per step and `warps` per program:
-    launch tuning only."""
+    may be a strided view), drawn with the counter noise of (keys, step_key); with `steps` [B] (int64), of
+    `row_keys(keys, steps)` instead, each row's step key made inside the kernel (`step_key` is then ignored).
+    See the module doc. `segments` per row (a power of two; default `segments_for`), `block` entries per step and
+    `warps` per program: launch tuning only."""
     rows, vocab = logits.shape
     segments = segments or segments_for(rows)
     if logits.stride(1) != 1:
@@ -139,10 +142,11 @@ def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor,
     seg_len = -(-vocab // segments)
     parts = torch.empty(4, rows, segments, dtype=torch.float32, device=dev)
     idx = torch.empty(rows, segments, dtype=torch.int64, device=dev)
+    row_steps = steps is not None
     _segment_kernel[(rows, segments)](
-        logits, logits.stride(0), keys, step_key, vocab, seg_len, float(temperature),
-        parts[0], idx, parts[1], parts[2], SEGMENTS=segments, BLOCK=block, SCALED=temperature != 1.0,
-        num_warps=warps,
+        logits, logits.stride(0), keys, steps.to(torch.int64).contiguous() if row_steps else keys, 0 if row_steps else step_key,
+        vocab, seg_len, float(temperature), parts[0], idx, parts[1], parts[2], SEGMENTS=segments, BLOCK=block,
+        SCALED=temperature != 1.0, ROW_STEPS=row_steps, num_warps=warps,
     )
     tokens = torch.empty(rows, dtype=torch.int64, device=dev)
     logprobs = torch.empty(rows, dtype=torch.float32, device=dev)

@@ -107,6 +107,7 @@ class HybridWorker:
         """Free the engine's memory for training (level per engine.sleep_level). Offloads the engine did not need
         stay unfreed: the log-prob phase's onload cancels them."""
         self.roles.rollout.sleep()
+        self.switch_stats.update(getattr(self.roles.rollout.engine, "take_stats", dict)())  # e.g. its graph captures
         if getattr(self.roles.rollout.engine, "gates_memory", False):
             self.roles.rollout.engine.memory_gate = None
         self.switch_stats.update(self.room.take_stats())  # what the engine freed while it generated

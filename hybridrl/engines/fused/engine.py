@@ -321,6 +321,11 @@ class FusedEngine(NativeEngineBase):
         kv = self.cache.nbytes() if self.cache is not None else 0
         return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
+    def take_stats(self) -> dict[str, float]:
+        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call."""
+        n, seconds = self.runner.take_capture_stats()
+        return {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+
     def shutdown(self) -> None:
         super().shutdown()
         del self.model

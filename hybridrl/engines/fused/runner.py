@@ -9,7 +9,8 @@ Per-row state, in static buffers the graphs read and write in place::
     active  1 for a sequence, 0 for a padding row   table   its block table (padding rows: all scratch block 0)
 
 One step: each row's cache slot from (table, pos) → `FusedDecoder.decode` → sample with each row's own key and
-step → outputs to `out_tok` / `out_lp`, tokens ← sampled, pos and steps += active. Rows join with `place` and
+step → outputs to `out_tok` / `out_lp`, tokens ← sampled, pos and steps += active (the bookkeeping on either side
+of the forward is one kernel each: `kernels/step_state.py`). Rows join with `place` and
 leave with `compact` (a few [rows]-sized copies; no KV moves), between steps, so a graph stays valid while
 sequences come and go. A graph is captured lazily per (bucket, sampler mode), and dropped by `release` whenever
 what it points at moves (sleep, a larger cache or block table, new RoPE tables). Unseeded sampling draws from a
@@ -23,6 +24,7 @@ H200's host (measured), several decode steps' worth; graphed per bucket of token
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,7 @@ import torch
 from hybridrl.engines.fused.kv_cache import PagedKVCache
 from hybridrl.engines.fused.model import FusedDecoder
 from hybridrl.engines.kernels.attention import split_count
+from hybridrl.engines.kernels.step_state import advance, cache_slots
 from hybridrl.engines.sampling import sample_tokens
 
 log = logging.getLogger(__name__)
@@ -106,6 +109,9 @@ class DecodeRunner:
         self._buckets = batch_buckets(rows)
         self._extend_buckets = [b for b in batch_buckets(extend_tokens) if b >= 16] if extend_tokens else []
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_gpu else 1
+        # Graph captures since `take_capture_stats`: each sleep drops the graphs, so a rollout after a wake-up pays
+        # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
+        self.captures, self.capture_s = 0, 0.0
         self.release()  # no buffers until `bind`
 
     # -- buffers ------------------------------------------------------------------------------------------
@@ -188,8 +194,7 @@ class DecodeRunner:
     def _forward(self, b: int, attend: int) -> torch.Tensor:
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
-        block = table.gather(1, (pos // bs).clamp(max=self.width - 1)[:, None]).squeeze(1).long()
-        slots = block * bs + pos % bs
+        slots = cache_slots(table, pos, bs, self.model.kernels)
         splits = split_count(b, self.model.kv_heads, self.width, bs, self.sms)
         return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits)
 
@@ -198,11 +203,8 @@ class DecodeRunner:
         tok, lp = sample_tokens(logits[:, : self.model.shape.vocab], mode.temperature, mode.top_k, mode.top_p,
                                 generator, keys=self.keys[:b] if mode.seeded else None, step=self.steps[:b],
                                 kernel=mode.kernel)
-        self.out_tok[:b] = tok
-        self.out_lp[:b] = lp
-        self.tokens[:b] = tok
-        self.pos[:b] += self.active[:b]
-        self.steps[:b] += self.active[:b]
+        advance(tok, lp, self.out_tok[:b], self.out_lp[:b], self.tokens[:b], self.pos[:b], self.steps[:b],
+                self.active[:b], self.model.kernels)
 
     def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend: int) -> HostCopy:
         """Queue one decode step of rows [0, n) and the copy of their sampled tokens and log-probs to the host.
@@ -235,6 +237,7 @@ class DecodeRunner:
     def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:
         """Warm `body` up (lazy inits, Triton compiles, cuBLAS workspaces), put `state` back, capture it as the graph
         `key`. On any failure: log once, run eagerly from now on, return None."""
+        t0 = time.perf_counter()
         saved = [t.clone() for t in state]
         try:
             if self.pool is None:
@@ -272,7 +275,15 @@ class DecodeRunner:
                 t.copy_(old)
             return None
         self.graphs[key] = graph
+        self.captures += 1
+        self.capture_s += time.perf_counter() - t0
         return graph
+
+    def take_capture_stats(self) -> tuple[int, float]:
+        """Graphs captured and host seconds spent capturing them since the last call."""
+        out = (self.captures, self.capture_s)
+        self.captures, self.capture_s = 0, 0.0
+        return out
 
     # -- prompts joining ------------------------------------------------------------------------------------
     def extend(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int], tables: list[list[int]],

@@ -77,21 +77,30 @@ if HAS_TRITON:
         tl.store(out_ptr + row * inter + cols, (act * u).to(out_ptr.dtype.element_ty), mask=inside)
 
 
+def norm_warps(block: int, partials: bool) -> int:
+    """Warps per row of `_add_rms_norm_kernel` over a row of `block` (a power of two) columns. A delta in the
+    activation dtype: 4. Float32 partials: one warp per 128 columns, at most 16 (16 at the 1.5B's 1536 → 2048, 8 at
+    the 0.5B's 896 → 1024). On the H200 (docs/measurements/h200_1201_s5/f_norm.txt, 1..16 warps per shape) that was
+    the best or within 0.05 µs of it at every shape the engine runs: 1536 wide, 4 partials × 256 rows 2.89 → 2.72 µs
+    and 8 × 64 rows 2.93 → 2.30 against 8 warps; 896 wide, 8 warps stay (16 took 3.49 and 2.70 µs against 2.16 and
+    2.12). A bf16 delta: 4 warps were within 0.06 µs of the best everywhere."""
+    return min(16, max(1, block // 128)) if partials else 4
+
+
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                         eps: float, warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton form of `add_rms_norm_torch` over rows of x [N, H]; with delta None, a plain RMSNorm
-    (the first element is then x itself). `warps` per row: by default 8 for partials (with o_proj at 64 rows, 4.5 µs
-    for the pair against 5.0 with 4 warps on the H200: docs/measurements/h200_1201/l_pairs.json), else 4."""
+    (the first element is then x itself). `warps` per row: by default `norm_warps`."""
     x = x.contiguous()
     n, hidden = x.shape
     out = torch.empty_like(x)
     res = torch.empty_like(x) if delta is not None else x
     d = delta.contiguous() if delta is not None else x
     parts = d.shape[0] if d.dim() == 3 else 1
-    warps = warps or (8 if parts > 1 else 4)
+    block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(n,)](x, d, weight, res, out, hidden, eps, parts, n * hidden, HAS_DELTA=delta is not None,
-                               PARTS=d.dim() == 3, SP=triton.next_power_of_2(parts),
-                               BLOCK=triton.next_power_of_2(hidden), num_warps=warps)
+                               PARTS=d.dim() == 3, SP=triton.next_power_of_2(parts), BLOCK=block,
+                               num_warps=warps or norm_warps(block, parts > 1))
     return res, out
 
 
