@@ -273,3 +273,46 @@ def test_no_checkpoint_from_nonfinite_weights(tmp_path, tiny_path, tokenizer, pr
     with pytest.raises(HybridRLError, match="refusing to write a checkpoint"):
         actor.save(str(tmp_path / "bad"))
     assert not (tmp_path / "bad").exists()
+
+
+def test_an_engine_that_stays_awake_rolls_out_what_a_sleeping_one_does(tiny_path, tokenizer, process_group):
+    """engine.sleep_level=0: three iterations (wake → generate → sleep → logprob → update → reshard) sample the same
+    tokens and leave the same weights as sleep level 2 (which drops the engine's weights and KV cache and refills them),
+    while the engine's cache and weights stay the same tensors throughout (so its CUDA graphs would too)."""
+    prompts = [Prompt(chat_prompt(tokenizer, t), t, {"answer": "1"}) for t in ("copy: 12", "sort: 987")]
+    runs = []
+    for level in (2, 0):
+        torch.manual_seed(0)
+        cfg = RunConfig(
+            model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig(lr=1e-2, micro_batch_size=4),
+            algorithm=AlgorithmConfig(group_size=4), engine=EngineConfig(sleep_level=level),
+            data=DataConfig(train_batch_size=2))
+        worker = HybridWorker(cfg)
+        engine = worker.roles.rollout.engine
+        slept = []
+        real_sleep = engine.sleep
+        engine.sleep = lambda lvl=1: (slept.append(lvl), real_sleep(lvl))[1]
+        seen, caches, weights = [], [], []
+        for step in range(1, 4):
+            worker.wake()
+            comps = worker.generate([p.token_ids for p in prompts], step, SamplingParams(n=4, max_new_tokens=6))
+            caches.append(engine.cache)
+            weights.append(next(iter(engine.named_weights()))[1].data_ptr())
+            worker.sleep()
+            b = completions_to_batch(prompts, comps)
+            for k, v in worker.logprob(b).items():
+                b[k] = v
+            seen += [b["responses"], b["old_logprobs"]]
+            b["advantages"] = torch.linspace(-1, 1, len(b))
+            worker.update(b)
+            worker.reshard()
+        assert slept == ([2, 2, 2] if level else [])
+        if level == 0:
+            assert caches[0] is not None and all(c is caches[0] for c in caches) and len(set(weights)) == 1
+        else:
+            assert len({id(c) for c in caches}) == 3  # a new cache after every wake-up
+        runs.append((seen, full_params(worker)))
+    (seen_a, params_a), (seen_b, params_b) = runs
+    for i, (a, b) in enumerate(zip(seen_a, seen_b)):
+        assert torch.equal(a, b), i
+    assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)

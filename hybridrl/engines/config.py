@@ -131,7 +131,9 @@ class EngineConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra token ids that end a sample (the tokenizer's EOS always does)."""
     sleep_level: int = 2
-    """Level for sleep after generation: 1 keeps weights in host memory, 2 drops them (the reshard refills)."""
+    """Level for sleep after generation: 1 keeps weights in host memory, 2 drops them (the reshard refills), 0 stays
+    awake (frees nothing: the CUDA graphs, weights and KV cache stay for the next rollout; for a device with room for
+    the engine beside every training phase)."""
     native: NativeOptions = field(default_factory=NativeOptions)
     """Options of the built-in engine only."""
     vllm: VllmOptions = field(default_factory=VllmOptions)
@@ -154,5 +156,5 @@ class EngineConfig:
             raise ConfigError(f"engine.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ConfigError(f"engine.top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.sleep_level not in (1, 2):
-            raise ConfigError(f"engine.sleep_level must be 1 or 2, got {self.sleep_level}")
+        if self.sleep_level not in (0, 1, 2):
+            raise ConfigError(f"engine.sleep_level must be 0 (stay awake), 1 or 2, got {self.sleep_level}")

@@ -4,7 +4,7 @@ Its part of one iteration::
 
     rollout.wake()                            # phase "wake": weights and KV cache on the device
     comps = rollout.generate(prompts, params) # phase "generate"
-    rollout.sleep()                           # phase "sleep": engine.sleep_level frees KV (and weights)
+    rollout.sleep()                           # phase "sleep": engine.sleep_level frees KV (and weights); 0 nothing
     rollout.sync(actor.model)                 # phase "reshard": gather → fuse → split → deliver, layer by layer
 """
 
@@ -40,8 +40,9 @@ class Rollout:
         return self.engine.generate_requests(list(requests), params)
 
     def sleep(self) -> None:
-        """Give the device back to the trainer roles."""
-        self.engine.sleep(self.sleep_level)
+        """Give the device back to the trainer roles (at sleep level 0: keep it all; the trainer runs beside)."""
+        if self.sleep_level:
+            self.engine.sleep(self.sleep_level)
 
     def sync(self, model: torch.nn.Module) -> dict[str, float]:
         """Stream `model`'s weights into the engine (waking its weights first); this rank's reshard figures."""
