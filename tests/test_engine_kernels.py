@@ -222,6 +222,61 @@ def test_triton_rope_write_matches_torch(dtype, qk_norm, hq, heads):
     assert torch.equal(caches[3], caches[1])
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm,partials", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("hq,hkv,d,block_size,splits", [(12, 2, 64, 16, 1), (14, 2, 64, 16, 3), (4, 4, 16, 4, 3),
+                                                        (8, 1, 128, 32, 2), (32, 2, 16, 4, 2)])
+def test_triton_rope_attention_matches_rope_write_then_attention(dtype, qk_norm, partials, hq, hkv, d, block_size,
+                                                                 splits):
+    """The one-kernel decode attention against the torch path it stands for (rope_write_torch, then
+    decode_attention_torch over positions ≤ each token's): the output, the k and v it stores, nothing else written.
+    Sequences of 1 key (only the token's own), and of 17 at block 16 (its own key alone in the last block)."""
+    from hybridrl.engines.fused.rope import rope_tables
+    from hybridrl.engines.kernels import rope_attention
+    from tests.tiny_models import tiny_config
+
+    lens = [1, 17, 40, 5, 130]
+    _, _, _, kc, vc, table, seq_lens = attention_case(lens, hq, hkv, d, block_size, seed=5)
+    dev, n = TRITON_DEVICE, len(lens)
+    gen = torch.Generator().manual_seed(6)
+    width = (hq + 2 * hkv) * d
+    qkv = torch.randn(3, n, width, generator=gen) / 2 if partials else torch.randn(n, width, generator=gen).to(dtype)
+    config = tiny_config("qwen3")
+    config.head_dim = d
+    cos, sin = rope_tables(config, 160, dtype, torch.device(dev))
+    sin = torch.cat((-sin[:, : d // 2], sin[:, d // 2 :]), dim=-1)
+    qn = (1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(dev) if qk_norm else None
+    kn = (1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(dev) if qk_norm else None
+    pos = (seq_lens - 1).to(dev)
+    table = table.to(dev)
+    slots = (table.long().gather(1, (pos // block_size)[:, None]).squeeze(1) * block_size + pos % block_size)
+    qkv, kc, vc = qkv.to(dev), kc.to(dtype).to(dev), vc.to(dtype).to(dev)
+    k_ref, v_ref, k_got, v_got = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    scale = d**-0.5
+    want = rope_attention.rope_attention_torch(qkv, hq, hkv, cos, sin, pos, slots, k_ref, v_ref, qn, kn, 1e-6,
+                                               table, table.shape[1] * block_size, scale)
+    got = rope_attention.rope_attention_triton(qkv, hq, hkv, cos, sin, pos, slots, k_got, v_got, qn, kn, 1e-6,
+                                               table, scale, splits)
+    assert got.dtype == dtype
+    # k: RoPE's roundings in the same order (an ulp of rsqrt aside, as for rope_write); v: copied as it is.
+    ulp = 1e-6 if dtype == torch.float32 else 2**-7
+    assert ((k_got.float() - k_ref.float()).abs() <= 4 * ulp * k_ref.float().abs().amax() + 1e-6).all()
+    assert torch.equal(v_got, v_ref)
+    changed = (k_got != kc).flatten(1).any(1) | (k_ref != kc).flatten(1).any(1)
+    assert set(changed.nonzero().flatten().tolist()) <= set((slots // block_size).tolist())  # only the tokens' blocks
+    assert (got.float() - want.float()).abs().max().item() < 2 * _tol(dtype)
+
+
+def test_one_kernel_attention_where_measured_faster():
+    """The engine takes the one-kernel form where its grid is one wave (the 0.5B's 64 rows × 2 kv heads on the H200's
+    132 SMs: 9.1 µs against 10.3) and not at 256 rows (the 1.5B's: 48.0 against 39.2), o_rope_attention.txt."""
+    from hybridrl.engines.kernels.rope_attention import one_wave
+
+    assert one_wave(64, 2, 1, 132) and one_wave(8, 2, 8, 132)
+    assert not one_wave(256, 2, 1, 132) and not one_wave(96, 2, 1, 132)
+
+
 def test_skinny_plans_are_the_measured_best():
     """On 132 SMs, the plans for the 0.5B's projections at batch 64 are the best of the H200 sweep
     (docs/measurements/h200_1201/i_linear.json); where cuBLAS won or tied (gate_up, 256 rows) there is no plan."""

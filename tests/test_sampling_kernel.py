@@ -12,7 +12,7 @@ import torch
 import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
 from hybridrl.engines import sampling_triton
 from hybridrl.engines.kernels import ON_CPU
-from hybridrl.engines.sampling import sample_tokens, step_key
+from hybridrl.engines.sampling import row_keys, sample_tokens, step_key
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -47,15 +47,18 @@ def test_kernel_draws_what_the_torch_path_draws(vocab, temperature):
 
 
 def test_launch_tuning_leaves_the_draws_unchanged():
-    """Segments per row and entries per step only split the work: the same tokens, the same log-probs to rounding."""
+    """Segments per row and entries per step only split the work: each entry's score is the same number however the
+    row is cut, so the same tokens; the log-probs equal the torch path's to rounding."""
     g = torch.Generator(device=DEVICE).manual_seed(3)
     logits = torch.randn(ROWS, 5003, device=DEVICE, generator=g) * 2
     keys = keys_for(ROWS)
-    ref_tok, ref_lp = sample_tokens(logits, 0.8, keys=keys, step=4, kernel=False)
-    for segments, block in [(1, 1024), (8, 1024), (16, 256), (32, 2048)]:
+    ref_tok, _ = sampling_triton.sample_counter(logits, 0.8, keys, step_key(4), segments=1, block=1024)
+    torch_tok, torch_lp = sample_tokens(logits, 0.8, keys=keys, step=4, kernel=False)
+    assert torch.equal(ref_tok, torch_tok)  # no near-tie among these rows' best scores
+    for segments, block in [(8, 1024), (16, 256), (32, 2048)]:
         tok, lp = sampling_triton.sample_counter(logits, 0.8, keys, step_key(4), segments=segments, block=block)
         assert torch.equal(tok, ref_tok), (segments, block)
-        assert torch.allclose(lp, ref_lp, atol=1e-5), (segments, block)
+        assert torch.allclose(lp, torch_lp, atol=1e-5), (segments, block)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="40,000 rows: too slow for the interpreter")
@@ -85,8 +88,8 @@ def test_kernel_takes_one_step_per_row():
     keys = keys_for(16)
     steps = torch.arange(16, device=DEVICE, dtype=torch.int64) * 37 % 11
     tok, lp = sample_tokens(logits, 0.9, keys=keys, step=steps)
-    # The kernel makes each row's step key itself; the torch path makes them as tensors (`row_keys`).
-    assert torch.equal(tok, sample_tokens(logits, 0.9, keys=keys, step=steps, kernel=False)[0])
+    # The kernel makes each row's step key itself: the same draws as from keys the torch code made (`row_keys`).
+    assert torch.equal(tok, sampling_triton.sample_counter(logits, 0.9, row_keys(keys, steps), 0)[0])
     for r in range(16):
         t1, l1 = sample_tokens(logits[r : r + 1], 0.9, keys=keys[r : r + 1], step=int(steps[r]))
         assert tok[r] == t1[0] and torch.allclose(lp[r], l1[0])

@@ -75,6 +75,8 @@ def build_engine(model, args, rows: int, kv_blocks: int = 0) -> FusedEngine:
     engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
     if args.no_skinny_gemm:
         engine.model.gemm_sms = 0
+    if args.no_rope_attention:
+        engine.model.rope_attention = False
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     return engine
 
@@ -404,6 +406,8 @@ def main() -> None:
     ap.add_argument("--no-kernels", action="store_true", help="torch ops instead of the Triton decode kernels")
     ap.add_argument("--no-skinny-gemm", action="store_true",
                     help="every projection in F.linear (no split-K Triton GEMMs, no batched cuBLAS splits)")
+    ap.add_argument("--no-rope-attention", action="store_true",
+                    help="decode attention as rope_write then decode_attention (two kernels), not the one kernel")
     ap.add_argument("--attention-tile-keys", type=int, default=0,
                     help="keys per step of the decode attention kernel's loop (0: the kernel's own choice)")
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")

@@ -5,6 +5,7 @@ name (tests check the two agree). A decode step, per layer::
 
     h → qkv_proj (column-parallel) → [q/k RMSNorm] + RoPE + K/V written at each token's cache slot   (rope_write)
       → paged split-K decode attention (decode_attention) → o_proj (row-parallel) → all-reduce
+        (on GPU both in one kernel, `rope_attention`, where its grid is one wave of one program per SM)
       → x, h = x + attn, RMSNorm(x + attn)                                                          (add_rms_norm)
       → gate_up_proj → SiLU(gate)·up (silu_mul) → down_proj (row-parallel) → all-reduce
       → x, h = x + mlp, RMSNorm of the next layer (or the final norm)                              (add_rms_norm)
@@ -38,6 +39,7 @@ from hybridrl.engines.kernels import use_triton
 from hybridrl.engines.kernels.attention import decode_attention, triton_supports
 from hybridrl.engines.kernels.linear import project
 from hybridrl.engines.kernels.norms import add_rms_norm, rms_norm, silu_mul
+from hybridrl.engines.kernels.rope_attention import one_wave, rope_attention
 from hybridrl.engines.kernels.rope_cache import rope_write, split_qkv_torch, write_kv_torch
 from hybridrl.errors import ConfigError
 from hybridrl.models.shape import ModelShape, padded_vocab
@@ -104,10 +106,14 @@ class FusedDecoder(nn.Module):
         self.vocab_rows = padded_vocab(s.vocab) // tp.size
         self.eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
         self.kernels = use_triton(torch.empty(0, device=self.device), kernels)
-        # SMs the skinny GEMMs plan for (`linear.project`; 132, an H100/H200's, under Triton's CPU interpreter in
-        # tests); 0 leaves every projection to cuBLAS.
-        self.gemm_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                         if self.kernels and self.device.type == "cuda" else 132 if self.kernels else 0)
+        # The device's SMs (132, an H100/H200's, under Triton's CPU interpreter in tests).
+        self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                    if self.device.type == "cuda" else 132)
+        # SMs the skinny GEMMs plan for (`linear.project`); 0 leaves every projection to cuBLAS.
+        self.gemm_sms = self.sms if self.kernels else 0
+        # Decode attention straight from qkv in one kernel (`kernels/rope_attention.py`) where its grid is at most one
+        # program per SM; False always runs `rope_write` then `decode_attention`, as an extend does (benchmarks' A/B).
+        self.rope_attention = True
         self.model = nn.Module()
         self.model.embed_tokens = _Weights((self.vocab_rows, s.hidden), False, dtype, self.device)
         self.model.layers = nn.ModuleList(FusedLayer(s, tp.size, dtype, self.device) for _ in range(s.num_layers))
@@ -240,17 +246,24 @@ class FusedDecoder(nn.Module):
                 table_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The final-normed hidden states [N, hidden] of tokens at positions `pos`, over the paged cache."""
         eps, kern = self.eps, self.kernels
-        seq_lens = pos + 1
+        # One query per sequence (a decode step), in one kernel where that is faster (`one_wave`).
+        one_kernel = (self.rope_attention and table_rows is None
+                      and one_wave(tokens.shape[0], self.kv_heads, n_splits, self.sms))
+        seq_lens = None if one_kernel else pos + 1
         x = self.embed(tokens)
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
         for i, layer in enumerate(self.model.layers):
             a = layer.self_attn
             kc, vc = cache.layer(i)
-            q = rope_write(project(h, a.qkv_proj.weight, a.qkv_proj.bias, self.gemm_sms, self.kernels),
-                           self.q_heads, self.kv_heads,
-                           self.cos, self.sin, pos, slots, kc, vc, *self._qk_norms(a), eps, kern)
-            o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern,
-                                 table_rows)
+            qkv = project(h, a.qkv_proj.weight, a.qkv_proj.bias, self.gemm_sms, self.kernels)
+            if one_kernel:
+                o = rope_attention(qkv, self.q_heads, self.kv_heads, self.cos, self.sin, pos, slots, kc, vc,
+                                   *self._qk_norms(a), eps, block_table, max_len, self.head_dim**-0.5, n_splits, kern)
+            else:
+                q = rope_write(qkv, self.q_heads, self.kv_heads, self.cos, self.sin, pos, slots, kc, vc,
+                               *self._qk_norms(a), eps, kern)
+                o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern,
+                                     table_rows)
             post, after = self._norms(i)
             x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.reshape(o.shape[0], -1)), post, eps, kern)
             x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)

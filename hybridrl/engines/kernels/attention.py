@@ -54,6 +54,40 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 if HAS_TRITON:
 
     @triton.jit
+    def _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, table_row, kvh, first, last, n_keys, stride_table,
+                     stride_blk, stride_head, scale, BS: tl.constexpr, D: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                     IEEE: tl.constexpr):
+        """The online softmax (running max m_i [GP], sum l_i [GP], weighted values acc [GP, D], carried on from the
+        values given) of q [GP, D] over positions < n_keys in blocks [first, last) of block table row `table_row`
+        (tiles with no such position are not visited)."""
+        d = tl.arange(0, D)
+        t = tl.arange(0, TILE_BLOCKS * BS)
+        for start in range(first, tl.minimum(last, tl.cdiv(n_keys, BS)), TILE_BLOCKS):
+            blk = start + t // BS
+            in_range = blk < last
+            phys = tl.load(table_ptr + table_row * stride_table + blk, mask=in_range, other=0).to(tl.int64)
+            valid = in_range & (blk * BS + t % BS < n_keys)
+            off = phys * stride_blk + kvh * stride_head + (t % BS) * D
+            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # in flight with k
+            if IEEE:
+                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                qk = tl.dot(q, tl.trans(k))
+            qk = tl.where(valid[None, :], qk * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            p = tl.exp(qk - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit
     def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits,
                       group, stride_table, stride_blk, stride_head,
                       BS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE_BLOCKS: tl.constexpr,
@@ -77,33 +111,11 @@ if HAS_TRITON:
         heads = kvh * group + g
         q_mask = (g < group)[:, None]
         q = tl.load(q_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], mask=q_mask, other=0.0)
-        t = tl.arange(0, TILE_BLOCKS * BS)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
-        for start in range(first, last, TILE_BLOCKS):
-            blk = start + t // BS
-            in_range = blk < last
-            phys = tl.load(table_ptr + table_row * stride_table + blk, mask=in_range, other=0).to(tl.int64)
-            valid = in_range & (blk * BS + t % BS < seq_len)
-            off = phys * stride_blk + kvh * stride_head + (t % BS) * D
-            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # in flight with k
-            if IEEE:
-                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                qk = tl.dot(q, tl.trans(k))
-            qk = tl.where(valid[None, :], qk * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            p = tl.exp(qk - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+        m_i, l_i, acc = _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, table_row, kvh, first, last, seq_len,
+                                     stride_table, stride_blk, stride_head, scale, BS, D, TILE_BLOCKS, IEEE)
         has = l_i > 0
         out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
