@@ -24,7 +24,9 @@ ap.add_argument("--out", required=True)
 a = ap.parse_args()
 dev = torch.device("cuda")
 model = be.build_model("1.5b", torch.bfloat16, dev)
-args = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, no_skinny_gemm=False)
+# no_rope_attention: added after the run, when bench_engine gained --no-rope-attention (False: the engine's default).
+args = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, no_skinny_gemm=False,
+                          no_rope_attention=False)
 engine = be.build_engine(model, args, 256)
 gen = torch.Generator().manual_seed(2)
 prompts = torch.randint(2, model.config.vocab_size, (32, 128), generator=gen).tolist()
