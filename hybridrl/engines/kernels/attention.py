@@ -88,6 +88,23 @@ if HAS_TRITON:
         return m_i, l_i, acc
 
     @triton.jit
+    def _store_split(m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, heads, mine, q_heads, n_splits, split,
+                     D: tl.constexpr, DIRECT: tl.constexpr):
+        """A split's normalized output and log-sum-exp for query heads `heads` (rows where `mine`) of sequence `seq`:
+        with one split the answer itself, in out_ptr's dtype; else float32 rows for `_reduce_kernel`."""
+        d = tl.arange(0, D)
+        has = l_i > 0
+        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        if DIRECT:  # one split: this is the answer, no reduce kernel
+            tl.store(out_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=mine[:, None])
+        else:
+            lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+            row = (seq * q_heads + heads) * n_splits + split
+            tl.store(o_ptr + row[:, None] * D + d[None, :], out, mask=mine[:, None])
+            tl.store(lse_ptr + row, lse, mask=mine)
+
+    @triton.jit
     def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits,
                       group, stride_table, stride_blk, stride_head,
                       BS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE_BLOCKS: tl.constexpr,
@@ -109,23 +126,14 @@ if HAS_TRITON:
         g = tl.arange(0, GP)
         d = tl.arange(0, D)
         heads = kvh * group + g
-        q_mask = (g < group)[:, None]
-        q = tl.load(q_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], mask=q_mask, other=0.0)
+        mine = g < group
+        q = tl.load(q_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], mask=mine[:, None], other=0.0)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
         m_i, l_i, acc = _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, table_row, kvh, first, last, seq_len,
                                      stride_table, stride_blk, stride_head, scale, BS, D, TILE_BLOCKS, IEEE)
-        has = l_i > 0
-        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        if DIRECT:  # one split: this is the answer, no reduce kernel
-            tl.store(out_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=q_mask)
-        else:
-            row = (seq * q_heads + heads) * n_splits + split
-            tl.store(o_ptr + row[:, None] * D + d[None, :], out, mask=q_mask)
-            tl.store(lse_ptr + row, lse, mask=g < group)
+        _store_split(m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, heads, mine, q_heads, n_splits, split, D, DIRECT)
 
     @triton.jit
     def _reduce_kernel(o_ptr, lse_ptr, out_ptr, n_splits, D: tl.constexpr, SP: tl.constexpr):
@@ -161,6 +169,24 @@ def _tile_blocks(block_size: int, keys: int) -> int:
     return max(1, keys // block_size)
 
 
+def split_outputs(b: int, q_heads: int, d: int, n_splits: int, dtype: torch.dtype,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The answer [b, q_heads, d] and, with more than one split, the float32 per-split rows and log-sum-exps that
+    `_store_split` writes and `reduce_splits` combines (empty with one split)."""
+    many = n_splits > 1
+    out = torch.empty(b, q_heads, d, dtype=dtype, device=device)
+    parts = torch.empty(b * q_heads * n_splits * d if many else 0, dtype=torch.float32, device=device)
+    lse = torch.empty(b * q_heads * n_splits if many else 0, dtype=torch.float32, device=device)
+    return out, parts, lse
+
+
+def reduce_splits(parts: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, n_splits: int) -> None:
+    """Combine the splits into `out` [b, q_heads, d] (nothing to do with one split: the kernel wrote `out`)."""
+    if n_splits > 1:
+        b, hq, d = out.shape
+        _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
+
+
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, n_splits: int,
                             table_rows: torch.Tensor | None = None, keys: int | None = None,
@@ -172,19 +198,15 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     _, hkv, bs, _ = k_cache.shape
     group = hq // hkv
     q = q.contiguous()
-    out = torch.empty_like(q)
-    direct = n_splits == 1
-    parts = torch.empty(0 if direct else b * hq * n_splits * d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(0 if direct else b * hq * n_splits, dtype=torch.float32, device=q.device)
+    out, parts, lse = split_outputs(b, hq, d, n_splits, q.dtype, q.device)
     _split_kernel[(b, hkv, n_splits)](
         q, k_cache, v_cache, block_table, table_rows if table_rows is not None else seq_lens, seq_lens, parts, lse, out,
         scale, n_splits, group, block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
         BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs, keys or tile_keys(d)),
-        IEEE=q.dtype == torch.float32, DIRECT=direct, ROWS=table_rows is not None, num_warps=warps,
+        IEEE=q.dtype == torch.float32, DIRECT=n_splits == 1, ROWS=table_rows is not None, num_warps=warps,
         num_stages=stages,
     )
-    if not direct:
-        _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
+    reduce_splits(parts, lse, out, n_splits)
     return out
 
 

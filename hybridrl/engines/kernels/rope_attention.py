@@ -27,7 +27,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    _attend_keys = attention._attend_keys
+    _attend_keys, _store_split = attention._attend_keys, attention._store_split
 
 
 def one_wave(rows: int, kv_heads: int, splits: int, sms: int) -> bool:
@@ -43,7 +43,8 @@ def rope_attention_torch(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_tab
                          v_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
                          block_table: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
     """Attention output [B, q_heads, d] of one decode token per sequence from its qkv [B, (q + 2 kv) · d] (or float32
-    partials [S, B, ...]): `rope_write_torch` (k, v to the cache) then `decode_attention_torch` over positions ≤ pos."""
+    partials [S, B, ...]): `rope_write_torch` (k, v to the cache), then `decode_attention_torch` over positions
+    ≤ pos."""
     q = rope_write_torch(qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache, q_norm, k_norm,
                          eps)
     return decode_attention_torch(q, k_cache, v_cache, block_table, pos + 1, max_len, scale)
@@ -123,17 +124,8 @@ if HAS_TRITON:
         acc = tl.where(own[:, None], v_own[None, :], 0.0)
         m_i, l_i, acc = _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, seq, kvh, first, last, seq_len - 1,
                                      stride_table, stride_blk, stride_head, scale, BS, D, TILE_BLOCKS, IEEE)
-        has = l_i > 0
-        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        heads = kvh * group + r
-        if DIRECT:  # one split: this is the answer, no reduce kernel
-            tl.store(out_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=is_q[:, None])
-        else:
-            row = (seq * q_heads + heads) * n_splits + split
-            tl.store(o_ptr + row[:, None] * D + d[None, :], out, mask=is_q[:, None])
-            tl.store(lse_ptr + row, lse, mask=is_q)
+        _store_split(m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, kvh * group + r, is_q, q_heads, n_splits, split, D,
+                     DIRECT)
 
 
 def rope_attention_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor,
@@ -145,24 +137,21 @@ def rope_attention_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_ta
     `maxnreg`: launch tuning)."""
     partial = qkv.dim() == 3
     b = pos.shape[0]
-    _, hkv, bs, d = k_cache.shape
+    _, _, bs, d = k_cache.shape
     group = q_heads // kv_heads
     qkv = qkv.contiguous()
-    out = torch.empty(b, q_heads, d, dtype=k_cache.dtype, device=qkv.device)
-    direct = n_splits == 1
-    parts = torch.empty(0 if direct else b * q_heads * n_splits * d, dtype=torch.float32, device=qkv.device)
-    lse = torch.empty(0 if direct else b * q_heads * n_splits, dtype=torch.float32, device=qkv.device)
+    out, parts, lse = attention.split_outputs(b, q_heads, d, n_splits, k_cache.dtype, qkv.device)
     norm = q_norm is not None
+    tile_blocks = attention._tile_blocks(bs, attention.tile_keys(d))
     _rope_attention_kernel[(b, kv_heads, n_splits)](
         qkv, k_cache, v_cache, block_table, pos, slots, cos_table, sin_table, q_norm if norm else out,
         k_norm if norm else out, parts, lse, out, eps, scale, n_splits, group, block_table.stride(0),
         k_cache.stride(0), k_cache.stride(1), qkv.shape[0] if partial else 1, b * qkv.shape[-1],
-        BS=bs, D=d, R=max(16, triton.next_power_of_2(group + 2)), TILE_BLOCKS=attention._tile_blocks(bs, attention.tile_keys(d)),
-        IEEE=k_cache.dtype == torch.float32, DIRECT=direct, QK_NORM=norm, PARTS=partial, num_warps=warps,
+        BS=bs, D=d, R=max(16, triton.next_power_of_2(group + 2)), TILE_BLOCKS=tile_blocks,
+        IEEE=k_cache.dtype == torch.float32, DIRECT=n_splits == 1, QK_NORM=norm, PARTS=partial, num_warps=warps,
         num_stages=stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
-    if not direct:
-        attention._reduce_kernel[(b * q_heads,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
+    attention.reduce_splits(parts, lse, out, n_splits)
     return out
 
 
