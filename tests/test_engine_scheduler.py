@@ -135,13 +135,13 @@ def test_staggered_starts_equal_solo_generation(model, join_wait):
 
 def test_requests_arriving_steps_apart_share_one_prefill(model):
     """With join_wait_steps=4, a request that arrives while a batch runs waits until two can join (an eighth of the
-    rows, at least 2) or it has waited 4 steps with a row free; with 0 each joins at the next step (a prefill each).
-    Tokens are the same either way."""
+    rows, at least 2) or it has waited 4 steps with a row free; with 0 each joins at the next step (a prefill each:
+    join_step_tokens=0, so that every device counts the same steps). Tokens are the same either way."""
     params = SamplingParams(max_new_tokens=12, seed=5)
     reqs = [GenerationRequest(PROMPTS[i % 3] + [50 + i], i, 0) for i in range(4)]
     runs = {}
     for wait, rows in ((0, 8), (4, 8), (4, 3), (4, 32)):
-        engine = fused(model, max_batch_size=rows, join_wait_steps=wait)
+        engine = fused(model, max_batch_size=rows, join_wait_steps=wait, join_step_tokens=0)
         handles = {engine.submit(reqs[0], params): 0}  # the running batch
         got, step = {}, 0
         joined_at = {}
@@ -236,6 +236,84 @@ def test_async_engine_reports_engine_errors_to_every_waiter(model):
 
     ok, failed = asyncio.run(main())
     assert len(ok.token_ids) >= 1 and isinstance(failed, HybridRLError)  # 9 + 8 > 10: refused at submit
+
+
+def test_turns_join_inside_the_running_step(model):
+    """Agent turns past a cached prefix join the running batch inside its next step (their new prompt tokens ride along
+    as extra rows, the step samples their first tokens): every turn equals the same conversation with every join
+    prefilled apart (join_step_tokens=0), and a full forward's log-probs."""
+    params = SamplingParams(max_new_tokens=6, seed=8, stop_token_ids=[4, 12])
+    inside = fused(model, max_batch_size=4, kv_block_size=4)
+    apart = fused(model, max_batch_size=4, kv_block_size=4, join_step_tokens=0)
+    got, want = _conversations(inside, params), _conversations(apart, params)
+    assert inside.scheduler.step_joins > 0 and apart.scheduler.step_joins == 0
+    for turns, turns_apart in zip(got, want):
+        for (context, out), (context_apart, out_apart) in zip(turns, turns_apart):
+            assert context == context_apart
+            same([out], [out_apart])
+            ref = reference_logprobs(model, context, out.token_ids)
+            assert (torch.tensor(out.logprobs) - ref).abs().max().item() < TOL
+    assert not inside.has_work and inside.cache.allocator.held == 0
+
+
+@pytest.mark.parametrize("cap", [512, 2])
+def test_a_turn_joins_a_running_batch_in_its_step(model, cap):
+    """A turn continuing a cached 16-token prefix (4 new tokens: 3 ride along, the last is the row's input) joins two
+    running rows in their next step, and equals its solo generation, as do the rows it joined; with fewer tokens
+    allowed per step (cap 2) it prefills apart instead."""
+    params = SamplingParams(max_new_tokens=8, seed=7)  # no sequence stops early
+    engine = fused(model, kv_block_size=4, join_wait_steps=0, join_step_tokens=cap)
+    first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
+    assert len(first.token_ids) == 8  # 9 + 8 - 1 = 16 positions written: 4 full blocks cached
+    reqs = [GenerationRequest(PROMPTS[0], 1), GenerationRequest(PROMPTS[1], 2),
+            GenerationRequest(PROMPTS[2] + first.token_ids + [50, 51, 52], 0, 1)]
+    solo = [fused(model, kv_block_size=4).generate_requests([r], params)[0] for r in reqs]
+    sch = engine.scheduler
+    handles = {engine.submit(r, params): i for i, r in enumerate(reqs[:2])}
+    got = {}
+    for _ in range(3):
+        got.update({handles[h]: c for h, c in engine.step()})
+    assert len(sch.rows) == 2  # the batch it joins
+    before = (sch.step_joins, sch.prefills, sch.prefilled_tokens)
+    handles[engine.submit(reqs[2], params)] = 2
+    while engine.has_work:
+        got.update({handles[h]: c for h, c in engine.step()})
+    same([got[i] for i in range(3)], solo)
+    inside = cap >= 3
+    assert (sch.step_joins - before[0], sch.prefills - before[1]) == ((1, 0) if inside else (0, 1))
+    assert sch.prefilled_tokens - before[2] == 4
+
+
+@pytest.mark.parametrize("turns", [(0, 2), (0, 1, 2)])
+def test_joins_past_a_step_budget(model, turns):
+    """Turns arriving together at a running batch with join_step_tokens=3 (the turns of prompts 0, 1, 2 ride 3, 4 and
+    3 tokens): of turns 0 and 2, the first joins inside the next step and the other, alone left over, waits one step
+    and joins inside the one after; of turns 0, 1 and 2 two are left over (an eighth of 8 rows, at least 2): all
+    prefill apart at once. Each equals its solo generation."""
+    params = SamplingParams(max_new_tokens=8, seed=7)  # no sequence stops early
+    engine = fused(model, kv_block_size=4, join_wait_steps=0, join_step_tokens=3)
+    firsts = engine.generate_requests([GenerationRequest(p, i) for i, p in enumerate(PROMPTS)], params)
+    reqs = [GenerationRequest([30, 31, 32], 10), GenerationRequest([40, 41, 42, 43, 44, 45], 11)]  # the batch
+    reqs += [GenerationRequest(PROMPTS[i] + firsts[i].token_ids + [50, 51, 52], i, 1) for i in turns]
+    solo = [fused(model, kv_block_size=4).generate_requests([r], params)[0] for r in reqs]
+    sch = engine.scheduler
+    handles = {engine.submit(r, params): i for i, r in enumerate(reqs[:2])}
+    got, joined_at = {}, {}
+    for step in range(40):
+        if step == 2:
+            before = (sch.step_joins, sch.prefills)
+            handles.update({engine.submit(r, params): 2 + i for i, r in enumerate(reqs[2:])})
+        got.update({handles[h]: c for h, c in engine.step()})
+        for s_ in sch.rows:
+            joined_at.setdefault(handles[s_.handle], step)
+    assert not engine.has_work
+    same([got[i] for i in range(len(reqs))], solo)
+    if len(turns) == 2:
+        assert (sch.step_joins - before[0], sch.prefills - before[1]) == (2, 0)
+        assert (joined_at[2], joined_at[3]) == (2, 3)
+    else:
+        assert (sch.step_joins - before[0], sch.prefills - before[1]) == (0, 1)
+        assert joined_at[2] == joined_at[3] == joined_at[4] == 2
 
 
 def test_the_next_turn_prefills_only_what_is_new(model):

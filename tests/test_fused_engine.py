@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from hybridrl.engines import build_engine
-from hybridrl.engines.base import SamplingParams
+from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig, NativeOptions
 import hybridrl.engines.fused.engine as fused_engine_module
 from hybridrl.engines.fused.engine import FusedEngine
@@ -125,11 +125,18 @@ def test_gpu_bucketing_gives_the_same_samples(model):
 class _Replay:
     """Stands in for a captured CUDA graph on CPU: a replay runs the captured step body eagerly."""
 
-    def __init__(self, runner, batch, mode) -> None:
-        self.runner, self.batch, self.mode = runner, batch, mode
+    def __init__(self, runner, batch, join, mode) -> None:
+        self.runner, self.batch, self.join, self.mode = runner, batch, join, mode
 
     def replay(self) -> None:
-        self.runner._graph_body(self.batch, self.mode)
+        self.runner._graph_body(self.batch, self.join, self.mode)
+
+
+def _emulate_graphs(run) -> None:
+    """Steps through `_Replay` stand-ins, with the GPU's buckets and full-width attention."""
+    run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
+    run._capture = lambda b, eb, mode: run.graphs.setdefault((b, eb, mode if mode.in_graph else None),
+                                                             _Replay(run, b, eb, mode))
 
 
 @pytest.mark.parametrize("seed", [6, None])
@@ -143,13 +150,47 @@ def test_the_graphed_step_gives_the_same_samples(seed):
     want = eager.generate(PROMPTS, params)
     engine = fused_engine(model, max_batch_size=16)
     run = engine.runner
-    run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
-    run._capture = lambda b, mode: run.graphs.setdefault((b, mode if mode.in_graph else None), _Replay(run, b, mode))
+    _emulate_graphs(run)
     got = engine.generate(PROMPTS, params)
     assert run.graphs, "no step went through a graph"
     assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in want]
     for o, w in zip(got, want):
         assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+
+
+@pytest.mark.parametrize("seed", [3, None])
+def test_a_graphed_step_with_joining_turns_gives_the_same_samples(seed):
+    """Turns past a cached prefix joining a running batch inside its step, replayed as the graphs run them (the riding
+    tokens staged in the static buffer, padded to their bucket with writes into the scratch block), sample what the
+    same requests sample alone. Seeded: the same tokens; unseeded: the same shapes of run."""
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(max_new_tokens=8, seed=seed)
+    engine = fused_engine(model, max_batch_size=16, kv_block_size=4, kv_blocks=64, join_wait_steps=0)
+    run = engine.runner
+    _emulate_graphs(run)
+    run.join_capture_use = 1
+    firsts = engine.generate_requests([GenerationRequest(p, i) for i, p in enumerate(PROMPTS)], params)
+    turns = [GenerationRequest(p + f.token_ids + [50 + i, 51], i, 1) for i, (p, f) in enumerate(zip(PROMPTS, firsts))]
+    news = [GenerationRequest(PROMPTS[i], 10 + i) for i in range(2)]
+    handles = {engine.submit(r, params): ("new", i) for i, r in enumerate(news)}
+    got = {}
+    for step in range(6):
+        if 1 <= step <= len(turns):  # the new prompts run; then one turn joins them at each step
+            handles[engine.submit(turns[step - 1], params)] = ("turn", step - 1)
+        got.update({handles[h]: c for h, c in engine.step()})
+    while engine.has_work:
+        got.update({handles[h]: c for h, c in engine.step()})
+    assert engine.scheduler.step_joins >= len(turns)  # with the kernels (GPU), the new prompts join in a step too
+    assert any(key[1] for key in run.graphs), "no step with riding tokens went through a graph"
+    if seed is None:
+        assert all(len(c.token_ids) >= 1 for c in got.values()) and len(got) == len(turns) + len(news)
+        return
+    solo = fused_engine(model, kv_block_size=4)
+    for name, reqs in (("turn", turns), ("new", news)):
+        for i, r in enumerate(reqs):
+            want = solo.generate_requests([r], params)[0]
+            assert got[(name, i)].token_ids == want.token_ids
+            assert torch.allclose(torch.tensor(got[(name, i)].logprobs), torch.tensor(want.logprobs), atol=TOL)
 
 
 def test_chunking_and_prompt_offset_keep_samples():

@@ -86,10 +86,16 @@ class NativeOptions:
     kv_memory_fraction: float = 0.0
     """Fused engine on GPU, with kv_blocks = 0: size the KV cache to this fraction of the device memory free at
     wake-up; 0 = by demand (max_batch_size sequences of the longest request, grown when idle)."""
-    join_wait_steps: int = 8
+    join_wait_steps: int = 0
     """Fused engine: decode steps a request may wait to join a running batch, so that requests arriving close together
-    (agent turns back from their tools) share one prefill instead of one each, counted from when a row is free; they
-    join at once when an eighth of the rows (at least 2) can, or nothing runs. 0 = join at the next step."""
+    share one prefill instead of one each, counted from when a row is free; they join at once when an eighth of the
+    rows (at least 2) can, or nothing runs. 0 = join at the next step: best where turns join inside a step
+    (`join_step_tokens`), measured; a few steps pay where every join prefills apart."""
+    join_step_tokens: int = 512
+    """Fused engine: most prompt tokens that ride along in one decode step when single requests join a running batch
+    (an agent's next turn past its cached prefix; on GPU also a new prompt ≤ 512 tokens): they run as extra rows of
+    that step and the joining rows sample their first token in it, instead of a separate prefill. More, or groups of
+    samples sharing a prompt, prefill apart. 0 = every join prefills apart."""
 
     def __post_init__(self) -> None:
         if self.impl not in NATIVE_IMPLS:
@@ -106,6 +112,9 @@ class NativeOptions:
             raise ConfigError(f"engine.native.kv_blocks must be >= 0 (0 = sized automatically), got {self.kv_blocks}")
         if self.join_wait_steps < 0:
             raise ConfigError(f"engine.native.join_wait_steps must be >= 0, got {self.join_wait_steps}")
+        if self.join_step_tokens < 0:
+            raise ConfigError(f"engine.native.join_step_tokens must be >= 0 (0 = joins prefill apart), got "
+                              f"{self.join_step_tokens}")
         if not 0 <= self.kv_memory_fraction < 1:
             raise ConfigError(f"engine.native.kv_memory_fraction must be in [0, 1), got {self.kv_memory_fraction}")
 

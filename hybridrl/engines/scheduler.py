@@ -13,7 +13,9 @@ One `step`::
                request may wait up to `join_wait` steps so that requests arriving a few steps apart (agent turns back
                from their tools) share one prefill: a prefill costs more than a decode step, and a row waiting a few
                steps costs a few tokens. The wait counts from when a row is free; they join at once when an eighth of
-               the rows (at least 2) can join.
+               the rows (at least 2) can join. Single requests (agent turns) join inside the next step where the
+               engine can (`join_in_step`): their uncached prompt tokens ride along as extra rows of that step, which
+               samples their first tokens; otherwise they prefill apart first.
     3. launch  one decode step of every row (a CUDA graph on GPU), its tokens copied to the host asynchronously
     4. read    the outputs queued before that launch: append tokens, detect stops and lengths, free finished
                sequences' blocks
@@ -38,7 +40,7 @@ import torch
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.fused.blocks import BlockAllocator, BlockKey, block_keys
 from hybridrl.engines.fused.kv_cache import blocks_for
-from hybridrl.engines.fused.runner import DecodeRunner, HostCopy, SamplerMode, to_device
+from hybridrl.engines.fused.runner import DecodeRunner, HostCopy, JoinTokens, SamplerMode, to_device
 from hybridrl.engines.sampling import stream_key
 from hybridrl.errors import HybridRLError
 
@@ -100,14 +102,23 @@ class Backend(Protocol):
         """Run each group's prompt once into its first sequence's blocks, copy the partial last block to the others,
         and sample every sequence's first token: (tokens, log-probs) on the device, in group order."""
 
+    def ride_tokens(self, group: PromptGroup) -> int | None:
+        """Prompt tokens the group's request would ride along in a decode step (its uncached prompt but the last
+        token, the row's input), or None where it must prefill apart."""
+
+    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> JoinTokens:
+        """Place the groups' sequences as rows start.. whose first token the next step samples; the prompt tokens
+        that ride along in that step."""
+
 
 class Scheduler:
     """The queue, the running batch and the host side of every sequence of one fused engine."""
 
     def __init__(self, backend: Backend, max_rows: int, eos_token_ids: Sequence[int], max_model_len: int = 0,
-                 sampler_kernel: bool = True, prefix_cache: bool = True, join_wait: int = 0) -> None:
+                 sampler_kernel: bool = True, prefix_cache: bool = True, join_wait: int = 0,
+                 join_step_tokens: int = 0) -> None:
         self.backend, self.max_rows, self.max_model_len = backend, max_rows, max_model_len
-        self.prefix_cache, self.join_wait = prefix_cache, join_wait
+        self.prefix_cache, self.join_wait, self.join_step_tokens = prefix_cache, join_wait, join_step_tokens
         self.eos = frozenset(eos_token_ids)
         self.sampler_kernel = sampler_kernel
         self.waiting: deque[Sequence_] = deque()
@@ -118,6 +129,8 @@ class Scheduler:
         self._alloc: BlockAllocator | None = None  # the allocator every held block came from
         self.prefilled_tokens = 0  # prompt tokens run through prefill (tests check prompts run once per group)
         self.steps = self.prefills = self.row_steps = 0  # steps taken, admissions (prefill calls), rows × steps
+        self.step_joins = 0  # admissions that joined inside a step (no prefill call)
+        self._join: JoinTokens | None = None  # prompt tokens riding along in the next launch
         self._room_since: int | None = None  # the step since which a waiting request has had a free row
 
     @property
@@ -165,7 +178,7 @@ class Scheduler:
         self.waiting.clear()
         self.rows.clear()
         self.pending.clear()
-        self.mode = self._room_since = None
+        self.mode = self._room_since = self._join = None
 
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[int, Completion]]:
@@ -185,7 +198,8 @@ class Scheduler:
             # block tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
             width = run.width * self.backend.block_size
             attend = width if run.on_gpu else min(width, max(s.cohort_len + s.launched for s in self.rows))
-            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend)
+            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend, self._join)
+            self._join = None
             launched = [(list(self.rows), copy)]
             for s in self.rows:
                 s.launched += 1
@@ -236,15 +250,30 @@ class Scheduler:
         if not taken:
             return
         self.mode = mode
+        ride = self._riders(groups)
+        if 0 < ride < len(groups):  # the rest wait for the next step, where they may ride in turn
+            later = [s for g in groups[ride:] for s in g.seqs]
+            for s in later:
+                alloc.release(s.blocks)
+                s.blocks, s.keys = [], []
+            self.waiting.extendleft(reversed(later))
+            groups, taken = groups[:ride], taken[: len(taken) - len(later)]
         longest = max(s.prompt_len for s in taken)
         for s in taken:
             s.cohort_len = longest
-        tok, lp = self.backend.prefill(groups, mode)
-        self.prefills += 1
         self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
-        if self.prefix_cache:  # the prompt's full blocks are final once the prefill is queued
+        if ride:
+            self._join = self.backend.join_in_step(groups, len(self.rows), mode)
+            self.step_joins += 1
+        else:
+            tok, lp = self.backend.prefill(groups, mode)
+            self.prefills += 1
+        if self.prefix_cache:  # the prompt's full blocks are final once the prefill, or the step, is queued
             for g in groups:
                 alloc.register(g.seqs[0].keys, g.shared)
+        if ride:
+            self.rows += taken  # launched 0: the step about to run samples their first tokens
+            return
         self.pending.append((taken, HostCopy([tok, lp])))
         for s in taken:
             s.launched = 1
@@ -256,6 +285,21 @@ class Scheduler:
                                       [taken[i].key for i in going] if mode.seeded else None,
                                       [taken[i].blocks for i in going])
             self.rows += [taken[i] for i in going]
+
+    def _riders(self, groups: list[PromptGroup]) -> int:
+        """How many leading groups join inside the next step (0: all prefill apart). All of them where their riding
+        tokens fit `join_step_tokens`; else those that fit, while the batch runs and few are left over (they wait a
+        step); else none: a burst (a batch starting, a wave of rows freed at once) prefills in one pass."""
+        ride, spent = 0, 0
+        for g in groups:
+            n = self.backend.ride_tokens(g) if self.join_step_tokens else None
+            if n is None or spent + n > self.join_step_tokens:
+                break
+            ride, spent = ride + 1, spent + n
+        left = sum(len(g.seqs) for g in groups[ride:])
+        if ride < len(groups) and not (self.rows and left < max(2, self.max_rows // 8)):
+            return 0
+        return ride
 
     def _need(self, seq: Sequence_) -> int:
         """Blocks `seq` takes when nothing is shared with it."""

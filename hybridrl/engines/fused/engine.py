@@ -24,7 +24,7 @@ from hybridrl.engines.frozen_heap import frozen_heap
 from hybridrl.engines.fused.groups import TensorParallel
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.fused.model import FusedDecoder
-from hybridrl.engines.fused.runner import DecodeRunner, SamplerMode, to_device
+from hybridrl.engines.fused.runner import DecodeRunner, JoinTokens, SamplerMode, to_device
 from hybridrl.engines.native_base import NativeEngineBase, check_requests
 from hybridrl.engines.sampling import sample_tokens
 from hybridrl.engines.scheduler import PromptGroup, Scheduler
@@ -64,10 +64,10 @@ class FusedEngine(NativeEngineBase):
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
-                                   self.options.prefill_tokens)
+                                   self.options.prefill_tokens, self.options.join_step_tokens)
         self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
                                    self.options.sampler_kernel, self.options.prefix_cache,
-                                   self.options.join_wait_steps)
+                                   self.options.join_wait_steps, self.options.join_step_tokens)
 
     # -- requests ---------------------------------------------------------------------------------------
     @property
@@ -194,11 +194,7 @@ class FusedEngine(NativeEngineBase):
         positions."""
         out, start, budget = [], 0, self.options.prefill_tokens
         gathers = not self.model.paged_attention_kernel(self.block_size)
-
-        def packed(g: PromptGroup) -> bool:
-            # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt
-            # is cheaper padded through SDPA; float32 CPU runs then also reproduce earlier runs bit for bit.
-            return bool(g.cached) or (not gathers and len(g.prompt) <= PACKED_PROMPT_MAX)
+        packed = self._packed
 
         def fits(chunk: list[PromptGroup]) -> bool:
             if not packed(chunk[0]):
@@ -214,6 +210,37 @@ class FusedEngine(NativeEngineBase):
             out.append(self._extend_chunk(chunk) if packed(chunk[0]) else self._prefill_chunk(chunk))
             start = end
         return torch.cat(out) if len(out) > 1 else out[0]
+
+    def _packed(self, g: PromptGroup) -> bool:
+        """Whether the group's prompt runs packed, a row per token (`extend`, or riding along in a step)."""
+        # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
+        # cheaper padded through SDPA; float32 CPU runs then also reproduce earlier runs bit for bit.
+        return bool(g.cached) or (self.model.paged_attention_kernel(self.block_size)
+                                  and len(g.prompt) <= PACKED_PROMPT_MAX)
+
+    def ride_tokens(self, group: PromptGroup) -> int | None:
+        """The prompt tokens a single request rides along in a step: past its cached prefix, but the last (the row's
+        input). None for a group of several samples (they share a copied partial block: a prefill does that) or a
+        prompt the packed path does not take."""
+        if len(group.seqs) != 1 or not self._packed(group):
+            return None
+        return len(group.prompt) - 1 - group.cached
+
+    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> JoinTokens:
+        """Place single-request groups as rows start.. whose first token the next step samples, their last prompt
+        token the row's input and the rest past the cached prefix riding along (`JoinTokens`)."""
+        join = JoinTokens([], [], [], [])
+        for row, g in enumerate(groups, start):
+            end = len(g.prompt) - 1
+            join.ids += g.prompt[g.cached : end]
+            join.pos += range(g.cached, end)
+            join.slots += self.cache.slots(g.seqs[0].blocks, g.cached, end)
+            join.rows += [row] * (end - g.cached)
+        seqs = [g.seqs[0] for g in groups]
+        self.runner.place(start, [g.prompt[-1] for g in groups],
+                          [len(g.prompt) - 1 for g in groups], [s.key for s in seqs] if mode.seeded else None,
+                          [s.blocks for s in seqs], step=0)
+        return join
 
     def _tables(self, groups: list[PromptGroup]) -> list[list[int]]:
         return [g.seqs[0].blocks if g.seqs else g.shared for g in groups]

@@ -234,12 +234,21 @@ class FusedDecoder(nn.Module):
         return self.logits(h[last])
 
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
-               cache: PagedKVCache, max_len: int, n_splits: int = 1) -> torch.Tensor:
+               cache: PagedKVCache, max_len: int, n_splits: int = 1,
+               join: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """One token per row (tokens, positions, cache slots [B]; block tables [B, blocks]): store its K/V, attend to
         positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
         in a CUDA graph. `max_len` (> every position) is the torch attention path's gathered width; `n_splits` the
-        Triton kernel's key split."""
-        return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits))
+        Triton kernel's key split. `join` (ids, positions, slots, rows [E]): prompt tokens of rows joining at this
+        step, run as extra rows (as `extend` runs them) whose K/V the rows' own tokens attend in the same layer."""
+        b = tokens.shape[0]
+        if join is None:
+            return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits))
+        ids, jpos, jslots, jrows = join
+        rows = torch.cat((torch.arange(b, device=tokens.device), jrows))
+        h = self._layers(torch.cat((tokens, ids)), torch.cat((pos, jpos)), torch.cat((slots, jslots)), block_table,
+                         cache, max_len, n_splits, rows)
+        return self.logits(h[:b])
 
     def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
                 cache: PagedKVCache, max_len: int, n_splits: int,

@@ -2,7 +2,8 @@
 bucket that runs the whole step (forward, sampling, bookkeeping) in one launch. Prompts joining the batch run
 packed through `extend`, graphed per token bucket the same way.
 
-Per-row state, in static buffers the graphs read and write in place::
+Per-row state, in static buffers the graphs read and write in place (the first five are rows of one int64 tensor,
+`state`, so rows joining and leaving move them in one copy)::
 
     tokens  the input token of the next step        pos     its position (= tokens the row has cached)
     steps   the sample index it will draw next      keys    its random-stream key (seeded sampling)
@@ -16,9 +17,16 @@ sequences come and go. A graph is captured lazily per (bucket, sampler mode), an
 what it points at moves (sleep, a larger cache or block table, new RoPE tables). Unseeded sampling draws from a
 torch.Generator, which a graph cannot replay: then the graph covers the forward and the sampler runs after it.
 
+Requests joining a running batch can ride along in a step (`JoinTokens`): each becomes a row whose input is its last
+prompt token, at step 0 of its stream, and its other uncached prompt tokens run as extra rows of the same forward,
+writing their K/V before the layer's attention reads them. The step then samples the joiners' first tokens with
+everyone else's: one pass over the weights instead of a prefill and a step. Such steps are graphed per (batch
+bucket, bucket of extra tokens), captured at a pair's second use.
+
 `extend` runs prompt tokens (an agent's next turn past its cached prefix, or a short new prompt) as rows of the same
-layers (`FusedDecoder.extend`). Eagerly that is ~10 launches per layer, ~14 ms of host time at 24 layers on the
-H200's host (measured), several decode steps' worth; graphed per bucket of token counts it is one launch.
+layers (`FusedDecoder.extend`), apart from a step. Eagerly that is ~10 launches per layer, ~14 ms of host time at 24
+layers on the H200's host (measured), several decode steps' worth; graphed per bucket of token counts it is one
+launch.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridrl.engines.fused.kv_cache import PagedKVCache
+from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, PagedKVCache
 from hybridrl.engines.fused.model import FusedDecoder
 from hybridrl.engines.kernels.attention import split_count
 from hybridrl.engines.kernels.step_state import advance, cache_slots
@@ -38,6 +46,7 @@ from hybridrl.engines.sampling import sample_tokens
 log = logging.getLogger(__name__)
 
 _SMALL = (1, 2, 4, 8, 12, 16, 24, 32, 48)
+_STATE = ("tokens", "steps", "keys", "pos", "active")  # the rows of `DecodeRunner.state`; pos and active last
 
 
 def batch_buckets(limit: int) -> list[int]:
@@ -47,6 +56,17 @@ def batch_buckets(limit: int) -> list[int]:
         out += [b, b * 3 // 2]
         b *= 2
     return sorted({min(x, limit) for x in out})
+
+
+@dataclass
+class JoinTokens:
+    """Prompt tokens that ride along in the next decode step: token i (id, position, cache slot) belongs to the
+    sequence in row rows[i]; they write K/V and feed nothing else."""
+
+    ids: list[int]
+    pos: list[int]
+    slots: list[int]
+    rows: list[int]
 
 
 @dataclass(frozen=True)
@@ -76,10 +96,13 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
 class HostCopy:
     """Device tensors on their way to host memory: the copy is queued now and waited for in `result`."""
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, tensors: list[torch.Tensor], into: list[torch.Tensor] | None = None) -> None:
+        """`into`: pinned host buffers at least as long as each tensor (else fresh ones); the caller keeps them
+        untouched until `result`."""
         self.event = None
         if tensors and tensors[0].is_cuda:
-            self.host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+            self.host = ([torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors] if into is None
+                         else [h[: t.shape[0]] for h, t in zip(into, tensors)])
             for h, t in zip(self.host, tensors):
                 h.copy_(t, non_blocking=True)
             self.event = torch.cuda.Event()
@@ -97,8 +120,10 @@ class HostCopy:
 class DecodeRunner:
     """Owns the per-row decode state of up to `rows` sequences and the CUDA graphs captured over it."""
 
-    def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool, extend_tokens: int = 0) -> None:
-        """`extend_tokens`: the most packed prompt tokens one `extend` graph takes (0: extends run eagerly)."""
+    def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool, extend_tokens: int = 0,
+                 join_tokens: int = 0) -> None:
+        """`extend_tokens`: the most packed prompt tokens one `extend` graph takes (0: extends run eagerly);
+        `join_tokens`: the most prompt tokens riding along in one step (`JoinTokens`)."""
         self.model, self.rows = model, rows
         self.device = model.device
         self.on_gpu = self.device.type == "cuda"
@@ -108,6 +133,10 @@ class DecodeRunner:
         self.cache: PagedKVCache | None = None
         self._buckets = batch_buckets(rows)
         self._extend_buckets = [b for b in batch_buckets(extend_tokens) if b >= 16] if extend_tokens else []
+        self._join_buckets = sorted({max(16, b) for b in batch_buckets(join_tokens)}) if join_tokens else []
+        # A step with tokens riding along is captured at its (rows, tokens) pair's second use: at the end of a
+        # multi-turn rollout most pairs come once, and a capture costs more than one eager step.
+        self.join_capture_use = 2
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_gpu else 1
         # Graph captures since `take_capture_stats`: each sleep drops the graphs, so a rollout after a wake-up pays
         # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
@@ -120,13 +149,19 @@ class DecodeRunner:
         self.release()
         dev, n = self.device, self.rows
         self.cache = cache
-        self.tokens, self.pos, self.steps, self.keys, self.active = (
-            torch.zeros(n, dtype=torch.long, device=dev) for _ in range(5))
+        self.state = torch.zeros(len(_STATE), n, dtype=torch.long, device=dev)
+        self.tokens, self.steps, self.keys, self.pos, self.active = self.state  # in _STATE's order
         self.table = torch.zeros(n, width, dtype=torch.int32, device=dev)
         self.out_tok = torch.zeros(n, dtype=torch.long, device=dev)
         self.out_lp = torch.zeros(n, dtype=torch.float32, device=dev)
         vocab_cols = self.model.vocab_rows * self.model.tp.size
         self.logits = torch.empty(n, vocab_cols, dtype=self.model.dtype, device=dev) if self.use_graphs else None
+        # Pinned host buffers the steps' outputs come back into, in turn: a step's are read before the next step's
+        # launch but one (the scheduler reads one behind), so a ring of three is never overwritten early.
+        self._outs = None if dev.type != "cuda" else [
+            [torch.empty(n, dtype=torch.long, pin_memory=True), torch.empty(n, dtype=torch.float32, pin_memory=True)]
+            for _ in range(3)]
+        self._out_turn = 0
 
     @property
     def width(self) -> int:
@@ -144,45 +179,49 @@ class DecodeRunner:
     def drop_graphs(self) -> None:
         """Forget every captured graph (they are captured again on first use; an extend bucket on its second)."""
         self.graphs.clear()
-        self._extend_uses: dict[int, int] = {}
+        self._uses: dict[tuple, int] = {}  # uses of graph keys that are captured at a later use, since the last drop
         self.pool = None
 
     def release(self) -> None:
         """Drop the graphs, the buffers and the cache reference; `bind` again before the next step."""
         self.drop_graphs()
         self.cache = None
-        self.tokens = self.pos = self.steps = self.keys = self.active = self.table = None
-        self.out_tok = self.out_lp = self.logits = None
+        self.state = self.tokens = self.pos = self.steps = self.keys = self.active = self.table = None
+        self.out_tok = self.out_lp = self.logits = self._outs = None
         # A graphed extend's inputs (tokens, positions, slots, table rows), the joining sequences' block tables and
         # the tokens whose logits are wanted: made at the first graphed extend after `bind`.
         self.ext_in = self.ext_table = self.ext_last = None
+        self.join_in = None  # the same four inputs for the tokens riding along in a step
 
     # -- rows joining and leaving ---------------------------------------------------------------------------
-    def place(self, start: int, tokens: torch.Tensor, pos: list[int], keys: list[int] | None,
-              tables: list[list[int]]) -> None:
-        """Rows start.. become sequences with input `tokens` (device) at positions `pos`, about to draw step 1."""
-        k, dev = len(pos), self.device
-        rows = slice(start, start + k)
-        self.tokens[rows] = tokens
-        self.pos[rows] = to_device(pos, torch.long, dev)
-        self.steps[rows] = 1
-        self.active[rows] = 1
-        self.keys[rows] = to_device(keys, torch.long, dev) if keys is not None else 0
+    def place(self, start: int, tokens: torch.Tensor | list[int], pos: list[int], keys: list[int] | None,
+              tables: list[list[int]], step: int = 1) -> None:
+        """Rows start.. become sequences with input `tokens` (device, or a host list) at positions `pos`, about to
+        draw `step` (1 after a prefill sampled their first token; 0 for rows whose first token the next step samples).
+        One host-to-device copy carries it all."""
+        k = len(pos)
         wide = max(len(t) for t in tables)
-        padded = [t + [0] * (wide - len(t)) for t in tables]
+        host = isinstance(tokens, list)
+        # Per row, _STATE's fields (from `steps` where the tokens are on the device already), then its block table.
+        packed = to_device([([tokens[i]] if host else []) + [step, keys[i] if keys is not None else 0, pos[i], 1]
+                            + tables[i] + [0] * (wide - len(tables[i])) for i in range(k)], torch.long, self.device)
+        rows, first = slice(start, start + k), 0 if host else 1
+        if not host:
+            self.tokens[rows] = tokens
+        self.state[first:, rows] = packed[:, : len(_STATE) - first].T
         self.table[rows] = 0
-        self.table[rows, :wide] = to_device(padded, torch.int32, dev)
+        self.table[rows, :wide] = packed[:, len(_STATE) - first :]
 
     def compact(self, keep: list[int], n_old: int) -> None:
         """Rows `keep` (ascending) move to [0, len(keep)); rows up to n_old become padding again."""
         m = len(keep)
         if keep != list(range(m)):
             idx = to_device(keep, torch.long, self.device)
-            for buf in (self.tokens, self.pos, self.steps, self.keys, self.active, self.table):
-                buf[:m] = buf[idx]  # the gather copies first: overlapping rows are safe
+            self.state[:, :m] = self.state[:, idx]  # the gather copies first: overlapping rows are safe
+            self.table[:m] = self.table[idx]
         if n_old > m:
-            for buf in (self.pos, self.active, self.table):
-                buf[m:n_old] = 0
+            self.state[_STATE.index("pos") :, m:n_old] = 0  # pos and active
+            self.table[m:n_old] = 0
 
     # -- stepping -------------------------------------------------------------------------------------------
     def bucket(self, n: int) -> int:
@@ -191,12 +230,33 @@ class DecodeRunner:
             return n
         return next(b for b in self._buckets if b >= n)
 
-    def _forward(self, b: int, attend: int) -> torch.Tensor:
+    def join_bucket(self, n: int) -> int:
+        """Extra tokens a step runs over when n ride along: 0 for none, else the next bucket on GPU, exact on CPU."""
+        if not n or not self.on_gpu:
+            return n
+        return next(b for b in self._join_buckets if b >= n)
+
+    def _forward(self, b: int, attend: int, join: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [b, padded vocab] of rows [0, b); `join` [4, e]: ids, positions, slots, rows of extra tokens."""
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
         slots = cache_slots(table, pos, bs, self.model.kernels)
-        splits = split_count(b, self.model.kv_heads, self.width, bs, self.sms)
-        return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits)
+        extra = 0 if join is None else join.shape[1]
+        splits = split_count(b + extra, self.model.kv_heads, self.width, bs, self.sms)
+        return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits,
+                                 join=None if join is None else tuple(join))
+
+    def _join_inputs(self, join: JoinTokens, eb: int) -> torch.Tensor:
+        """[4, eb] on the device: the join's ids, positions, slots and rows, padded to `eb` tokens (position 0 of row
+        0, K/V into the scratch slot: written, never read)."""
+        pad = eb - len(join.ids)
+        return to_device([join.ids + [0] * pad, join.pos + [0] * pad, join.slots + [self.scratch_slot] * pad,
+                          join.rows + [0] * pad], torch.long, self.device)
+
+    @property
+    def scratch_slot(self) -> int:
+        """A cache slot no sequence reads: padding tokens write their K/V there."""
+        return SCRATCH_BLOCK * self.cache.block_size
 
     def _sample_advance(self, b: int, logits: torch.Tensor, mode: SamplerMode,
                         generator: torch.Generator | None) -> None:
@@ -206,32 +266,49 @@ class DecodeRunner:
         advance(tok, lp, self.out_tok[:b], self.out_lp[:b], self.tokens[:b], self.pos[:b], self.steps[:b],
                 self.active[:b], self.model.kernels)
 
-    def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend: int) -> HostCopy:
-        """Queue one decode step of rows [0, n) and the copy of their sampled tokens and log-probs to the host.
-        `attend` > every live row's position (the torch attention path's gathered width; graphs use the table's)."""
+    def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend: int,
+               join: JoinTokens | None = None) -> HostCopy:
+        """Queue one decode step of rows [0, n), with `join`'s tokens riding along, and the copy of their sampled
+        tokens and log-probs to the host. `attend` > every live row's position and every joining token's (the torch
+        attention path's gathered width; graphs use the table's)."""
         b = self.bucket(n)
-        if self.use_graphs:
-            key = (b, mode if mode.in_graph else None)
-            graph = self.graphs.get(key) or self._capture(b, mode)
+        eb = self.join_bucket(len(join.ids)) if join is not None else 0
+        key = (b, eb, mode if mode.in_graph else None)
+        if eb:
+            self._uses[key] = self._uses.get(key, 0) + 1
+        if self.use_graphs and (not eb or key in self.graphs or self._uses[key] >= self.join_capture_use):
+            if eb:
+                if self.join_in is None:
+                    self.join_in = torch.zeros(4, self._join_buckets[-1], dtype=torch.long, device=self.device)
+                self.join_in[:, :eb] = self._join_inputs(join, eb)
+            graph = self.graphs.get(key) or self._capture(b, eb, mode)
             if graph is not None:
                 graph.replay()
                 if not mode.in_graph:
                     self._sample_advance(b, self.logits[:b], mode, generator)
-                return HostCopy([self.out_tok[:n], self.out_lp[:n]])
-        self._sample_advance(b, self._forward(b, attend), mode, generator)
-        return HostCopy([self.out_tok[:n], self.out_lp[:n]])
+                return self._outputs(n)
+        extra = self._join_inputs(join, eb) if eb else None  # eagerly at the bucket's shapes too
+        self._sample_advance(b, self._forward(b, attend, extra), mode, generator)
+        return self._outputs(n)
 
-    def _graph_body(self, b: int, mode: SamplerMode) -> None:
-        logits = self._forward(b, self.width * self.cache.block_size)
+    def _outputs(self, n: int) -> HostCopy:
+        """The step's tokens and log-probs of rows [0, n) on their way to the host."""
+        into = None
+        if self._outs is not None:
+            into, self._out_turn = self._outs[self._out_turn], (self._out_turn + 1) % len(self._outs)
+        return HostCopy([self.out_tok[:n], self.out_lp[:n]], into)
+
+    def _graph_body(self, b: int, eb: int, mode: SamplerMode) -> None:
+        logits = self._forward(b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None)
         if mode.in_graph:
             self._sample_advance(b, logits, mode, None)
         else:
             self.logits[:b].copy_(logits)
 
-    def _capture(self, b: int, mode: SamplerMode) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, b: int, eb: int, mode: SamplerMode) -> torch.cuda.CUDAGraph | None:
         # The warm-up runs the real step and advances the row state; it is put back before the capture, so the replay
         # computes the step exactly once. The K/V the warm-up writes are the values the replay writes again.
-        return self._capture_graph((b, mode if mode.in_graph else None), lambda: self._graph_body(b, mode),
+        return self._capture_graph((b, eb, mode if mode.in_graph else None), lambda: self._graph_body(b, eb, mode),
                                    [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp])
 
     def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:
@@ -300,8 +377,8 @@ class DecodeRunner:
             return self._extend_eager(ids, pos, slots, rows, tables, last)
         nb = next(b for b in self._extend_buckets if b >= n)
         key = ("extend", nb)
-        self._extend_uses[nb] = self._extend_uses.get(nb, 0) + 1
-        if key not in self.graphs and self._extend_uses[nb] < 2:
+        self._uses[nb] = self._uses.get(nb, 0) + 1
+        if key not in self.graphs and self._uses[nb] < 2:
             # A bucket is captured at its second use since the graphs were last dropped: a GRPO rollout prefills
             # once per wake-up, and a capture (warm-up, capture, replay) costs more than one eager run.
             return self._extend_eager(ids, pos, slots, rows, tables, last)
