@@ -15,7 +15,8 @@ Cases (all sample at temperature 1, no top-k/top-p, no EOS, so every sample runs
   turn; the ratio of the two throughputs is `vs_single_turn`. Two workloads: lockstep (equal turns: every trajectory
   calls its tool at the same step, so the device idles through each call; `lockstep_bound_vs_single_turn` is the
   best any engine can do there) and staggered (the same tokens cut at random points, as real turns fall), each with
-  every `--join-wait` (engine.native.join_wait_steps).
+  every `--join-wait` (engine.native.join_wait_steps) and every `--join-step-tokens` (0: each join prefills apart,
+  the A/B of turns joining inside a step). `host_wait_s_runs` is the host's time blocked on step outputs.
 
 Every case reports a `roofline`: the bytes one decode step must read (the weights, and the K/V the rows attend at the
 mid-point of generation; `unique` counts a shared prompt once) over the H200's bandwidth (4.8 TB/s datasheet,
@@ -42,6 +43,7 @@ from hybridrl.engines.async_engine import AsyncEngine  # noqa: E402
 from hybridrl.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from hybridrl.engines.config import NativeOptions  # noqa: E402
 from hybridrl.engines.fused.engine import FusedEngine  # noqa: E402
+from hybridrl.engines.fused.runner import HostCopy  # noqa: E402
 from hybridrl.engines.kernels import attention as attention_kernels  # noqa: E402
 from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
 
@@ -71,7 +73,8 @@ def build_engine(model, args, rows: int, kv_blocks: int = 0) -> FusedEngine:
     """The fused engine with `model`'s weights, cut by the resharder (as a run fills it); a KV cache of `kv_blocks`
     blocks, or sized by demand."""
     options = NativeOptions(max_batch_size=rows, cuda_graphs=not args.no_cuda_graphs, kernels=not args.no_kernels,
-                            kv_block_size=args.kv_block_size, kv_blocks=kv_blocks)
+                            kv_block_size=args.kv_block_size, kv_blocks=kv_blocks,
+                            join_step_tokens=max(args.join_step_tokens))
     engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
     if args.no_skinny_gemm:
         engine.model.gemm_sms = 0
@@ -312,7 +315,8 @@ def run_multiturn(engine, prompts, tools, lengths, args, device, profile: str | 
         agent = AsyncEngine(engine)
         return sum(await asyncio.gather(*(trajectory(i, agent) for i in range(t))))
 
-    sch, prefill, host = engine.scheduler, engine.prefill, {"prefill_s": 0.0}
+    sch, prefill, host = engine.scheduler, engine.prefill, {"prefill_s": 0.0, "wait_s": 0.0}
+    result = HostCopy.result
 
     def timed_prefill(groups, mode):  # host time: launches, and any wait inside
         t0 = time.perf_counter()
@@ -320,18 +324,28 @@ def run_multiturn(engine, prompts, tools, lengths, args, device, profile: str | 
         host["prefill_s"] += time.perf_counter() - t0
         return out
 
+    def timed_result(copy):  # the host waiting for a step's outputs: the device's share of the run
+        t0 = time.perf_counter()
+        out = result(copy)
+        host["wait_s"] += time.perf_counter() - t0
+        return out
+
     cold, _ = timed(lambda: asyncio.run(all_trajectories()), device)
-    engine.prefill = timed_prefill
-    warm = []
-    for _ in range(3):  # the median of three: single runs differ by up to a fifth on the H200 host
-        engine.cache.allocator.forget_prefixes()  # each timed run finds only what it computed itself
-        before = (sch.prefilled_tokens, sch.prefills, sch.steps, sch.row_steps)
-        host["prefill_s"] = 0.0
-        seconds, produced = timed(lambda: asyncio.run(all_trajectories()), device)
-        warm.append(seconds)
-    del engine.prefill
-    prefilled, prefills, steps, row_steps = (a - b for a, b in zip(
-        (sch.prefilled_tokens, sch.prefills, sch.steps, sch.row_steps), before))
+    engine.prefill, HostCopy.result = timed_prefill, timed_result
+    warm, waits = [], []
+    try:
+        for _ in range(3):  # the median of three: single runs differ by up to a fifth on the H200 host
+            engine.cache.allocator.forget_prefixes()  # each timed run finds only what it computed itself
+            before = (sch.prefilled_tokens, sch.prefills, sch.step_joins, sch.steps, sch.row_steps)
+            host["prefill_s"] = host["wait_s"] = 0.0
+            seconds, produced = timed(lambda: asyncio.run(all_trajectories()), device)
+            warm.append(seconds)
+            waits.append(host["wait_s"])
+    finally:
+        del engine.prefill
+        HostCopy.result = result
+    prefilled, prefills, step_joins, steps, row_steps = (a - b for a, b in zip(
+        (sch.prefilled_tokens, sch.prefills, sch.step_joins, sch.steps, sch.row_steps), before))
     if profile:  # over the first 64 trajectories: a full run's events took minutes to collect (seen on the H200)
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -343,9 +357,13 @@ def run_multiturn(engine, prompts, tools, lengths, args, device, profile: str | 
         Path(profile).write_text(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40,
                                                            max_name_column_width=60))
     seconds = statistics.median(warm)
-    return {"join_wait_steps": sch.join_wait, "tokens": produced, "seconds_cold": cold, "seconds_warm": seconds,
+    return {"join_wait_steps": sch.join_wait, "join_step_tokens": sch.join_step_tokens,
+            "tokens": produced, "seconds_cold": cold, "seconds_warm": seconds,
             "seconds_warm_runs": warm, "tokens_per_s": produced / seconds, "prefilled_tokens": prefilled,
-            "prefill_calls": prefills, "prefill_host_s": host["prefill_s"], "engine_steps": steps,
+            "prefill_calls": prefills, "step_joins": step_joins, "prefill_host_s": host["prefill_s"],
+            # Host seconds blocked on step outputs, per warm run: near the run's time when the device is the
+            # bottleneck, near 0 when the host is.
+            "host_wait_s_runs": waits, "engine_steps": steps,
             "mean_rows_per_step": row_steps / max(1, steps), "ms_per_engine_step": seconds / max(1, steps) * 1e3}
 
 
@@ -370,13 +388,16 @@ def case_multiturn(model, engine, args, device) -> dict:
            "variants": {}}
     for staggered in (False, True):
         lengths = turn_lengths(t, turns, new, staggered, gen)
-        for wait in args.join_wait:
-            engine.scheduler.join_wait = wait
-            last = staggered and wait == args.join_wait[-1]
-            v = run_multiturn(engine, prompts, tools, lengths, args, device,
-                              args.profile if last and device.type == "cuda" else None)
-            v["vs_single_turn"] = v["tokens_per_s"] / single["tokens_per_s"]
-            res["variants"][f"{'staggered' if staggered else 'lockstep'}_join{wait}"] = v
+        for ride in args.join_step_tokens:
+            engine.scheduler.join_step_tokens = ride  # 0: every join prefills apart (the A/B)
+            for wait in args.join_wait:
+                engine.scheduler.join_wait = wait
+                last = staggered and wait == args.join_wait[-1] and ride == args.join_step_tokens[-1]
+                v = run_multiturn(engine, prompts, tools, lengths, args, device,
+                                  args.profile if last and device.type == "cuda" else None)
+                v["vs_single_turn"] = v["tokens_per_s"] / single["tokens_per_s"]
+                name = f"{'staggered' if staggered else 'lockstep'}_join{wait}"
+                res["variants"][name + (f"_ride{ride}" if len(args.join_step_tokens) > 1 else "")] = v
     return res
 
 
@@ -394,8 +415,11 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=0,
                     help="multiturn: the engine's rows (engine.native.max_batch_size); fewer than --trajectories keeps "
                          "more trajectories in flight than rows, as agent RL runs do; 0 = one row per trajectory")
-    ap.add_argument("--join-wait", type=int, nargs="+", default=[0, NativeOptions.join_wait_steps],
+    ap.add_argument("--join-wait", type=int, nargs="+", default=[NativeOptions.join_wait_steps],
                     help="multiturn: engine.native.join_wait_steps values to run (each variant with each)")
+    ap.add_argument("--join-step-tokens", type=int, nargs="+", default=[NativeOptions.join_step_tokens],
+                    help="multiturn: engine.native.join_step_tokens values to run (0: joins prefill apart; each "
+                         "variant with each)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

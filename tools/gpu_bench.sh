@@ -5,8 +5,8 @@
 #
 #   kernel    CUDA tests of the engine's Triton kernels, the sampler, the log-prob kernel, the engine, its scheduler
 #   engine_grpo  bench_engine 1.5B GRPO-shaped: 32 prompts × 8 samples × 512 new (one prefill per group)
-#   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn;
-#                then 512 trajectories on 256 rows, with a profile
+#   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn,
+#                then 512 trajectories on 256 rows; turns of 64 tokens, then 256; joins inside the step and apart
 #   engine    bench_engine 0.5B, batch 64 × 256 new, vs HF generate and vs the torch sampler, with a profile
 #   engine_more  bench_engine without CUDA graphs, and at batch 256 (0.5B × 256 new, 1.5B × 1024 new)
 #   trainer   bench_trainer 1.5B, batch 8 × 1024: our update's variants vs plain FSDP2, with profiles
@@ -53,12 +53,15 @@ for group in "$@"; do
     engine_grpo)
       step engine_1.5b_grpo 200 $PY tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \
         --out "$OUT/bench_engine_1.5b_grpo_p32x8_n512.json" ;;
-    multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs)
-      step engine_0.5b_multiturn 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 256 --turns 4 \
-        --tool-ms 50 --new-tokens 256 --join-wait 0 2 8 --out "$OUT/bench_engine_0.5b_multiturn_256x4.json"
-      step engine_0.5b_multiturn_512 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 512 \
-        --max-rows 256 --turns 4 --tool-ms 50 --new-tokens 256 --join-wait 0 2 8 --profile "$OUT/profile_multiturn_0.5b.txt" \
-        --out "$OUT/bench_engine_0.5b_multiturn_512on256x4.json" ;;
+    multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs);
+      # turns of 64 tokens, then of 256; each with joins inside the step (the default) and prefilled apart (0)
+      for n in 256 1024; do
+        step engine_0.5b_multiturn_n$n 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 256 \
+          --turns 4 --tool-ms 50 --new-tokens $n --join-step-tokens 0 512 --out "$OUT/bench_engine_0.5b_multiturn_256x4_n$n.json"
+        step engine_0.5b_multiturn_512_n$n 240 $PY tools/bench_engine.py --case multiturn --shape 0.5b --trajectories 512 \
+          --max-rows 256 --turns 4 --tool-ms 50 --new-tokens $n --join-step-tokens 0 512 \
+          --out "$OUT/bench_engine_0.5b_multiturn_512on256x4_n$n.json"
+      done ;;
     engine)
       step engine_0.5b_b64 200 $PY tools/bench_engine.py --device cuda --shape 0.5b --batch 64 --prompt-len 128 \
         --new-tokens 256 --torch-sampler --profile "$OUT/profile_engine_0.5b.txt" --out "$OUT/bench_engine_0.5b_b64_n256.json" ;;
