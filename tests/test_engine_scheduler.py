@@ -316,6 +316,30 @@ def test_joins_past_a_step_budget(model, turns):
         assert joined_at[2] == joined_at[3] == joined_at[4] == 2
 
 
+def test_a_failed_step_leaves_no_prefix_entry_for_a_joining_turn(model):
+    """A turn whose new tokens fill two more blocks joins inside a step whose launch fails: those blocks were never
+    written, so they must not be found by their tokens afterwards (the next try computes them again, and equals its
+    solo generation)."""
+    params = SamplingParams(max_new_tokens=8, seed=7)
+    engine = fused(model, kv_block_size=4, join_wait_steps=0)
+    first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
+    assert len(first.token_ids) == 8  # 9 + 8 - 1 = 16 positions written: 4 full blocks cached
+    turn = GenerationRequest(PROMPTS[2] + first.token_ids + [50, 51, 52, 53, 54, 55, 56], 0, 1)  # 24 tokens
+    launch = engine.runner.launch
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    engine.runner.launch = failing
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.generate_requests([turn], params)
+    engine.runner.launch = launch
+    before = engine.scheduler.prefilled_tokens
+    got = engine.generate_requests([turn], params)
+    assert engine.scheduler.prefilled_tokens - before == 24 - 16
+    same(got, fused(model, kv_block_size=4).generate_requests([turn], params))
+
+
 def test_the_next_turn_prefills_only_what_is_new(model):
     """Turn 2 continues turn 1's context: the full blocks turn 1 wrote (prompt and generated tokens) come from the
     prefix table, only the rest is prefilled, and the log-probs still match a full forward."""

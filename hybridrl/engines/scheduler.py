@@ -131,6 +131,7 @@ class Scheduler:
         self.steps = self.prefills = self.row_steps = 0  # steps taken, admissions (prefill calls), rows × steps
         self.step_joins = 0  # admissions that joined inside a step (no prefill call)
         self._join: JoinTokens | None = None  # prompt tokens riding along in the next launch
+        self._join_blocks: list[tuple[list[BlockKey], list[int]]] = []  # their full blocks, final once it is queued
         self._room_since: int | None = None  # the step since which a waiting request has had a free row
 
     @property
@@ -179,6 +180,7 @@ class Scheduler:
         self.rows.clear()
         self.pending.clear()
         self.mode = self._room_since = self._join = None
+        self._join_blocks = []
 
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[int, Completion]]:
@@ -199,7 +201,9 @@ class Scheduler:
             width = run.width * self.backend.block_size
             attend = width if run.on_gpu else min(width, max(s.cohort_len + s.launched for s in self.rows))
             copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend, self._join)
-            self._join = None
+            for keys, blocks in self._join_blocks:  # only now queued: a failed launch leaves no unwritten entry
+                self._alloc.register(keys, blocks)
+            self._join, self._join_blocks = None, []
             launched = [(list(self.rows), copy)]
             for s in self.rows:
                 s.launched += 1
@@ -270,7 +274,10 @@ class Scheduler:
             self.prefills += 1
         if self.prefix_cache:  # the prompt's full blocks are final once the prefill, or the step, is queued
             for g in groups:
-                alloc.register(g.seqs[0].keys, g.shared)
+                if ride:
+                    self._join_blocks.append((g.seqs[0].keys, g.shared))
+                else:
+                    alloc.register(g.seqs[0].keys, g.shared)
         if ride:
             self.rows += taken  # launched 0: the step about to run samples their first tokens
             return
