@@ -28,7 +28,8 @@ CASES = {
     "bench_reshard": (SMALL, ["style", "params"]),
     "bench_engine": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["prompt_len", "dtype"]),
     "bench_engine:multiturn": ([*SMALL, "--case", "multiturn", "--trajectories", "6", "--max-rows", "4", "--turns",
-                                "3", "--new-tokens", "9", "--prompt-len", "8", "--tool-ms", "1"], ["multiturn"]),
+                                "3", "--new-tokens", "9", "--prompt-len", "8", "--tool-ms", "1", "--join-wait", "0", "8",
+                                "--join-step-tokens", "0", "512"], ["multiturn"]),
 }
 
 
@@ -51,7 +52,9 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
     assert out["shape"] == "tiny" and out["device"] == "cpu", out
     for key in keys:
         assert key in out, (key, sorted(out))
-    if "multiturn" in out:  # lockstep and staggered turns, each with both join waits, every token produced
+    if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]
-        assert sorted(variants) == ["lockstep_join0", "lockstep_join8", "staggered_join0", "staggered_join8"]
-        assert all(v["tokens"] == 6 * 9 for v in variants.values())
+        assert sorted(variants) == [f"{kind}_join{wait}_ride{ride}" for kind in ("lockstep", "staggered")
+                                    for wait in (0, 8) for ride in (0, 512)]
+        assert all(v["tokens"] == 6 * 9 for v in variants.values())  # every token produced
+        assert all((v["step_joins"] > 0) == (v["join_step_tokens"] > 0) for v in variants.values())
