@@ -284,6 +284,28 @@ def test_a_turn_joins_a_running_batch_in_its_step(model, cap):
     assert sch.prefilled_tokens - before[2] == 4
 
 
+@pytest.mark.parametrize("cap", [512, 0])
+def test_only_joins_that_prefill_apart_wait_for_company(model, cap):
+    """join_wait_steps=8: a lone turn that rides in a step joins the running batch at the next step; with
+    join_step_tokens=0 it would prefill apart, so it waits 8 steps for company first. Tokens are the same."""
+    params = SamplingParams(max_new_tokens=14, seed=7)
+    engine = fused(model, kv_block_size=4, join_wait_steps=8, join_step_tokens=cap)
+    first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
+    reqs = [GenerationRequest(PROMPTS[0], 1), GenerationRequest(PROMPTS[1], 2),
+            GenerationRequest(PROMPTS[2] + first.token_ids + [50, 51, 52], 0, 1)]
+    handles = {engine.submit(r, params): i for i, r in enumerate(reqs[:2])}
+    got, joined_at = {}, {}
+    for step in range(60):
+        if step == 2:
+            handles[engine.submit(reqs[2], params)] = 2
+        got.update({handles[h]: c for h, c in engine.step()})
+        for s_ in engine.scheduler.rows:
+            joined_at.setdefault(handles[s_.handle], step)
+    assert not engine.has_work and joined_at[2] == (2 if cap else 10)
+    solo = fused(model, kv_block_size=4)
+    same([got[i] for i in range(3)], [solo.generate_requests([r], params)[0] for r in reqs])
+
+
 @pytest.mark.parametrize("turns", [(0, 2), (0, 1, 2)])
 def test_joins_past_a_step_budget(model, turns):
     """Turns arriving together at a running batch with join_step_tokens=3 (the turns of prompts 0, 1, 2 ride 3, 4 and

@@ -86,11 +86,11 @@ class NativeOptions:
     kv_memory_fraction: float = 0.0
     """Fused engine on GPU, with kv_blocks = 0: size the KV cache to this fraction of the device memory free at
     wake-up; 0 = by demand (max_batch_size sequences of the longest request, grown when idle)."""
-    join_wait_steps: int = 0
-    """Fused engine: decode steps a request may wait to join a running batch, so that requests arriving close together
-    share one prefill instead of one each, counted from when a row is free; they join at once when an eighth of the
-    rows (at least 2) can, or nothing runs. 0 = join at the next step: best where turns join inside a step
-    (`join_step_tokens`), measured; a few steps pay where every join prefills apart."""
+    join_wait_steps: int = 8
+    """Fused engine: decode steps a request that would prefill apart may wait to join a running batch, so that
+    requests arriving close together share one prefill instead of one each, counted from when a row is free; they
+    join at once when an eighth of the rows (at least 2) can, or nothing runs. Joins riding in a step
+    (`join_step_tokens`) never wait. 0 = join at the next step."""
     join_step_tokens: int = 512
     """Fused engine: most prompt tokens that ride along in one decode step when single requests join a running batch
     (an agent's next turn past its cached prefix; on GPU also a new prompt ≤ 512 tokens): they run as extra rows of

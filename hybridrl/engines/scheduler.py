@@ -9,13 +9,13 @@ One `step`::
     1. leave   rows whose sequence finished, or reached max_new_tokens, leave the batch (`DecodeRunner.compact`)
     2. join    waiting requests, in order, while rows and KV blocks last: a run of adjacent requests with the same
                prompt shares one prefill and the prompt's full blocks; each gets its own copy of the last,
-               partly filled block; its first token is sampled from the prefill's logits. While a batch runs, a
-               request may wait up to `join_wait` steps so that requests arriving a few steps apart (agent turns back
-               from their tools) share one prefill: a prefill costs more than a decode step, and a row waiting a few
-               steps costs a few tokens. The wait counts from when a row is free; they join at once when an eighth of
-               the rows (at least 2) can join. Single requests (agent turns) join inside the next step where the
-               engine can (`join_in_step`): their uncached prompt tokens ride along as extra rows of that step, which
-               samples their first tokens; otherwise they prefill apart first.
+               partly filled block; its first token is sampled from the prefill's logits. Single requests (agent
+               turns) join inside the next step instead where the engine can (`join_in_step`): their uncached prompt
+               tokens ride along as extra rows of that step, which samples their first tokens. While a batch runs,
+               requests that would prefill apart may wait up to `join_wait` steps so that requests arriving a few
+               steps apart share one prefill: a prefill costs more than a decode step, and a row waiting a few steps
+               costs a few tokens. The wait counts from when a row is free; they join at once when an eighth of the
+               rows (at least 2) can join. Riding joins cost no prefill and never wait.
     3. launch  one decode step of every row (a CUDA graph on GPU), its tokens copied to the host asynchronously
     4. read    the outputs queued before that launch: append tokens, detect stops and lengths, free finished
                sequences' blocks
@@ -229,10 +229,12 @@ class Scheduler:
             self._room_since = self.steps
         # The wait counts from when a row was free for the request: with more requests than rows, rows free up one by
         # one as sequences finish, and requests queued long before would otherwise join one prefill per row.
-        if (self.rows and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
-                and self.steps - self._room_since < self.join_wait):
-            return  # few can join now, more may within a few steps: one prefill for them all
-        self._room_since = None
+        # Few can join now, more may within a few steps: one prefill for them all (joins that ride in a step cost no
+        # prefill, so they never wait; which ones ride is known once their blocks are found, below).
+        wait = (self.rows and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
+                and self.steps - self._room_since < self.join_wait)
+        if not wait:
+            self._room_since = None
         groups: list[PromptGroup] = []
         taken: list[Sequence_] = []
         alloc: BlockAllocator | None = None
@@ -253,14 +255,15 @@ class Scheduler:
             taken.append(self.waiting.popleft())
         if not taken:
             return
-        self.mode = mode
         ride = self._riders(groups)
+        if wait and not ride:
+            self._put_back(taken, alloc)
+            return
+        self._room_since = None
+        self.mode = mode
         if 0 < ride < len(groups):  # the rest wait for the next step, where they may ride in turn
             later = [s for g in groups[ride:] for s in g.seqs]
-            for s in later:
-                alloc.release(s.blocks)
-                s.blocks, s.keys = [], []
-            self.waiting.extendleft(reversed(later))
+            self._put_back(later, alloc)
             groups, taken = groups[:ride], taken[: len(taken) - len(later)]
         longest = max(s.prompt_len for s in taken)
         for s in taken:
@@ -292,6 +295,13 @@ class Scheduler:
                                       [taken[i].key for i in going] if mode.seeded else None,
                                       [taken[i].blocks for i in going])
             self.rows += [taken[i] for i in going]
+
+    def _put_back(self, seqs: list[Sequence_], alloc: BlockAllocator) -> None:
+        """Sequences just taken go back to the head of the queue, in order, their blocks released."""
+        for s in seqs:
+            alloc.release(s.blocks)
+            s.blocks, s.keys = [], []
+        self.waiting.extendleft(reversed(seqs))
 
     def _riders(self, groups: list[PromptGroup]) -> int:
         """How many leading groups join inside the next step (0: all prefill apart). All of them where their riding
