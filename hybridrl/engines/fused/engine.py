@@ -13,6 +13,7 @@ neither makes process groups nor imports the resharder: its TP group and its wei
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -229,14 +230,8 @@ class FusedEngine(NativeEngineBase):
     def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> JoinTokens:
         """Place single-request groups as rows start.. whose first token the next step samples, their last prompt
         token the row's input and the rest past the cached prefix riding along (`JoinTokens`)."""
-        join = JoinTokens([], [], [], [])
-        for row, g in enumerate(groups, start):
-            end = len(g.prompt) - 1
-            join.ids += g.prompt[g.cached : end]
-            join.pos += range(g.cached, end)
-            join.slots += self.cache.slots(g.seqs[0].blocks, g.cached, end)
-            join.rows += [row] * (end - g.cached)
         seqs = [g.seqs[0] for g in groups]
+        join = self._past_cache(groups, [s.blocks for s in seqs], start, last=False)
         self.runner.place(start, [g.prompt[-1] for g in groups],
                           [len(g.prompt) - 1 for g in groups], [s.key for s in seqs] if mode.seeded else None,
                           [s.blocks for s in seqs], step=0)
@@ -267,15 +262,23 @@ class FusedEngine(NativeEngineBase):
         `FusedDecoder.extend`, through `DecodeRunner.extend` (a CUDA graph per token bucket on GPU)."""
         tables = self._tables(groups)
         wide = max(blocks_for(len(g.prompt), self.block_size) for g in groups)
-        ids, pos, slots, rows, last = [], [], [], [], []
-        for i, g in enumerate(groups):
-            ids += g.prompt[g.cached :]
-            pos += range(g.cached, len(g.prompt))
-            slots += self.cache.slots(tables[i], g.cached, len(g.prompt))
-            rows += [i] * (len(g.prompt) - g.cached)
-            last.append(len(ids) - 1)
+        tokens = self._past_cache(groups, tables, 0, last=True)
+        last = [end - 1 for end in itertools.accumulate(len(g.prompt) - g.cached for g in groups)]  # each's last
         tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
-        return self.runner.extend(ids, pos, slots, rows, tables, last, SCRATCH_BLOCK * self.block_size)
+        return self.runner.extend(tokens, tables, last)
+
+    def _past_cache(self, groups: list[PromptGroup], tables: list[list[int]], first_row: int,
+                    last: bool) -> JoinTokens:
+        """Each group's prompt tokens past its cached prefix, with (`last`) or without its last token, packed: ids,
+        positions, cache slots in the group's table, and the row of that table (first_row + the group's index)."""
+        out = JoinTokens([], [], [], [])
+        for row, (g, table) in enumerate(zip(groups, tables), first_row):
+            end = len(g.prompt) - (0 if last else 1)
+            out.ids += g.prompt[g.cached : end]
+            out.pos += range(g.cached, end)
+            out.slots += self.cache.slots(table, g.cached, end)
+            out.rows += [row] * (end - g.cached)
+        return out
 
     def load_weights(self, named_tensors) -> None:
         super().load_weights(named_tensors)

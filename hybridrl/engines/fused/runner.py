@@ -60,8 +60,8 @@ def batch_buckets(limit: int) -> list[int]:
 
 @dataclass
 class JoinTokens:
-    """Prompt tokens that ride along in the next decode step: token i (id, position, cache slot) belongs to the
-    sequence in row rows[i]; they write K/V and feed nothing else."""
+    """Prompt tokens packed a row each: token i (id, position, cache slot) belongs to the sequence whose block table
+    is row rows[i]. They ride along in a decode step (writing K/V, feeding nothing else), or run as an `extend`."""
 
     ids: list[int]
     pos: list[int]
@@ -246,12 +246,18 @@ class DecodeRunner:
         return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits,
                                  join=None if join is None else tuple(join))
 
-    def _join_inputs(self, join: JoinTokens, eb: int) -> torch.Tensor:
-        """[4, eb] on the device: the join's ids, positions, slots and rows, padded to `eb` tokens (position 0 of row
-        0, K/V into the scratch slot: written, never read)."""
-        pad = eb - len(join.ids)
-        return to_device([join.ids + [0] * pad, join.pos + [0] * pad, join.slots + [self.scratch_slot] * pad,
-                          join.rows + [0] * pad], torch.long, self.device)
+    def _padded(self, tokens: JoinTokens, n: int) -> torch.Tensor:
+        """[4, n] on the device: the tokens' ids, positions, slots and rows, padded to `n` tokens (position 0 of row
+        0, K/V into the scratch slot: written, never read; their logits are never read either)."""
+        pad = n - len(tokens.ids)
+        return to_device([tokens.ids + [0] * pad, tokens.pos + [0] * pad, tokens.slots + [self.scratch_slot] * pad,
+                          tokens.rows + [0] * pad], torch.long, self.device)
+
+    def _graph_due(self, key: tuple, use: int) -> bool:
+        """Count a use of graph `key`; whether it is captured (or due: this is its `use`-th use since the graphs were
+        dropped). Graphs that most rollouts need once are captured late: a capture costs more than one eager run."""
+        self._uses[key] = self._uses.get(key, 0) + 1
+        return key in self.graphs or self._uses[key] >= use
 
     @property
     def scratch_slot(self) -> int:
@@ -274,20 +280,18 @@ class DecodeRunner:
         b = self.bucket(n)
         eb = self.join_bucket(len(join.ids)) if join is not None else 0
         key = (b, eb, mode if mode.in_graph else None)
-        if eb:
-            self._uses[key] = self._uses.get(key, 0) + 1
-        if self.use_graphs and (not eb or key in self.graphs or self._uses[key] >= self.join_capture_use):
+        if self.use_graphs and (not eb or self._graph_due(key, self.join_capture_use)):
             if eb:
                 if self.join_in is None:
                     self.join_in = torch.zeros(4, self._join_buckets[-1], dtype=torch.long, device=self.device)
-                self.join_in[:, :eb] = self._join_inputs(join, eb)
+                self.join_in[:, :eb] = self._padded(join, eb)
             graph = self.graphs.get(key) or self._capture(b, eb, mode)
             if graph is not None:
                 graph.replay()
                 if not mode.in_graph:
                     self._sample_advance(b, self.logits[:b], mode, generator)
                 return self._outputs(n)
-        extra = self._join_inputs(join, eb) if eb else None  # eagerly at the bucket's shapes too
+        extra = self._padded(join, eb) if eb else None  # eagerly at the bucket's shapes too
         self._sample_advance(b, self._forward(b, attend, extra), mode, generator)
         return self._outputs(n)
 
@@ -363,51 +367,42 @@ class DecodeRunner:
         return out
 
     # -- prompts joining ------------------------------------------------------------------------------------
-    def extend(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int], tables: list[list[int]],
-               last: list[int], scratch_slot: int) -> torch.Tensor:
-        """Logits [len(last), padded vocab] of prompt tokens packed as `FusedDecoder.extend` takes them (token i of
-        the sequence whose block table is tables[rows[i]]; the tables padded to one width). A CUDA graph per token
-        bucket where one serves (GPU, Triton attention, ≤ extend_tokens tokens, ≤ rows sequences), captured at a
-        bucket's second use; padding tokens write `scratch_slot`."""
-        n, g, dev = len(ids), len(last), self.device
+    def extend(self, tokens: JoinTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
+        """Logits [len(last), padded vocab] of prompt tokens packed as `FusedDecoder.extend` takes them (the tables
+        padded to one width). A CUDA graph per token bucket where one serves (GPU, Triton attention, ≤ extend_tokens
+        tokens, ≤ rows sequences), captured at a bucket's second use (a GRPO rollout prefills once per wake-up)."""
+        n, g, dev = len(tokens.ids), len(last), self.device
         bs = self.cache.block_size
         wide = len(tables[0])
         if not (self.use_graphs and self._extend_buckets and n <= self._extend_buckets[-1] and g <= self.rows
                 and wide <= self.width and self.model.paged_attention_kernel(bs)):
-            return self._extend_eager(ids, pos, slots, rows, tables, last)
+            return self._extend_eager(tokens, tables, last)
         nb = next(b for b in self._extend_buckets if b >= n)
         key = ("extend", nb)
-        self._uses[nb] = self._uses.get(nb, 0) + 1
-        if key not in self.graphs and self._uses[nb] < 2:
-            # A bucket is captured at its second use since the graphs were last dropped: a GRPO rollout prefills
-            # once per wake-up, and a capture (warm-up, capture, replay) costs more than one eager run.
-            return self._extend_eager(ids, pos, slots, rows, tables, last)
+        if not self._graph_due(key, 2):
+            return self._extend_eager(tokens, tables, last)
         gb = min(nb, self.rows)
         if self.ext_in is None:
             self.ext_in = torch.zeros(4, self._extend_buckets[-1], dtype=torch.long, device=dev)
             self.ext_last = torch.zeros(self.rows, dtype=torch.long, device=dev)
         if self.ext_table is None:  # made again when the tables widen
             self.ext_table = torch.zeros(self.rows, self.width, dtype=torch.int32, device=dev)
-        pad = nb - n
-        # Padding tokens: position 0 of table row 0, K/V into the scratch slot; their logits are never read.
-        self.ext_in[:, :nb] = to_device([ids + [0] * pad, pos + [0] * pad, slots + [scratch_slot] * pad,
-                                         rows + [0] * pad], torch.long, dev)
+        self.ext_in[:, :nb] = self._padded(tokens, nb)
         self.ext_table[:g, :wide] = to_device(tables, torch.int32, dev)
         self.ext_last[:gb] = to_device(last + [0] * (gb - g), torch.long, dev)
         graph = self.graphs.get(key) or self._capture_graph(key, lambda: self._extend_body(nb, gb), [])
         if graph is None:  # capture failed: graphs are off from now on
-            return self.extend(ids, pos, slots, rows, tables, last, scratch_slot)
+            return self.extend(tokens, tables, last)
         graph.replay()
         return self.logits[:g].clone()  # the next graph overwrites the buffer (a later chunk's extend, a decode step)
 
-    def _extend_eager(self, ids: list[int], pos: list[int], slots: list[int], rows: list[int],
-                      tables: list[list[int]], last: list[int]) -> torch.Tensor:
+    def _extend_eager(self, tokens: JoinTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
         dev = self.device
         table = to_device(tables, torch.int32, dev)
-        splits = split_count(len(ids), self.model.kv_heads, table.shape[1], self.cache.block_size, self.sms)
-        return self.model.extend(to_device(ids, torch.long, dev), to_device(pos, torch.long, dev),
-                                 to_device(slots, torch.long, dev), table, to_device(rows, torch.long, dev),
-                                 self.cache, to_device(last, torch.long, dev), max(pos) + 1, splits)
+        splits = split_count(len(tokens.ids), self.model.kv_heads, table.shape[1], self.cache.block_size, self.sms)
+        ids, pos, slots, rows = self._padded(tokens, len(tokens.ids))
+        return self.model.extend(ids, pos, slots, table, rows, self.cache, to_device(last, torch.long, dev),
+                                 max(tokens.pos) + 1, splits)
 
     def _extend_body(self, nb: int, gb: int) -> None:
         tokens, pos, slots, rows = self.ext_in[:, :nb]
