@@ -33,6 +33,7 @@ def test_native_options_compose():
     ("engine.native.kv_block_size=12", "engine.native.kv_block_size"),
     ("engine.native.kv_blocks=-2", "engine.native.kv_blocks"),
     ("engine.native.kv_memory_fraction=1.0", "engine.native.kv_memory_fraction"),
+    ("engine.native.shared_prefix_tokens=-1", "engine.native.shared_prefix_tokens"),
 ])
 def test_bad_native_values_fail_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -268,6 +268,82 @@ def test_triton_rope_attention_matches_rope_write_then_attention(dtype, qk_norm,
     assert (got.float() - want.float()).abs().max().item() < 2 * _tol(dtype)
 
 
+def test_prefix_groups_share_the_blocks_every_row_attends():
+    """Hand-worked groupings: rows 0–2 begin with blocks 5, 6 (row 2 attends 40 positions: two whole blocks of 16),
+    row 3 has no partner, row 4 attends less than a block; slots hold at most `members` rows."""
+    from hybridrl.engines.kernels.shared_prefix import pack_prefix, prefix_groups
+
+    tables = [[5, 6, 7, 9], [5, 6, 8, 10], [5, 6, 7, 11], [3, 4], [5, 13]]
+    attended = [64, 64, 40, 64, 10]
+    assert prefix_groups(tables, attended, 16, 8) == [([0, 1, 2], 2)]
+    assert prefix_groups(tables, [64, 64, 64, 64, 10], 16, 8) == [([0, 1, 2], 2)]  # block 7 vs 8 at index 2
+    assert prefix_groups(tables, [64, 20, 64, 64, 10], 16, 8) == [([0, 1, 2], 1)]  # row 1 attends one whole block
+    assert prefix_groups(tables, [64, 64, 64, 64, 64], 16, 8) == [([0, 1, 2, 4], 1)]  # row 4 shares block 5 only
+    assert prefix_groups(tables, attended, 16, 2) == [([0, 1], 2)]  # row 2 alone in the next slot: no slot
+    assert prefix_groups([[1, 2], [3, 4]], [32, 32], 16, 8) == []
+    # slots = 5 // 2 = 2, members 3: [0, 1, 2 | 2], [-1, -1, -1 | 0], then start per row
+    assert pack_prefix([([0, 1, 2], 2)], 5, 3) == [0, 1, 2, 2, -1, -1, -1, 0, 2, 2, 2, 0, 0]
+
+
+def shared_prefix_case(groups: list[tuple[int, int]], lens: list[int], hq: int, hkv: int, d: int, block_size: int,
+                       seed: int):
+    """A paged cache where each group (rows, prompt length) shares its prompt's full blocks, as GRPO samples do: the
+    block tables point at the same blocks, whose K/V are the prompt's; K/V per row as contiguous tensors too."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    kc = torch.randn(num_blocks, hkv, block_size, d, generator=gen)
+    vc = torch.randn(num_blocks, hkv, block_size, d, generator=gen)
+    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()
+    width = max(-(-n // block_size) for n in lens)
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    row = 0
+    for rows, prompt in groups:
+        shared = [free.pop() for _ in range(prompt // block_size)]
+        for r in range(row, row + rows):
+            own = [free.pop() for _ in range(-(-lens[r] // block_size) - len(shared))]
+            table[r, : len(shared) + len(own)] = torch.tensor(shared + own, dtype=torch.int32)
+        row += rows
+    ks = [kc[table[r, : -(-n // block_size)].long()].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
+          for r, n in enumerate(lens)]
+    vs = [vc[table[r, : -(-n // block_size)].long()].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
+          for r, n in enumerate(lens)]
+    q = torch.randn(len(lens), hq, d, generator=gen)
+    return q, ks, vs, kc, vc, table, torch.tensor(lens)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d,block_size", [(12, 2, 128, 16), (14, 2, 64, 16), (4, 4, 16, 4), (8, 1, 32, 32)])
+def test_triton_shared_prefix_attention_matches_a_softmax_per_row(dtype, hq, hkv, d, block_size):
+    """Groups of 3 rows over a 40-token prompt (two whole blocks of 16 shared, the partial third each row's own),
+    a group larger than a slot, a group whose prompt is one block, and two rows alone: each row's output equals a
+    float64 softmax over its own keys, and the torch path's."""
+    from hybridrl.engines.kernels.shared_prefix import (SharedPrefix, pack_prefix, prefix_groups, shared_prefix_attention,
+                                                        slot_members)
+
+    p = 2 * block_size + block_size // 2
+    groups = [(3, p), (5, 4 * block_size), (2, block_size), (1, p), (1, p)]
+    lens = [p + 1, p + 9, p + 30, 4 * block_size + 1, 5 * block_size, 4 * block_size + 3, 6 * block_size + 2,
+            4 * block_size + 7, block_size + 1, 3 * block_size, p + 4, p + 5]
+    q, ks, vs, kc, vc, table, seq_lens = shared_prefix_case(groups, lens, hq, hkv, d, block_size, seed=11)
+    members = min(slot_members(hq, hkv), 3)  # 3 rows a slot: the group of 5 takes two slots
+    found = prefix_groups(table.tolist(), lens, block_size, members)
+    assert [(rows, n) for rows, n in found] == [([0, 1, 2], 2), ([3, 4, 5], 4), ([6, 7], 4), ([8, 9], 1)]
+    packed = torch.tensor(pack_prefix(found, len(lens), members), dtype=torch.int32)
+    n_slots = len(lens) // 2
+    dev = TRITON_DEVICE
+    prefix = SharedPrefix(packed[: n_slots * (members + 1)].view(n_slots, members + 1).to(dev),
+                          packed[n_slots * (members + 1) :].to(dev))
+    want = naive_attention(q, ks, vs, d**-0.5)
+    q, kc, vc, table, seq_lens = (t.to(dev) for t in (q.to(dtype), kc.to(dtype), vc.to(dtype), table, seq_lens))
+    ref = attention.decode_attention_torch(q, kc, vc, table, seq_lens, table.shape[1] * block_size, d**-0.5)
+    got = shared_prefix_attention(q, kc, vc, table, seq_lens, d**-0.5, prefix)
+    assert got.dtype == dtype
+    assert (got.float() - ref.float()).abs().max().item() < _tol(dtype)
+    if dtype == torch.float32:
+        assert (got.double().cpu() - want).abs().max().item() < 1e-5
+
+
 def test_one_kernel_attention_where_measured_faster():
     """The engine takes the one-kernel form where its grid is one wave (the 0.5B's 64 rows × 2 kv heads on the H200's
     132 SMs: 9.1 µs against 10.3) and not at 256 rows (the 1.5B's: 48.0 against 39.2), o_rope_attention.txt."""

@@ -94,6 +94,46 @@ def test_shared_prompt_blocks_give_each_sample_the_right_context(model, block_si
     assert engine.cache.allocator.held == 0  # every block came back
 
 
+@pytest.mark.parametrize("block_size,gpu_schedule", [(1, False), (4, False), (4, True)])
+def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedule, monkeypatch):
+    """Attention reading a group's shared prompt blocks once for all its rows (`kernels/shared_prefix.py`) gives the
+    tokens of attention reading them per row, and the reference log-probs: groups of 3 samples, a prompt alone, rows
+    finishing at different steps (stop tokens) so the grouping changes as rows leave; also on the GPU's schedule
+    (steps over a bucket of rows, padding rows in no group). The runner's view of the rows' tables follows the
+    scheduler's at every step."""
+    import hybridrl.engines.fused.model as fused_model
+
+    prompts = [[21, 2, 6, 30], [5, 17, 3, 9, 11], [4, 8, 15, 16, 23, 42, 5, 6], PROMPTS[2]]
+    reqs = [GenerationRequest(p, i, j) for i, p in enumerate(prompts) for j in range(3 if i != 1 else 1)]
+    params = SamplingParams(max_new_tokens=9, seed=5, stop_token_ids=[3, 7])
+    plain = fused(model, kv_block_size=block_size, max_batch_size=12, shared_prefix_tokens=0)
+    want = plain.generate_requests(reqs, params)
+    grouped = fused(model, kv_block_size=block_size, max_batch_size=12, shared_prefix_tokens=1)
+    if not grouped.model.paged_attention_kernel(block_size):
+        pytest.skip("grouped attention runs in the Triton kernels only (CUDA, or HYBRIDRL_KERNELS_ON_CPU=1)")
+    grouped.model.rope_attention = False  # small batches take the one-kernel attention, which reads every row's keys
+    grouped.runner.on_gpu = gpu_schedule
+    calls = []
+    real = fused_model.shared_prefix_attention
+    monkeypatch.setattr(fused_model, "shared_prefix_attention", lambda *a: calls.append(a[-1]) or real(*a))
+    handles = [grouped.submit(r, params) for r in reqs]
+    done = {}
+    while grouped.has_work:
+        done.update(grouped.step())
+        rows = grouped.scheduler.rows  # a row that just finished has given its blocks back; it leaves next step
+        assert len(grouped.runner._row_tables) == len(rows)
+        assert [t for t, s in zip(grouped.runner._row_tables, rows) if s.blocks] == [s.blocks for s in rows if s.blocks]
+    got = [done[h] for h in handles]
+    same(got, want)
+    for r, o in zip(reqs, got):
+        ref = reference_logprobs(model, r.prompt_ids, o.token_ids)
+        assert (torch.tensor(o.logprobs) - ref).abs().max().item() < TOL
+    assert calls, "no step read shared blocks once per group"
+    slots = calls[0].slots[calls[0].slots[:, -1] > 0]
+    assert len(slots) == 3 and sorted(slots[:, -1].tolist()) == sorted(len(p) // block_size for p in prompts[::2]
+                                                                          + prompts[3:])
+
+
 def test_block_accounting_of_a_group(model):
     """9-token prompt, 4-token blocks, 3 samples of ≤ 4 new tokens: positions 0..11 are ever written (the last
     token is never fed back), so each sample spans 3 blocks: 2 shared full prompt blocks + 1 of its own."""

@@ -125,18 +125,18 @@ def test_gpu_bucketing_gives_the_same_samples(model):
 class _Replay:
     """Stands in for a captured CUDA graph on CPU: a replay runs the captured step body eagerly."""
 
-    def __init__(self, runner, batch, join, mode) -> None:
-        self.runner, self.batch, self.join, self.mode = runner, batch, join, mode
+    def __init__(self, runner, batch, join, mode, prefix) -> None:
+        self.runner, self.batch, self.join, self.mode, self.prefix = runner, batch, join, mode, prefix
 
     def replay(self) -> None:
-        self.runner._graph_body(self.batch, self.join, self.mode)
+        self.runner._graph_body(self.batch, self.join, self.mode, self.prefix)
 
 
 def _emulate_graphs(run) -> None:
     """Steps through `_Replay` stand-ins, with the GPU's buckets and full-width attention."""
     run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
-    run._capture = lambda b, eb, mode: run.graphs.setdefault((b, eb, mode if mode.in_graph else None),
-                                                             _Replay(run, b, eb, mode))
+    run._capture = lambda b, eb, mode, prefix: run.graphs.setdefault(
+        (b, eb, mode if mode.in_graph else None, prefix is not None), _Replay(run, b, eb, mode, prefix))
 
 
 @pytest.mark.parametrize("seed", [6, None])

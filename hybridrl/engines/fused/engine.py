@@ -65,7 +65,8 @@ class FusedEngine(NativeEngineBase):
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
-                                   self.options.prefill_tokens, self.options.join_step_tokens)
+                                   self.options.prefill_tokens, self.options.join_step_tokens,
+                                   self.options.shared_prefix_tokens)
         self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
                                    self.options.sampler_kernel, self.options.prefix_cache,
                                    self.options.join_wait_steps, self.options.join_step_tokens)

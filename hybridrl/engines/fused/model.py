@@ -41,6 +41,7 @@ from hybridrl.engines.kernels.linear import project
 from hybridrl.engines.kernels.norms import add_rms_norm, rms_norm, silu_mul
 from hybridrl.engines.kernels.rope_attention import one_wave, rope_attention
 from hybridrl.engines.kernels.rope_cache import rope_write, split_qkv_torch, write_kv_torch
+from hybridrl.engines.kernels.shared_prefix import SharedPrefix, shared_prefix_attention
 from hybridrl.errors import ConfigError
 from hybridrl.models.shape import ModelShape, padded_vocab
 
@@ -127,6 +128,11 @@ class FusedDecoder(nn.Module):
         """Whether attention over the paged cache runs the Triton kernel here (else the torch path, which gathers each
         row's context)."""
         return self.kernels and triton_supports(self.head_dim, block_size)
+
+    def one_kernel_attention(self, rows: int, n_splits: int) -> bool:
+        """Whether a decode step of `rows` rows (one query each) runs RoPE and attention in one kernel, where that is
+        faster (`one_wave`)."""
+        return self.rope_attention and one_wave(rows, self.kv_heads, n_splits, self.sms)
 
     def head_weight(self) -> torch.Tensor:
         """The lm_head shard: the embedding's when tied."""
@@ -235,15 +241,16 @@ class FusedDecoder(nn.Module):
 
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
                cache: PagedKVCache, max_len: int, n_splits: int = 1,
-               join: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+               join: tuple[torch.Tensor, ...] | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
         """One token per row (tokens, positions, cache slots [B]; block tables [B, blocks]): store its K/V, attend to
         positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
         in a CUDA graph. `max_len` (> every position) is the torch attention path's gathered width; `n_splits` the
         Triton kernel's key split. `join` (ids, positions, slots, rows [E]): prompt tokens of rows joining at this
-        step, run as extra rows (as `extend` runs them) whose K/V the rows' own tokens attend in the same layer."""
+        step, run as extra rows (as `extend` runs them) whose K/V the rows' own tokens attend in the same layer.
+        `prefix`: rows sharing leading blocks read them once per group (`shared_prefix`; Triton attention, no join)."""
         b = tokens.shape[0]
         if join is None:
-            return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits))
+            return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, prefix=prefix))
         ids, jpos, jslots, jrows = join
         rows = torch.cat((torch.arange(b, device=tokens.device), jrows))
         h = self._layers(torch.cat((tokens, ids)), torch.cat((pos, jpos)), torch.cat((slots, jslots)), block_table,
@@ -251,14 +258,14 @@ class FusedDecoder(nn.Module):
         return self.logits(h[:b])
 
     def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
-                cache: PagedKVCache, max_len: int, n_splits: int,
-                table_rows: torch.Tensor | None = None) -> torch.Tensor:
+                cache: PagedKVCache, max_len: int, n_splits: int, table_rows: torch.Tensor | None = None,
+                prefix: SharedPrefix | None = None) -> torch.Tensor:
         """The final-normed hidden states [N, hidden] of tokens at positions `pos`, over the paged cache."""
         eps, kern = self.eps, self.kernels
-        # One query per sequence (a decode step), in one kernel where that is faster (`one_wave`).
-        one_kernel = (self.rope_attention and table_rows is None
-                      and one_wave(tokens.shape[0], self.kv_heads, n_splits, self.sms))
+        one_kernel = table_rows is None and self.one_kernel_attention(tokens.shape[0], n_splits)
         seq_lens = None if one_kernel else pos + 1
+        grouped = prefix is not None and table_rows is None and not one_kernel and self.paged_attention_kernel(
+            cache.block_size)
         x = self.embed(tokens)
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
         for i, layer in enumerate(self.model.layers):
@@ -271,8 +278,11 @@ class FusedDecoder(nn.Module):
             else:
                 q = rope_write(qkv, self.q_heads, self.kv_heads, self.cos, self.sin, pos, slots, kc, vc,
                                *self._qk_norms(a), eps, kern)
-                o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern,
-                                     table_rows)
+                if grouped:
+                    o = shared_prefix_attention(q, kc, vc, block_table, seq_lens, self.head_dim**-0.5, prefix)
+                else:
+                    o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits,
+                                         kern, table_rows)
             post, after = self._norms(i)
             x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.reshape(o.shape[0], -1)), post, eps, kern)
             x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)

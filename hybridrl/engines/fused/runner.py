@@ -23,6 +23,11 @@ writing their K/V before the layer's attention reads them. The step then samples
 everyone else's: one pass over the weights instead of a prefill and a step. Such steps are graphed per (batch
 bucket, bucket of extra tokens), captured at a pair's second use.
 
+Rows whose block tables begin with the same blocks (the samples of one GRPO prompt) may read those blocks once per group
+in attention (`kernels/shared_prefix.py`) where they share `shared_prefix_tokens` on average: the runner keeps the live
+rows' tables on the host, works the groups out again after rows join or leave, and copies them into a static buffer
+the graphs read (a step graphed with grouping is its own graph).
+
 `extend` runs prompt tokens (an agent's next turn past its cached prefix, or a short new prompt) as rows of the same
 layers (`FusedDecoder.extend`), apart from a step. Eagerly that is ~10 launches per layer, ~14 ms of host time at 24
 layers on the H200's host (measured), several decode steps' worth; graphed per bucket of token counts it is one
@@ -40,6 +45,7 @@ import torch
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, PagedKVCache
 from hybridrl.engines.fused.model import FusedDecoder
 from hybridrl.engines.kernels.attention import split_count
+from hybridrl.engines.kernels.shared_prefix import SharedPrefix, pack_prefix, prefix_groups, slot_members
 from hybridrl.engines.kernels.step_state import advance, cache_slots
 from hybridrl.engines.sampling import sample_tokens
 
@@ -121,9 +127,11 @@ class DecodeRunner:
     """Owns the per-row decode state of up to `rows` sequences and the CUDA graphs captured over it."""
 
     def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool, extend_tokens: int = 0,
-                 join_tokens: int = 0) -> None:
+                 join_tokens: int = 0, shared_prefix_tokens: int = 0) -> None:
         """`extend_tokens`: the most packed prompt tokens one `extend` graph takes (0: extends run eagerly);
-        `join_tokens`: the most prompt tokens riding along in one step (`JoinTokens`)."""
+        `join_tokens`: the most prompt tokens riding along in one step (`JoinTokens`); `shared_prefix_tokens`: the
+        mean tokens per row that rows sharing leading blocks must share for attention to read them once per group
+        (`kernels/shared_prefix.py`; 0: never)."""
         self.model, self.rows = model, rows
         self.device = model.device
         self.on_gpu = self.device.type == "cuda"
@@ -138,6 +146,9 @@ class DecodeRunner:
         # multi-turn rollout most pairs come once, and a capture costs more than one eager step.
         self.join_capture_use = 2
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_gpu else 1
+        # May change between batches (benchmarks' A/B); the rows' grouping is kept wherever the Triton kernels run.
+        self.shared_prefix_tokens = shared_prefix_tokens
+        self._members = slot_members(model.q_heads, model.kv_heads) if model.kernels else 0
         # Graph captures since `take_capture_stats`: each sleep drops the graphs, so a rollout after a wake-up pays
         # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
         self.captures, self.capture_s = 0, 0.0
@@ -162,6 +173,11 @@ class DecodeRunner:
             [torch.empty(n, dtype=torch.long, pin_memory=True), torch.empty(n, dtype=torch.float32, pin_memory=True)]
             for _ in range(3)]
         self._out_turn = 0
+        # Rows sharing leading blocks (`SharedPrefix`, packed as `pack_prefix` lays it out), on the device for the
+        # graphs; worked out on the host from the live rows' tables, again only after rows change.
+        self._slots = max(1, n // 2)
+        self.share = torch.zeros(self._slots * (self._members + 1) + n, dtype=torch.int32, device=dev) \
+            if self._members else None
 
     @property
     def width(self) -> int:
@@ -192,6 +208,14 @@ class DecodeRunner:
         # the tokens whose logits are wanted: made at the first graphed extend after `bind`.
         self.ext_in = self.ext_table = self.ext_last = None
         self.join_in = None  # the same four inputs for the tokens riding along in a step
+        self.share = None
+        # The live rows' block tables and the positions each attends at least (its position when placed + 1), in row
+        # order, and how often each first block occurs among them: rows share blocks only where one repeats.
+        self._row_tables: list[list[int]] = []
+        self._row_attended: list[int] = []
+        self._firsts: dict[int, int] = {}
+        self._repeats = 0
+        self._grouped: bool | None = False  # None: to work out again before the next step
 
     # -- rows joining and leaving ---------------------------------------------------------------------------
     def place(self, start: int, tokens: torch.Tensor | list[int], pos: list[int], keys: list[int] | None,
@@ -211,10 +235,25 @@ class DecodeRunner:
         self.state[first:, rows] = packed[:, : len(_STATE) - first].T
         self.table[rows] = 0
         self.table[rows, :wide] = packed[:, len(_STATE) - first :]
+        if self._members:
+            del self._row_tables[start:], self._row_attended[start:]
+            self._row_tables += tables
+            self._row_attended += [p + 1 for p in pos]
+            for t in tables:
+                self._count_first(t, 1)
+            self._grouped = None
 
     def compact(self, keep: list[int], n_old: int) -> None:
         """Rows `keep` (ascending) move to [0, len(keep)); rows up to n_old become padding again."""
         m = len(keep)
+        if self._members and (m < len(self._row_tables) or keep != list(range(m))):
+            kept = set(keep)
+            for i, t in enumerate(self._row_tables):
+                if i not in kept:
+                    self._count_first(t, -1)
+            self._row_tables = [self._row_tables[i] for i in keep]
+            self._row_attended = [self._row_attended[i] for i in keep]
+            self._grouped = None
         if keep != list(range(m)):
             idx = to_device(keep, torch.long, self.device)
             self.state[:, :m] = self.state[:, idx]  # the gather copies first: overlapping rows are safe
@@ -222,6 +261,36 @@ class DecodeRunner:
         if n_old > m:
             self.state[_STATE.index("pos") :, m:n_old] = 0  # pos and active
             self.table[m:n_old] = 0
+
+    def _count_first(self, table: list[int], by: int) -> None:
+        if table:
+            was = self._firsts.get(table[0], 0)
+            if was + by:
+                self._firsts[table[0]] = was + by
+            else:
+                del self._firsts[table[0]]
+            self._repeats += (was >= 1) if by > 0 else -(was >= 2)
+
+    def _shared_prefix(self, b: int, extra: int) -> SharedPrefix | None:
+        """The grouping a step of rows [0, b) with `extra` riding tokens attends with, or None: grouped attention
+        only where it pays (rows share ≥ shared_prefix_tokens on average, the batch fills the SMs unsplit, no riding
+        tokens, the two-kernel attention). Worked out again, and copied to the device, after rows changed."""
+        bs = self.cache.block_size
+        if (not self._members or not self.shared_prefix_tokens or extra or not self._repeats
+                or not self.model.paged_attention_kernel(bs)
+                or split_count(b, self.model.kv_heads, self.width, bs, self.sms) > 1
+                or self.model.one_kernel_attention(b, 1)):
+            return None
+        if self._grouped is None:
+            groups = prefix_groups(self._row_tables, self._row_attended, bs, self._members)
+            shared = sum(len(rows) * n for rows, n in groups) * bs
+            self._grouped = shared >= self.shared_prefix_tokens * max(1, len(self._row_tables))
+            if self._grouped:
+                self.share.copy_(to_device(pack_prefix(groups, self.rows, self._members), torch.int32, self.device))
+        if not self._grouped:
+            return None
+        cut = self._slots * (self._members + 1)
+        return SharedPrefix(self.share[:cut].view(self._slots, -1)[: max(1, b // 2)], self.share[cut:][:b])
 
     # -- stepping -------------------------------------------------------------------------------------------
     def bucket(self, n: int) -> int:
@@ -236,15 +305,17 @@ class DecodeRunner:
             return n
         return next(b for b in self._join_buckets if b >= n)
 
-    def _forward(self, b: int, attend: int, join: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [b, padded vocab] of rows [0, b); `join` [4, e]: ids, positions, slots, rows of extra tokens."""
+    def _forward(self, b: int, attend: int, join: torch.Tensor | None = None,
+                 prefix: SharedPrefix | None = None) -> torch.Tensor:
+        """Logits [b, padded vocab] of rows [0, b); `join` [4, e]: ids, positions, slots, rows of extra tokens;
+        `prefix`: the rows' shared blocks, read once per group."""
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
         slots = cache_slots(table, pos, bs, self.model.kernels)
         extra = 0 if join is None else join.shape[1]
         splits = split_count(b + extra, self.model.kv_heads, self.width, bs, self.sms)
         return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits,
-                                 join=None if join is None else tuple(join))
+                                 join=None if join is None else tuple(join), prefix=prefix)
 
     def _padded(self, tokens: JoinTokens, n: int) -> torch.Tensor:
         """[4, n] on the device: the tokens' ids, positions, slots and rows, padded to `n` tokens (position 0 of row
@@ -279,20 +350,21 @@ class DecodeRunner:
         attention path's gathered width; graphs use the table's)."""
         b = self.bucket(n)
         eb = self.join_bucket(len(join.ids)) if join is not None else 0
-        key = (b, eb, mode if mode.in_graph else None)
+        prefix = self._shared_prefix(b, eb)
+        key = (b, eb, mode if mode.in_graph else None, prefix is not None)
         if self.use_graphs and (not eb or self._graph_due(key, self.join_capture_use)):
             if eb:
                 if self.join_in is None:
                     self.join_in = torch.zeros(4, self._join_buckets[-1], dtype=torch.long, device=self.device)
                 self.join_in[:, :eb] = self._padded(join, eb)
-            graph = self.graphs.get(key) or self._capture(b, eb, mode)
+            graph = self.graphs.get(key) or self._capture(b, eb, mode, prefix)
             if graph is not None:
                 graph.replay()
                 if not mode.in_graph:
                     self._sample_advance(b, self.logits[:b], mode, generator)
                 return self._outputs(n)
         extra = self._padded(join, eb) if eb else None  # eagerly at the bucket's shapes too
-        self._sample_advance(b, self._forward(b, attend, extra), mode, generator)
+        self._sample_advance(b, self._forward(b, attend, extra, prefix), mode, generator)
         return self._outputs(n)
 
     def _outputs(self, n: int) -> HostCopy:
@@ -302,17 +374,19 @@ class DecodeRunner:
             into, self._out_turn = self._outs[self._out_turn], (self._out_turn + 1) % len(self._outs)
         return HostCopy([self.out_tok[:n], self.out_lp[:n]], into)
 
-    def _graph_body(self, b: int, eb: int, mode: SamplerMode) -> None:
-        logits = self._forward(b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None)
+    def _graph_body(self, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None) -> None:
+        logits = self._forward(b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None, prefix)
         if mode.in_graph:
             self._sample_advance(b, logits, mode, None)
         else:
             self.logits[:b].copy_(logits)
 
-    def _capture(self, b: int, eb: int, mode: SamplerMode) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, b: int, eb: int, mode: SamplerMode,
+                 prefix: SharedPrefix | None) -> torch.cuda.CUDAGraph | None:
         # The warm-up runs the real step and advances the row state; it is put back before the capture, so the replay
         # computes the step exactly once. The K/V the warm-up writes are the values the replay writes again.
-        return self._capture_graph((b, eb, mode if mode.in_graph else None), lambda: self._graph_body(b, eb, mode),
+        return self._capture_graph((b, eb, mode if mode.in_graph else None, prefix is not None),
+                                   lambda: self._graph_body(b, eb, mode, prefix),
                                    [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp])
 
     def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:
