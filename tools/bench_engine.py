@@ -273,7 +273,16 @@ def case_single(model, engine, args, device) -> dict:
 def case_grpo(model, engine, args, device) -> dict:
     gen = torch.Generator().manual_seed(2)
     prompts = torch.randint(2, model.config.vocab_size, (args.prompts, args.prompt_len), generator=gen).tolist()
+    variants = {}
+    for tokens in args.shared_prefix_tokens[1:]:  # the A/B: the same prompts with another grouping threshold
+        engine.runner.shared_prefix_tokens = tokens
+        v, _, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
+        variants[tokens] = {k: v[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")}
+    engine.runner.shared_prefix_tokens = args.shared_prefix_tokens[0]
     res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
+    if variants:
+        res["shared_prefix_tokens"] = args.shared_prefix_tokens[0]
+        res["shared_prefix_variants"] = variants
     rows, half = args.prompts * args.samples, args.new_tokens / 2
     res["roofline"] = roofline(engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half,
                                res["decode_step_ms"] / 1e3)
@@ -420,6 +429,9 @@ def main() -> None:
     ap.add_argument("--join-step-tokens", type=int, nargs="+", default=[NativeOptions.join_step_tokens],
                     help="multiturn: engine.native.join_step_tokens values to run (0: joins prefill apart; each "
                          "variant with each)")
+    ap.add_argument("--shared-prefix-tokens", type=int, nargs="+", default=[NativeOptions.shared_prefix_tokens],
+                    help="grpo: engine.native.shared_prefix_tokens values to run, the first reported in full, the others "
+                         "as shared_prefix_variants (0: every row reads its shared prompt blocks itself)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
