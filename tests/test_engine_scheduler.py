@@ -99,8 +99,7 @@ def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedul
     """Attention reading a group's shared prompt blocks once for all its rows (`kernels/shared_prefix.py`) gives the
     tokens of attention reading them per row, and the reference log-probs: groups of 3 samples, a prompt alone, rows
     finishing at different steps (stop tokens) so the grouping changes as rows leave; also on the GPU's schedule
-    (steps over a bucket of rows, padding rows in no group). The runner's view of the rows' tables follows the
-    scheduler's at every step."""
+    (steps over a bucket of rows, padding rows in no group)."""
     import hybridrl.engines.fused.model as fused_model
 
     prompts = [[21, 2, 6, 30], [5, 17, 3, 9, 11], [4, 8, 15, 16, 23, 42, 5, 6], PROMPTS[2]]
@@ -120,9 +119,6 @@ def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedul
     done = {}
     while grouped.has_work:
         done.update(grouped.step())
-        rows = grouped.scheduler.rows  # a row that just finished has given its blocks back; it leaves next step
-        assert len(grouped.runner._row_tables) == len(rows)
-        assert [t for t, s in zip(grouped.runner._row_tables, rows) if s.blocks] == [s.blocks for s in rows if s.blocks]
     got = [done[h] for h in handles]
     same(got, want)
     for r, o in zip(reqs, got):
@@ -132,6 +128,39 @@ def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedul
     slots = calls[0].slots[calls[0].slots[:, -1] > 0]
     assert len(slots) == 3 and sorted(slots[:, -1].tolist()) == sorted(len(p) // block_size for p in prompts[::2]
                                                                           + prompts[3:])
+
+
+def test_the_runner_hears_of_tables_only_where_rows_may_share_blocks(model, monkeypatch):
+    """`DecodeRunner.share_rows` gets the rows' tables after rows change only where some may share leading blocks: a
+    group of samples, or a prompt found in the prefix table while the row that wrote it still runs; distinct prompts
+    (an agent's trajectories) or too short a shared prompt cost no pass over the rows."""
+    engine = fused(model, kv_block_size=4, shared_prefix_tokens=1)
+    heard: list[list[list[int]] | None] = []
+    real = engine.runner.share_rows
+    monkeypatch.setattr(engine.runner, "share_rows", lambda tables, attended=None: heard.append(tables)
+                        or real(tables, attended))
+    params = SamplingParams(max_new_tokens=6, seed=1)
+
+    def run(reqs, later=()):
+        heard.clear()
+        for r in reqs:
+            engine.submit(r, params)
+        engine.step()
+        for r in later:  # joins while the first rows run
+            engine.submit(r, params)
+        while engine.has_work:
+            engine.step()
+        return heard
+
+    distinct = [GenerationRequest(p, i) for i, p in enumerate(PROMPTS)]
+    assert run(distinct) and all(t is None for t in heard)
+    group = [GenerationRequest(PROMPTS[2], 0, j) for j in range(3)]
+    assert any(t is not None and len(t) == 3 for t in run(group))
+    long_prompt = PROMPTS[2] + PROMPTS[1]
+    found = run([GenerationRequest(long_prompt, 0)], [GenerationRequest(long_prompt, 1)])
+    assert any(t is not None and len(t) == 2 and t[0][:2] == t[1][:2] for t in found)
+    engine.runner.shared_prefix_tokens = 10 ** 6  # no prompt is that long: not worth a pass
+    assert all(t is None for t in run(group))
 
 
 def test_block_accounting_of_a_group(model):

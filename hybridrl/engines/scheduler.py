@@ -133,6 +133,9 @@ class Scheduler:
         self._join: JoinTokens | None = None  # prompt tokens riding along in the next launch
         self._join_blocks: list[tuple[list[BlockKey], list[int]]] = []  # their full blocks, final once it is queued
         self._room_since: int | None = None  # the step since which a waiting request has had a free row
+        # Whether a running row may share leading blocks with another (a group of samples, a prefix found in the table
+        # that another row holds): only then does the runner hear of the rows' tables (`DecodeRunner.share_rows`).
+        self._may_share = False
 
     @property
     def has_work(self) -> bool:
@@ -181,16 +184,21 @@ class Scheduler:
         self.pending.clear()
         self.mode = self._room_since = self._join = None
         self._join_blocks = []
+        self._may_share = False
 
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[int, Completion]]:
         """Advance every running sequence by one token and admit waiting ones; returns those that finished."""
         run = self.backend.runner
         keep = [i for i, s in enumerate(self.rows) if s.finish is None and s.launched < s.max_new]
-        if len(keep) < len(self.rows):
+        changed = len(keep) < len(self.rows)
+        if changed:
             run.compact(keep, len(self.rows))
             self.rows = [self.rows[i] for i in keep]
+        live = len(self.rows)
         self._admit()
+        if changed or len(self.rows) != live:
+            self._share_rows(run)
         self.steps += 1
         self.row_steps += len(self.rows)
         launched = []
@@ -217,6 +225,16 @@ class Scheduler:
         if not self.rows and not self.waiting and not self.pending:
             self.mode = None
         return done
+
+    def _share_rows(self, run: DecodeRunner) -> None:
+        """Tell the runner the rows' tables where they may share leading blocks, and may share enough of them
+        (prompts of at least `shared_prefix_tokens` on average); else that nothing is shared."""
+        self._may_share = self._may_share and bool(self.rows)
+        shared = run.shared_prefix_tokens
+        if self._may_share and shared and sum(s.prompt_len for s in self.rows) >= shared * len(self.rows):
+            run.share_rows([s.blocks for s in self.rows], [s.prompt_len for s in self.rows])
+        else:
+            run.share_rows(None)
 
     def _admit(self) -> None:
         if not self.waiting or len(self.rows) >= self.max_rows:
@@ -269,6 +287,8 @@ class Scheduler:
         for s in taken:
             s.cohort_len = longest
         self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
+        # Each of a group's rows holds its shared blocks: more holders than rows means another running row has them.
+        self._may_share = self._may_share or any(g.shared and alloc.holders(g.shared[0]) > 1 for g in groups)
         if ride:
             self._join = self.backend.join_in_step(groups, len(self.rows), mode)
             self.step_joins += 1

@@ -66,6 +66,10 @@ class BlockAllocator:
         """Blocks in the prefix table."""
         return len(self._key_of)
 
+    def holders(self, block: int) -> int:
+        """Sequences referencing `block` (the prefix table's own reference not counted)."""
+        return self._refs[block] - (block in self._key_of)
+
     def allocate(self, n: int) -> list[int]:
         """n blocks, each with one reference (evicting idle table entries when the free list is short)."""
         if n > self.free:

@@ -24,9 +24,10 @@ everyone else's: one pass over the weights instead of a prefill and a step. Such
 bucket, bucket of extra tokens), captured at a pair's second use.
 
 Rows whose block tables begin with the same blocks (the samples of one GRPO prompt) may read those blocks once per group
-in attention (`kernels/shared_prefix.py`) where they share `shared_prefix_tokens` on average: the runner keeps the live
-rows' tables on the host, works the groups out again after rows join or leave, and copies them into a static buffer
-the graphs read (a step graphed with grouping is its own graph).
+in attention (`kernels/shared_prefix.py`) where they share `shared_prefix_tokens` on average: after rows join or leave
+the scheduler hands over the live rows' tables where some may share (`share_rows`), and the runner works the groups
+out before the next step and copies them into a static buffer the graphs read (a step graphed with grouping is its
+own graph).
 
 `extend` runs prompt tokens (an agent's next turn past its cached prefix, or a short new prompt) as rows of the same
 layers (`FusedDecoder.extend`), apart from a step. Eagerly that is ~10 launches per layer, ~14 ms of host time at 24
@@ -209,12 +210,7 @@ class DecodeRunner:
         self.ext_in = self.ext_table = self.ext_last = None
         self.join_in = None  # the same four inputs for the tokens riding along in a step
         self.share = None
-        # The live rows' block tables and the positions each attends at least (its position when placed + 1), in row
-        # order, and how often each first block occurs among them: rows share blocks only where one repeats.
-        self._row_tables: list[list[int]] = []
-        self._row_attended: list[int] = []
-        self._firsts: dict[int, int] = {}
-        self._repeats = 0
+        self._sharing: tuple[list[list[int]], list[int]] | None = None  # `share_rows`' tables and positions
         self._grouped: bool | None = False  # None: to work out again before the next step
 
     # -- rows joining and leaving ---------------------------------------------------------------------------
@@ -235,25 +231,10 @@ class DecodeRunner:
         self.state[first:, rows] = packed[:, : len(_STATE) - first].T
         self.table[rows] = 0
         self.table[rows, :wide] = packed[:, len(_STATE) - first :]
-        if self._members:
-            del self._row_tables[start:], self._row_attended[start:]
-            self._row_tables += tables
-            self._row_attended += [p + 1 for p in pos]
-            for t in tables:
-                self._count_first(t, 1)
-            self._grouped = None
 
     def compact(self, keep: list[int], n_old: int) -> None:
         """Rows `keep` (ascending) move to [0, len(keep)); rows up to n_old become padding again."""
         m = len(keep)
-        if self._members and (m < len(self._row_tables) or keep != list(range(m))):
-            kept = set(keep)
-            for i, t in enumerate(self._row_tables):
-                if i not in kept:
-                    self._count_first(t, -1)
-            self._row_tables = [self._row_tables[i] for i in keep]
-            self._row_attended = [self._row_attended[i] for i in keep]
-            self._grouped = None
         if keep != list(range(m)):
             idx = to_device(keep, torch.long, self.device)
             self.state[:, :m] = self.state[:, idx]  # the gather copies first: overlapping rows are safe
@@ -262,29 +243,28 @@ class DecodeRunner:
             self.state[_STATE.index("pos") :, m:n_old] = 0  # pos and active
             self.table[m:n_old] = 0
 
-    def _count_first(self, table: list[int], by: int) -> None:
-        if table:
-            was = self._firsts.get(table[0], 0)
-            if was + by:
-                self._firsts[table[0]] = was + by
-            else:
-                del self._firsts[table[0]]
-            self._repeats += (was >= 1) if by > 0 else -(was >= 2)
+    def share_rows(self, tables: list[list[int]] | None, attended: list[int] | None = None) -> None:
+        """After rows joined or left: the live rows' block tables (rows [0, n) in order) and the positions each attends
+        at least, for the next steps to group rows that share leading blocks; None where no row shares a block with
+        another (nothing to group)."""
+        self._sharing = (tables, attended) if tables and self._members else None
+        self._grouped = None
 
     def _shared_prefix(self, b: int, extra: int) -> SharedPrefix | None:
         """The grouping a step of rows [0, b) with `extra` riding tokens attends with, or None: grouped attention
         only where it pays (rows share ≥ shared_prefix_tokens on average, the batch fills the SMs unsplit, no riding
-        tokens, the two-kernel attention). Worked out again, and copied to the device, after rows changed."""
+        tokens, the two-kernel attention). Worked out again, and copied to the device, after `share_rows`."""
         bs = self.cache.block_size
-        if (not self._members or not self.shared_prefix_tokens or extra or not self._repeats
+        if (self._sharing is None or not self.shared_prefix_tokens or extra
                 or not self.model.paged_attention_kernel(bs)
                 or split_count(b, self.model.kv_heads, self.width, bs, self.sms) > 1
                 or self.model.one_kernel_attention(b, 1)):
             return None
         if self._grouped is None:
-            groups = prefix_groups(self._row_tables, self._row_attended, bs, self._members)
+            tables, attended = self._sharing
+            groups = prefix_groups(tables, attended, bs, self._members)
             shared = sum(len(rows) * n for rows, n in groups) * bs
-            self._grouped = shared >= self.shared_prefix_tokens * max(1, len(self._row_tables))
+            self._grouped = shared >= self.shared_prefix_tokens * len(tables)
             if self._grouped:
                 self.share.copy_(to_device(pack_prefix(groups, self.rows, self._members), torch.int32, self.device))
         if not self._grouped:
