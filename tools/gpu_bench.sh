@@ -5,6 +5,8 @@
 #
 #   kernel    CUDA tests of the engine's Triton kernels, the sampler, the log-prob kernel, the engine, its scheduler
 #   engine_grpo  bench_engine 1.5B GRPO-shaped: 32 prompts × 8 samples × 512 new (one prefill per group)
+#   shared_prefix  bench_engine GRPO-shaped with 512-token prompts, 1.5B then 0.5B: decode attention reading each
+#                group's prompt once (engine.native.shared_prefix_tokens=512) against once per row (0), in one process
 #   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn,
 #                then 512 trajectories on 256 rows; turns of 64 tokens, then 256; joins inside the step and apart
 #   engine    bench_engine 0.5B, batch 64 × 256 new, vs HF generate and vs the torch sampler, with a profile
@@ -53,6 +55,11 @@ for group in "$@"; do
     engine_grpo)
       step engine_1.5b_grpo 200 $PY tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \
         --out "$OUT/bench_engine_1.5b_grpo_p32x8_n512.json" ;;
+    shared_prefix)
+      for s in 1.5b 0.5b; do
+        step engine_${s}_grpo_p512 300 $PY tools/bench_engine.py --case grpo --shape $s --prompts 32 --samples 8 \
+          --prompt-len 512 --new-tokens 512 --shared-prefix-tokens 512 0 --out "$OUT/bench_engine_${s}_grpo_p512_shared.json"
+      done ;;
     multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs);
       # turns of 64 tokens, then of 256; each with joins inside the step (the default) and prefilled apart (0)
       for n in 256 1024; do
