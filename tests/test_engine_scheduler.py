@@ -94,7 +94,7 @@ def test_shared_prompt_blocks_give_each_sample_the_right_context(model, block_si
     assert engine.cache.allocator.held == 0  # every block came back
 
 
-@pytest.mark.parametrize("block_size,gpu_schedule", [(1, False), (4, False), (4, True)])
+@pytest.mark.parametrize("block_size,gpu_schedule", [(1, False), (4, True)])
 def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedule, monkeypatch):
     """Attention reading a group's shared prompt blocks once for all its rows (`kernels/shared_prefix.py`) gives the
     tokens of attention reading them per row, and the reference log-probs: groups of 3 samples, a prompt alone, rows
