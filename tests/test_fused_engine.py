@@ -243,6 +243,115 @@ def test_sleep_wake_round_trip(level):
     assert [o.token_ids for o in engine.generate(PROMPTS, params)] == before
 
 
+class _FakeFixedMemory:
+    """Stands in for `FixedMemory` on CPU: views of one byte buffer that keep their storage; `release` overwrites it
+    with 0xFF bytes (NaN as floats: whatever reads it while asleep, or is not rewritten after, shows), `restore` leaves
+    that garbage for the engine to rewrite."""
+
+    def __init__(self, nbytes: int, device) -> None:
+        self.buf, self.nbytes, self.used, self.mapped = torch.zeros(nbytes, dtype=torch.uint8), nbytes, 0, True
+
+    def view(self, shape, dtype):
+        n = torch.Size(shape).numel() * dtype.itemsize
+        t = self.buf[self.used : self.used + n].view(dtype).view(shape)
+        self.used += -(-n // 256) * 256
+        assert self.used <= self.nbytes
+        return t
+
+    def release(self) -> None:
+        with torch.inference_mode():  # made inside a generate: an inference tensor
+            self.buf.fill_(255)
+        self.mapped = False
+
+    def restore(self) -> None:
+        self.mapped = True
+
+
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("fixed", [True, False])
+def test_fixed_addresses_keep_the_graphs_through_sleep(level, fixed, monkeypatch):
+    """engine.native.fixed_addresses: a sleep gives the weights' and the KV cache's memory back but keeps their
+    addresses, so the (emulated) graphs stay and the next rollout captures none; the samples are those before the
+    sleep. Without it a sleep drops the graphs, as before."""
+    import hybridrl.engines.fused.engine as fused_module
+
+    monkeypatch.setattr(fused_module, "fixed_memory", lambda n, device: _FakeFixedMemory(n, device))
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=3, max_new_tokens=8, seed=6)
+    engine = fused_engine(model, max_batch_size=16, fixed_addresses=fixed)
+    _emulate_graphs(engine.runner)
+    before = engine.generate(PROMPTS, params)
+    graphs = dict(engine.runner.graphs)
+    assert graphs
+    cache, k_ptr = engine.cache, engine.cache.k.data_ptr()
+    w_ptrs = [p.data_ptr() for _, p in engine.named_weights()]
+    engine.sleep(level)
+    assert engine.memory_stats()["engine_kv_cache_gb"] == 0
+    with pytest.raises(HybridRLError, match="asleep"):
+        engine.generate(PROMPTS, params)
+    engine.wake_up(["weights"])
+    if level == 2:
+        Resharder(ReshardConfig(verify=True), engine, model.config).sync(model)
+    engine.wake_up(["kv_cache"])
+    if fixed:
+        assert engine.runner.graphs == graphs and engine.cache is cache and engine.cache.k.data_ptr() == k_ptr
+        assert [p.data_ptr() for _, p in engine.named_weights()] == w_ptrs
+        assert engine.cache.allocator.cached == 0  # what the pool held is gone, its prefix entries too
+    else:
+        assert not engine.runner.graphs
+    got = engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in before]
+    for o, w in zip(got, before):
+        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+    if fixed:
+        assert all(engine.runner.graphs[k] is g for k, g in graphs.items())  # replayed, not captured again
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA virtual memory needs a GPU")
+def test_fixed_memory_keeps_its_address_and_gives_memory_back():
+    from hybridrl.engines.fixed_memory import fixed_memory
+
+    mem = fixed_memory(64 << 20, DEVICE)
+    assert mem is not None, "the driver refused fixed-address memory"
+    a, b = mem.view((1024, 1024), torch.float32), mem.view((7,), torch.bfloat16)
+    a.fill_(3.0)
+    b.fill_(-1.0)
+    assert a.sum().item() == 3.0 * 2**20 and b.sum().item() == -7.0
+    ptr = a.data_ptr()
+    free = torch.cuda.mem_get_info(DEVICE)[0]
+    mem.release()
+    assert torch.cuda.mem_get_info(DEVICE)[0] - free >= 60 << 20
+    mem.restore()
+    a.fill_(2.0)
+    assert a.data_ptr() == ptr and a.sum().item() == 2.0 * 2**20
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_cuda_graphs_survive_sleep_at_fixed_addresses():
+    """The real thing: graphs captured before a sleep replay after it (no capture), the samples equal the eager
+    path's, and the sleep really gave the memory back."""
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=4, max_new_tokens=40, seed=4, stop_token_ids=list(range(2, 12)))
+    eager = fused_engine(model, cuda_graphs=False).generate(PROMPTS, params)
+    engine = fused_engine(model, fixed_addresses=True)
+    assert engine._parking.memory is not None
+    for i in range(3):
+        got = engine.generate(PROMPTS, params)
+        captures, _ = engine.runner.take_capture_stats()
+        assert captures > 0 if i == 0 else captures == 0
+        assert [o.token_ids for o in got] == [o.token_ids for o in eager]
+        for o, w in zip(got, eager):
+            assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+        held = sum(engine.memory_stats().values()) * 2**30
+        free = torch.cuda.mem_get_info(DEVICE)[0]
+        engine.sleep(2)
+        assert engine.runner.graphs
+        assert torch.cuda.mem_get_info(DEVICE)[0] - free >= 0.9 * held
+        engine.wake_up(["weights"])
+        Resharder(ReshardConfig(), engine, model.config).sync(model)
+        engine.wake_up(["kv_cache"])
+
+
 def test_resharder_fills_the_engine_from_fsdp(process_group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

@@ -5,6 +5,8 @@
 #
 #   kernel    CUDA tests of the engine's Triton kernels, the sampler, the log-prob kernel, the engine, its scheduler
 #   engine_grpo  bench_engine 1.5B GRPO-shaped: 32 prompts × 8 samples × 512 new (one prefill per group)
+#   fixed_addresses  CUDA tests of fixed-address memory and graphs surviving sleep; bench_step 1.5B with
+#                engine.native.fixed_addresses=true, then false (graph capture seconds and rollout tok/s in each)
 #   shared_prefix  bench_engine GRPO-shaped with 512-token prompts, 1.5B then 0.5B: decode attention reading each
 #                group's prompt once (engine.native.shared_prefix_tokens=512) against once per row (0), in one process
 #   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn,
@@ -55,6 +57,14 @@ for group in "$@"; do
     engine_grpo)
       step engine_1.5b_grpo 200 $PY tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \
         --out "$OUT/bench_engine_1.5b_grpo_p32x8_n512.json" ;;
+    fixed_addresses)
+      step fixed_tests 240 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/test_fused_engine.py \
+        -k "fixed or survive"
+      for v in true false; do
+        mkdir -p "$OUT/fixed_$v"
+        step step_1.5b_fixed_$v 200 env OUT="$OUT/fixed_$v" $PY tools/bench_step.py --shape 1.5b --device cuda \
+          --set engine.native.fixed_addresses=$v
+      done ;;
     shared_prefix)
       for s in 1.5b 0.5b; do
         step engine_${s}_grpo_p512 300 $PY tools/bench_engine.py --case grpo --shape $s --prompts 32 --samples 8 \

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
+from hybridrl.engines.fixed_memory import FixedMemory
 from hybridrl.engines.weight_parking import WeightParking
 from hybridrl.errors import HybridRLError
 
@@ -60,12 +61,12 @@ class NativeEngineBase(RolloutEngine):
             self.memory_gate(nbytes)
 
     def _init_weights(self, params: dict[str, torch.nn.Parameter], unique: dict[str, torch.nn.Parameter],
-                      device: torch.device) -> None:
+                      device: torch.device, memory: FixedMemory | None = None) -> None:
         """Register the parameters `load_weights` fills by name (`params` may list a tied tensor under each of its
-        names; `unique` once) and where they park while asleep."""
+        names; `unique` once) and where they park while asleep (`memory`: the `FixedMemory` they are views of)."""
         self.device = device
         self._params, self._unique = params, unique
-        self._parking = WeightParking(unique, device)
+        self._parking = WeightParking(unique, device, memory)
         self._asleep: set[str] = set()
 
     # -- generation -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.fixed_memory import FixedMemory, fixed_bytes, fixed_memory
 from hybridrl.engines.frozen_heap import frozen_heap
 from hybridrl.engines.fused.groups import TensorParallel
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
@@ -60,7 +61,7 @@ class FusedEngine(NativeEngineBase):
         self.vocab = hf_config.vocab_size
         self.block_size = self.options.kv_block_size
         params = dict(self.model.named_parameters())  # no tied duplicates: a tied lm_head is the embedding itself
-        self._init_weights(params, params, device)
+        self._init_weights(params, params, device, self._fixed_weights(params, device))
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
@@ -154,7 +155,7 @@ class FusedEngine(NativeEngineBase):
             self._make_room((blocks - cache.num_blocks) * self._block_bytes())
             width = self.runner.width
             self.runner.release()
-            cache.grow(blocks)
+            cache.grow(blocks, self._kv_memory(blocks))
             self._pool_blocks = blocks
             self.runner.bind(cache, width)
         return self.cache.allocator
@@ -286,6 +287,26 @@ class FusedEngine(NativeEngineBase):
         if self.cache is not None:
             self.cache.allocator.forget_prefixes()  # K/V computed with the old weights
 
+    # -- fixed addresses ----------------------------------------------------------------------------------
+    def _fixed_weights(self, params: dict[str, torch.nn.Parameter], device: torch.device) -> FixedMemory | None:
+        """With engine.native.fixed_addresses (GPU): every parameter becomes a view of one `FixedMemory`, which a
+        sleep releases and a wake-up maps again at the same addresses; else None."""
+        if not self.options.fixed_addresses:
+            return None
+        memory = fixed_memory(fixed_bytes([(tuple(p.shape), p.dtype) for p in params.values()]), device)
+        if memory is not None:
+            for p in params.values():  # not loaded yet (the caller fills them): nothing to copy over
+                p.data = memory.view(tuple(p.shape), p.dtype)
+        return memory
+
+    def _kv_memory(self, blocks: int) -> FixedMemory | None:
+        """A `FixedMemory` for a pool of `blocks` blocks, with engine.native.fixed_addresses (GPU); else None."""
+        if not self.options.fixed_addresses:
+            return None
+        m = self.model
+        return fixed_memory(PagedKVCache.fixed_size(m.shape.num_layers, blocks, self.block_size, m.kv_heads,
+                                                    m.head_dim, m.dtype), self.device)
+
     # -- KV cache -----------------------------------------------------------------------------------------
     def _prefill_workspace_bytes(self) -> int:
         """About the most a prefill of engine.native.prefill_tokens tokens holds at once beyond the cache: the
@@ -320,7 +341,7 @@ class FusedEngine(NativeEngineBase):
             torch.cuda.empty_cache()
         m = self.model
         self.cache = PagedKVCache(m.shape.num_layers, blocks, self.block_size, m.kv_heads, m.head_dim, m.dtype,
-                                  self.device)
+                                  self.device, self._kv_memory(blocks))
         self._pool_blocks = blocks
         self.runner.bind(self.cache, width)
         self.reserve_width(width)
@@ -332,6 +353,8 @@ class FusedEngine(NativeEngineBase):
             log.warning("native engine: the KV cache is freed with %d requests unfinished; they are dropped",
                         len(self.scheduler.waiting) + len(self.scheduler.rows))
         self.scheduler.abort()
+        if self.cache is not None and self.cache.release():
+            return  # its addresses stay reserved: the runner keeps its graphs and buffers for the next wake-up
         self._drop_pool()
 
     def _drop_pool(self) -> None:
@@ -339,7 +362,12 @@ class FusedEngine(NativeEngineBase):
         self.cache = None
 
     def _allocate_cache(self) -> None:
-        """The KV cache at its configured size, or at its last size; else it is sized at the first generate."""
+        """The KV cache at its configured size, or at its last size; else it is sized at the first generate. A pool at
+        fixed addresses comes back at its size and addresses (its graphs with it)."""
+        if self.cache is not None and not self.cache.resident:
+            self._make_room(self.cache.nbytes() + self._prefill_workspace_bytes())
+            self.cache.restore()
+            return
         o = self.options
         if o.kv_blocks or o.kv_memory_fraction:
             self.kv_allocator(0, 1)
@@ -349,7 +377,7 @@ class FusedEngine(NativeEngineBase):
             self._allocate(self._pool_blocks)
 
     def memory_stats(self) -> dict[str, float]:
-        kv = self.cache.nbytes() if self.cache is not None else 0
+        kv = self.cache.nbytes() if self.cache is not None and self.cache.resident else 0
         return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
     def take_stats(self) -> dict[str, float]:
@@ -359,6 +387,7 @@ class FusedEngine(NativeEngineBase):
 
     def shutdown(self) -> None:
         super().shutdown()
+        self._drop_pool()  # a pool at fixed addresses survives `_free_cache`, and the runner's graphs with it
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

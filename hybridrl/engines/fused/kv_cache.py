@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.engines.fused.blocks import BlockAllocator
+from hybridrl.engines.fixed_memory import FixedMemory, fixed_bytes
 
 SCRATCH_BLOCK = 0
 
@@ -28,21 +29,61 @@ class PagedKVCache:
     """The K/V pool on the device, with the allocator of its blocks."""
 
     def __init__(self, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, memory: FixedMemory | None = None) -> None:
+        """`memory`: a `FixedMemory` of at least `fixed_size` bytes to hold K and V (their addresses then survive
+        `release`); None: ordinary allocations."""
         shape = (layers, num_blocks, kv_heads, block_size, head_dim)
-        # Zeros, not empty: the torch attention path multiplies masked positions by 0, and NaN garbage would survive.
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.memory = memory
+        if memory is None:
+            self.k = torch.empty(shape, dtype=dtype, device=device)
+            self.v = torch.empty(shape, dtype=dtype, device=device)
+        else:
+            self.k, self.v = memory.view(shape, dtype), memory.view(shape, dtype)
+        self._zero()
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
 
-    def grow(self, num_blocks: int) -> None:
-        """More blocks, the existing ones (and what the prefix table knows of them) kept; new tensors, so whatever
-        captured the old ones must be rebuilt."""
+    @staticmethod
+    def fixed_size(layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                   dtype: torch.dtype) -> int:
+        """Bytes of the `FixedMemory` a cache of this shape takes."""
+        shape = (layers, num_blocks, kv_heads, block_size, head_dim)
+        return fixed_bytes([(shape, dtype), (shape, dtype)])
+
+    def _zero(self) -> None:
+        # Zeros, not garbage: the torch attention path multiplies masked positions by 0, and NaN garbage would survive.
+        self.k.zero_()
+        self.v.zero_()
+
+    @property
+    def resident(self) -> bool:
+        """Whether the pool's memory is on the device (False between `release` and `restore`)."""
+        return self.memory is None or self.memory.mapped
+
+    def release(self) -> bool:
+        """Give the pool's device memory back, its addresses kept (a fixed-memory pool only: False otherwise)."""
+        if self.memory is None:
+            return False
+        self.memory.release()
+        return True
+
+    def restore(self) -> None:
+        """The pool's memory back at the same addresses, zeroed, every block free (what it held is gone)."""
+        self.memory.restore()
+        with torch.inference_mode():  # a pool made during a generate holds inference tensors
+            self._zero()
+        self.allocator = BlockAllocator(self.num_blocks)
+
+    def grow(self, num_blocks: int, memory: FixedMemory | None = None) -> None:
+        """More blocks, the existing ones (and what the prefix table knows of them) kept; new tensors (in `memory`, a
+        new range for the larger pool, if given), so whatever captured the old ones must be rebuilt."""
         old = self.num_blocks
+        self.memory = memory
         for name in ("k", "v"):
             t = getattr(self, name)
-            grown = torch.zeros((t.shape[0], num_blocks, *t.shape[2:]), dtype=t.dtype, device=t.device)
+            shape = (t.shape[0], num_blocks, *t.shape[2:])
+            grown = torch.empty(shape, dtype=t.dtype, device=t.device) if memory is None else memory.view(shape, t.dtype)
+            grown[:, old:] = 0
             grown[:, :old] = t
             setattr(self, name, grown)
             del t
