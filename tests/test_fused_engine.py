@@ -135,6 +135,7 @@ class _Replay:
 def _emulate_graphs(run) -> None:
     """Steps through `_Replay` stand-ins, with the GPU's buckets and full-width attention."""
     run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
+    run._extend_buckets = []  # packed prompts run eagerly: their graphs are real captures (CUDA only)
     run._capture = lambda b, eb, mode, prefix: run.graphs.setdefault(
         (b, eb, mode if mode.in_graph else None, prefix is not None), _Replay(run, b, eb, mode, prefix))
 
