@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable
 
 import torch
 
@@ -179,9 +178,6 @@ class FixedMemory:
 def fixed_bytes(shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
     """Bytes a `FixedMemory` needs for views of these shapes, in this order."""
     return sum(-(-torch.Size(s).numel() * d.itemsize // _ALIGN) * _ALIGN for s, d in shapes)
-
-
-MemoryFactory = Callable[[int, torch.device], "FixedMemory | None"]
 
 
 def fixed_memory(nbytes: int, device: torch.device) -> FixedMemory | None:

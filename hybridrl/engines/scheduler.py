@@ -287,7 +287,7 @@ class Scheduler:
         for s in taken:
             s.cohort_len = longest
         self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
-        # Each of a group's rows holds its shared blocks: more holders than rows means another running row has them.
+        # A shared first block with two or more holders: the group's own samples, or another running row.
         self._may_share = self._may_share or any(g.shared and alloc.holders(g.shared[0]) > 1 for g in groups)
         if ride:
             self._join = self.backend.join_in_step(groups, len(self.rows), mode)
