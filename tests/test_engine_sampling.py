@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.engines.sampling import _mix_int, counter_exponential, sample_tokens, step_key, step_keys
+import math
+
+from hybridrl.engines.sampling import (
+    _mix_int,
+    counter_exponential,
+    exponential_from_bits,
+    sample_tokens,
+    step_key,
+    step_keys,
+)
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -30,3 +39,25 @@ def test_per_row_steps_draw_what_each_row_draws_alone():
     noise = counter_exponential(keys, steps, 50)
     for r in range(6):
         assert torch.equal(noise[r], counter_exponential(keys[r : r + 1], int(steps[r]), 50)[0])
+
+
+def test_exponential_from_bits_is_minus_log_of_the_bin_centre_and_never_zero():
+    """E(k) = -log((k + 0.5) / 2^24), from float64 here, for the bins at both ends and across the middle; the top bin
+    once rounded to u = 1, E = 0 (a score of +inf: that token won whatever its probability)."""
+    ks = [0, 1, 2**20, 2**23 - 1, 2**23, 2**23 + 1, 2**24 - 2**18, 2**24 - 3, 2**24 - 2, 2**24 - 1]
+    got = exponential_from_bits(torch.tensor(ks, dtype=torch.int64))
+    want = [-math.log1p(-(2**24 - k - 0.5) / 2**24) if k >= 2**23 else -math.log((k + 0.5) / 2**24) for k in ks]
+    for k, g, w in zip(ks, got.tolist(), want):
+        assert g > 0 and abs(g - w) <= 2e-7 * w, (k, g, w)
+    assert got.tolist() == sorted(got.tolist(), reverse=True) and len(set(got.tolist())) == len(ks)
+
+
+def test_a_token_of_negligible_probability_is_never_drawn():
+    """One token at +40 over 50,000 at 0: the others' total probability is 50,000 · e^-40 ≈ 2e-13. With the top bin's
+    E = 0 one of them won in 50,000 / 2^24 ≈ 0.3% of rows (5 of these 2,000 before the fix)."""
+    rows, vocab = 2000, 50000
+    logits = torch.zeros(rows, vocab)
+    logits[:, 7] = 40.0
+    keys = torch.arange(rows, dtype=torch.int64) * 1_000_003 + 11
+    tok, _ = sample_tokens(logits, 1.0, keys=keys, step=0, kernel=False)
+    assert torch.equal(tok, torch.full((rows,), 7))

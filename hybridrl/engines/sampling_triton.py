@@ -32,6 +32,11 @@ def segments_for(rows: int) -> int:
     return 8 if rows >= 64 else 16
 
 
+def fast_log(device: torch.device) -> bool:
+    """Whether the kernel takes the GPU's approximate log (CUDA); the interpreter (tests on CPU) runs no PTX."""
+    return device.type == "cuda"
+
+
 def available(logits: torch.Tensor) -> bool:
     """Whether the fused kernels can sample these logits (CUDA tensor, Triton importable)."""
     from hybridrl.engines.kernels import ON_CPU  # tests: the interpreter on CPU tensors
@@ -57,9 +62,33 @@ if triton is not None:
         return x ^ ((x >> 31) & 0x1FFFFFFFF)
 
     @triton.jit
+    def _ln(x, FAST: tl.constexpr):
+        # log(x) by the GPU's lg2.approx (one instruction; absolute error ~2^-22 in log2 units, about float32's own
+        # rounding of a log near 1), or libdevice's exact logf (~20 instructions) where inline PTX cannot run.
+        if FAST:
+            y = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                          pack=1)
+            return y * 0.6931471805599453
+        else:
+            return tl.log(x)
+
+    @triton.jit
+    def _exponential(bits, FAST: tl.constexpr):
+        # `sampling.exponential_from_bits`: E = -log(u), u = (k + 0.5) / 2^24, with u below 1/2 and w = 1 - u above
+        # it (each exact in float32). Near u = 1, E is tiny and the approximate log's absolute error of 2^-22 would be
+        # a large relative one: the winning draws come from exactly there (E small, score x - log(E) large), and
+        # that log alone biased them. So where w < 2^-6, -log(1 - w) = w + w²/2 + ... in five terms (the next is
+        # under w · 2^-32); above, 1 - w rounds by at most 2^-25 relative, under 4e-6 of E there.
+        upper = bits >= 8388608
+        u = (bits.to(tl.float32) + 0.5) / 16777216.0
+        w = ((16777215 - bits).to(tl.float32) + 0.5) / 16777216.0
+        series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * (0.25 + w * 0.20000000298023224))))
+        return tl.where(w < 0.015625, series, -_ln(tl.where(upper, 1.0 - w, u), FAST))
+
+    @triton.jit
     def _segment_kernel(logits_ptr, stride, keys_ptr, steps_ptr, step_key, vocab, seg_len, temperature,
                         best_ptr, idx_ptr, max_ptr, sum_ptr, SEGMENTS: tl.constexpr, BLOCK: tl.constexpr,
-                        SCALED: tl.constexpr, ROW_STEPS: tl.constexpr):
+                        SCALED: tl.constexpr, ROW_STEPS: tl.constexpr, FAST_LOG: tl.constexpr):
         row = tl.program_id(0)
         seg = tl.program_id(1)
         if ROW_STEPS:  # `sampling.step_keys` of this row's own step, as `row_keys` makes it (products wrap)
@@ -94,8 +123,7 @@ if triton is not None:
             h = _mix_head(base + col_term + lane_term)
             col_term += block_term
             bits = (h >> 40) & 0xFFFFFF
-            u = (bits.to(tl.float32) + 0.5) / 16777216.0
-            score = tl.where(inside, x - tl.log(-tl.log(u)), float("-inf"))
+            score = tl.where(inside, x - _ln(_exponential(bits, FAST_LOG), FAST_LOG), float("-inf"))
             better = score > best  # strict: the first (lowest) column wins a tie, like argmax
             best = tl.where(better, score, best)
             best_idx = tl.where(better, cols, best_idx)
@@ -146,7 +174,7 @@ def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor,
     _segment_kernel[(rows, segments)](
         logits, logits.stride(0), keys, steps.to(torch.int64).contiguous() if row_steps else keys, 0 if row_steps else step_key,
         vocab, seg_len, float(temperature), parts[0], idx, parts[1], parts[2], SEGMENTS=segments, BLOCK=block,
-        SCALED=temperature != 1.0, ROW_STEPS=row_steps, num_warps=warps,
+        SCALED=temperature != 1.0, ROW_STEPS=row_steps, FAST_LOG=fast_log(dev), num_warps=warps,
     )
     tokens = torch.empty(rows, dtype=torch.int64, device=dev)
     logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
