@@ -31,7 +31,8 @@ CASES = {
                                 "3", "--new-tokens", "9", "--prompt-len", "8", "--tool-ms", "1", "--join-wait", "0", "8",
                                 "--join-step-tokens", "0", "512"], ["multiturn"]),
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
-                           "--new-tokens", "4", "--shared-prefix-tokens", "0", "8"], ["grpo"]),
+                           "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4"],
+                          ["grpo"]),
 }
 
 
@@ -54,8 +55,9 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
     assert out["shape"] == "tiny" and out["device"] == "cpu", out
     for key in keys:
         assert key in out, (key, sorted(out))
-    if "grpo" in out:  # the A/B of grouped attention: the first threshold in full, the others beside it
+    if "grpo" in out:  # the A/Bs of grouped attention and long-context splits: the first value in full, others beside
         assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_variants"]) == ["8"]
+        assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]

@@ -516,3 +516,16 @@ def test_triton_step_state_matches_torch(rows):
     step_state.advance_torch(tok, lp, *ref, active)
     for got, want in zip(state, ref):
         assert torch.equal(got, want)
+
+
+def test_split_count_splits_a_full_batch_in_two_only_for_long_contexts():
+    """At most one program per SM's worth of splits for a small batch (132 SMs: 16 rows × 2 kv heads → 4); a batch
+    that fills the SMs stays unsplit unless its longest row attends `long_keys` keys or more; never more splits than
+    64-key stretches."""
+    assert attention.split_count(16, 2, 40, 16, 132) == 4
+    assert attention.split_count(256, 2, 40, 16, 132) == 1
+    assert attention.split_count(256, 2, 40, 16, 132, keys=319, long_keys=320) == 1
+    assert attention.split_count(256, 2, 40, 16, 132, keys=320, long_keys=320) == 2
+    assert attention.split_count(256, 2, 40, 16, 132, keys=640, long_keys=0) == 1
+    assert attention.split_count(256, 2, 2, 16, 132, keys=640, long_keys=32) == 1  # 32 keys in the tables
+    assert attention.long_context_keys(128) == 320 and attention.long_context_keys(64) == 0

@@ -125,19 +125,19 @@ def test_gpu_bucketing_gives_the_same_samples(model):
 class _Replay:
     """Stands in for a captured CUDA graph on CPU: a replay runs the captured step body eagerly."""
 
-    def __init__(self, runner, batch, join, mode, prefix) -> None:
-        self.runner, self.batch, self.join, self.mode, self.prefix = runner, batch, join, mode, prefix
+    def __init__(self, runner, batch, join, mode, prefix, splits) -> None:
+        self.runner, self.batch, self.join, self.mode, self.prefix, self.splits = runner, batch, join, mode, prefix, splits
 
     def replay(self) -> None:
-        self.runner._graph_body(self.batch, self.join, self.mode, self.prefix)
+        self.runner._graph_body(self.batch, self.join, self.mode, self.prefix, self.splits)
 
 
 def _emulate_graphs(run) -> None:
     """Steps through `_Replay` stand-ins, with the GPU's buckets and full-width attention."""
     run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
     run._extend_buckets = []  # packed prompts run eagerly: their graphs are real captures (CUDA only)
-    run._capture = lambda b, eb, mode, prefix: run.graphs.setdefault(
-        (b, eb, mode if mode.in_graph else None, prefix is not None), _Replay(run, b, eb, mode, prefix))
+    run._capture = lambda b, eb, mode, prefix, splits: run.graphs.setdefault(
+        (b, eb, mode if mode.in_graph else None, prefix is not None, splits), _Replay(run, b, eb, mode, prefix, splits))
 
 
 @pytest.mark.parametrize("seed", [6, None])
@@ -155,6 +155,26 @@ def test_the_graphed_step_gives_the_same_samples(seed):
     got = engine.generate(PROMPTS, params)
     assert run.graphs, "no step went through a graph"
     assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in want]
+    for o, w in zip(got, want):
+        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+
+
+def test_long_contexts_step_through_their_own_split_graphs():
+    """A batch that fills the SMs splits its attention in two once its longest row attends `long_keys` keys: one graph
+    per split count, the same samples as the eager step (on CPU the torch attention path ignores the split; under the
+    interpreter the Triton kernel takes it)."""
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=2, max_new_tokens=12, seed=4)
+    eager = fused_engine(model, max_batch_size=16, max_model_len=256)
+    eager.runner.on_gpu = True
+    want = eager.generate(PROMPTS, params)
+    engine = fused_engine(model, max_batch_size=16, max_model_len=256)  # tables of 256 keys: room for 2 splits
+    run = engine.runner
+    _emulate_graphs(run)
+    run.long_keys = max(len(p) for p in PROMPTS) + 6  # reached partway through the rollout
+    got = engine.generate(PROMPTS, params)
+    assert sorted({key[-1] for key in run.graphs}) == [1, 2]
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
     for o, w in zip(got, want):
         assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
 

@@ -273,16 +273,20 @@ def case_single(model, engine, args, device) -> dict:
 def case_grpo(model, engine, args, device) -> dict:
     gen = torch.Generator().manual_seed(2)
     prompts = torch.randint(2, model.config.vocab_size, (args.prompts, args.prompt_len), generator=gen).tolist()
-    variants = {}
-    for tokens in args.shared_prefix_tokens[1:]:  # the A/B: the same prompts with another grouping threshold
-        engine.runner.shared_prefix_tokens = tokens
-        v, _, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
-        variants[tokens] = {k: v[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")}
-    engine.runner.shared_prefix_tokens = args.shared_prefix_tokens[0]
+    # The A/Bs: the same prompts with other values of a runner setting (the first value is the reported run's).
+    settings = {"shared_prefix_tokens": args.shared_prefix_tokens,
+                "long_keys": args.long_keys or [engine.runner.long_keys]}
+    variants: dict[str, dict] = {}
+    for name, values in settings.items():
+        for value in values[1:]:
+            setattr(engine.runner, name, value)
+            v, _, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
+            variants.setdefault(name, {})[value] = {k: v[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")}
+        setattr(engine.runner, name, values[0])
     res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
-    if variants:
-        res["shared_prefix_tokens"] = args.shared_prefix_tokens[0]
-        res["shared_prefix_variants"] = variants
+    for name, runs in variants.items():
+        res[name] = settings[name][0]
+        res[f"{name}_variants"] = runs
     rows, half = args.prompts * args.samples, args.new_tokens / 2
     res["roofline"] = roofline(engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half,
                                res["decode_step_ms"] / 1e3)
@@ -429,6 +433,10 @@ def main() -> None:
     ap.add_argument("--join-step-tokens", type=int, nargs="+", default=[NativeOptions.join_step_tokens],
                     help="multiturn: engine.native.join_step_tokens values to run (0: joins prefill apart; each "
                          "variant with each)")
+    ap.add_argument("--long-keys", type=int, nargs="+", default=None,
+                    help="grpo: context lengths from which a batch that fills the SMs splits its decode attention in "
+                         "two (0: never; default: the engine's for the head dim), the first reported in full, the "
+                         "others as long_keys_variants")
     ap.add_argument("--shared-prefix-tokens", type=int, nargs="+", default=[NativeOptions.shared_prefix_tokens],
                     help="grpo: engine.native.shared_prefix_tokens values to run, the first reported in full, the others "
                          "as shared_prefix_variants (0: every row reads its shared prompt blocks itself)")

@@ -207,8 +207,11 @@ class Scheduler:
             # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit), within the
             # block tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
             width = run.width * self.backend.block_size
-            attend = width if run.on_gpu else min(width, max(s.cohort_len + s.launched for s in self.rows))
-            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend, self._join)
+            longest = max(s.cohort_len + s.launched for s in self.rows)
+            attend = width if run.on_gpu else min(width, longest)
+            if self._join is not None:
+                longest = max(longest, max(self._join.pos, default=0) + 1)
+            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend, self._join, longest + 1)
             for keys, blocks in self._join_blocks:  # only now queued: a failed launch leaves no unwritten entry
                 self._alloc.register(keys, blocks)
             self._join, self._join_blocks = None, []

@@ -45,7 +45,7 @@ import torch
 
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, PagedKVCache
 from hybridrl.engines.fused.model import FusedDecoder
-from hybridrl.engines.kernels.attention import split_count
+from hybridrl.engines.kernels.attention import long_context_keys, split_count
 from hybridrl.engines.kernels.shared_prefix import SharedPrefix, pack_prefix, prefix_groups, slot_members
 from hybridrl.engines.kernels.step_state import advance, cache_slots
 from hybridrl.engines.sampling import sample_tokens
@@ -150,6 +150,8 @@ class DecodeRunner:
         # May change between batches (benchmarks' A/B); the rows' grouping is kept wherever the Triton kernels run.
         self.shared_prefix_tokens = shared_prefix_tokens
         self._members = slot_members(model.q_heads, model.kv_heads) if model.kernels else 0
+        # Keys from which a batch that fills the SMs splits its attention in two (0: never; benchmarks' A/B).
+        self.long_keys = long_context_keys(model.head_dim)
         # Graph captures since `take_capture_stats`: each sleep drops the graphs, so a rollout after a wake-up pays
         # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
         self.captures, self.capture_s = 0, 0.0
@@ -285,15 +287,19 @@ class DecodeRunner:
             return n
         return next(b for b in self._join_buckets if b >= n)
 
+    def _splits(self, rows: int, keys: int | None) -> int:
+        """Attention key splits of a step over `rows` rows (riding tokens included) whose longest attends `keys`
+        keys (None: not known, so no split for a long context)."""
+        return split_count(rows, self.model.kv_heads, self.width, self.cache.block_size, self.sms, keys or 0,
+                           self.long_keys)
+
     def _forward(self, b: int, attend: int, join: torch.Tensor | None = None,
-                 prefix: SharedPrefix | None = None) -> torch.Tensor:
+                 prefix: SharedPrefix | None = None, splits: int = 1) -> torch.Tensor:
         """Logits [b, padded vocab] of rows [0, b); `join` [4, e]: ids, positions, slots, rows of extra tokens;
-        `prefix`: the rows' shared blocks, read once per group."""
+        `prefix`: the rows' shared blocks, read once per group; `splits`: the attention's key splits."""
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
         slots = cache_slots(table, pos, bs, self.model.kernels)
-        extra = 0 if join is None else join.shape[1]
-        splits = split_count(b + extra, self.model.kv_heads, self.width, bs, self.sms)
         return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits,
                                  join=None if join is None else tuple(join), prefix=prefix)
 
@@ -324,27 +330,29 @@ class DecodeRunner:
                 self.active[:b], self.model.kernels)
 
     def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend: int,
-               join: JoinTokens | None = None) -> HostCopy:
+               join: JoinTokens | None = None, longest: int | None = None) -> HostCopy:
         """Queue one decode step of rows [0, n), with `join`'s tokens riding along, and the copy of their sampled
         tokens and log-probs to the host. `attend` > every live row's position and every joining token's (the torch
-        attention path's gathered width; graphs use the table's)."""
+        attention path's gathered width; graphs use the table's); `longest` ≥ the keys any of them attends (None:
+        not known), which sets the attention's key splits (one graph per split count)."""
         b = self.bucket(n)
         eb = self.join_bucket(len(join.ids)) if join is not None else 0
         prefix = self._shared_prefix(b, eb)
-        key = (b, eb, mode if mode.in_graph else None, prefix is not None)
+        splits = 1 if prefix is not None else self._splits(b + eb, longest)
+        key = (b, eb, mode if mode.in_graph else None, prefix is not None, splits)
         if self.use_graphs and (not eb or self._graph_due(key, self.join_capture_use)):
             if eb:
                 if self.join_in is None:
                     self.join_in = torch.zeros(4, self._join_buckets[-1], dtype=torch.long, device=self.device)
                 self.join_in[:, :eb] = self._padded(join, eb)
-            graph = self.graphs.get(key) or self._capture(b, eb, mode, prefix)
+            graph = self.graphs.get(key) or self._capture(b, eb, mode, prefix, splits)
             if graph is not None:
                 graph.replay()
                 if not mode.in_graph:
                     self._sample_advance(b, self.logits[:b], mode, generator)
                 return self._outputs(n)
         extra = self._padded(join, eb) if eb else None  # eagerly at the bucket's shapes too
-        self._sample_advance(b, self._forward(b, attend, extra, prefix), mode, generator)
+        self._sample_advance(b, self._forward(b, attend, extra, prefix, splits), mode, generator)
         return self._outputs(n)
 
     def _outputs(self, n: int) -> HostCopy:
@@ -354,19 +362,20 @@ class DecodeRunner:
             into, self._out_turn = self._outs[self._out_turn], (self._out_turn + 1) % len(self._outs)
         return HostCopy([self.out_tok[:n], self.out_lp[:n]], into)
 
-    def _graph_body(self, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None) -> None:
-        logits = self._forward(b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None, prefix)
+    def _graph_body(self, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None, splits: int) -> None:
+        logits = self._forward(b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None, prefix,
+                               splits)
         if mode.in_graph:
             self._sample_advance(b, logits, mode, None)
         else:
             self.logits[:b].copy_(logits)
 
-    def _capture(self, b: int, eb: int, mode: SamplerMode,
-                 prefix: SharedPrefix | None) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None,
+                 splits: int) -> torch.cuda.CUDAGraph | None:
         # The warm-up runs the real step and advances the row state; it is put back before the capture, so the replay
         # computes the step exactly once. The K/V the warm-up writes are the values the replay writes again.
-        return self._capture_graph((b, eb, mode if mode.in_graph else None, prefix is not None),
-                                   lambda: self._graph_body(b, eb, mode, prefix),
+        return self._capture_graph((b, eb, mode if mode.in_graph else None, prefix is not None, splits),
+                                   lambda: self._graph_body(b, eb, mode, prefix, splits),
                                    [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp])
 
     def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:

@@ -149,14 +149,30 @@ if HAS_TRITON:
         tl.store(out_ptr + head_row * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-def split_count(batch: int, kv_heads: int, max_blocks: int, block_size: int, sms: int) -> int:
-    """Key splits per (sequence, kv head): about one wave of programs over the SMs, at most one per 64 keys.
+def split_count(batch: int, kv_heads: int, max_blocks: int, block_size: int, sms: int, keys: int = 0,
+                long_keys: int = 0) -> int:
+    """Key splits per (sequence, kv head): about one wave of programs over the SMs, at most one per 64 keys; and two
+    where the batch fills the SMs on its own but its longest row attends at least `long_keys` keys (`keys`; 0: off).
 
     On the H200 (tools/bench_decode_kernels.py, docs/measurements/h200_1201/j_attention.json), 64 rows × 2 kv heads
     (128 programs on 132 SMs) ran fastest unsplit: 6.5 µs against 8.1 at 3 splits with their reduce; a smaller
-    batch needs the splits to fill the SMs."""
+    batch needs the splits to fill the SMs. At 256 rows and long contexts two splits win (`LONG_CONTEXT_KEYS`)."""
     want = sms // max(1, batch * kv_heads)
+    if want < 2 and long_keys and keys >= long_keys:
+        want = 2
     return max(1, min(want, -(-max_blocks * block_size // 64), 32))
+
+
+# Keys from which a batch that fills the SMs attends faster in two splits, by head dim (H200, graph-timed, GRPO-shaped
+# tables; docs/measurements/h200_1201_s7/c_shared_prefix.json): the 1.5B's 256 rows at 192/384/640 keys took
+# 14.7/32.1/52.3 µs unsplit and 17.2/30.0/48.0 in two; at prompt 512, 576/768/1024 keys: 38.2/55.0/75.6 against
+# 33.5/45.4/59.2. The 0.5B's (head dim 64) lost at every length measured (8.4/11.4/23.8 against 14.5/19.3/30.4).
+LONG_CONTEXT_KEYS: dict[int, int] = {128: 320}
+
+
+def long_context_keys(head_dim: int) -> int:
+    """`split_count`'s `long_keys` for a head dim: 0 (never) where no measurement says two splits win."""
+    return LONG_CONTEXT_KEYS.get(head_dim, 0)
 
 
 def tile_keys(head_dim: int) -> int:
