@@ -265,12 +265,13 @@ def test_sleep_wake_round_trip(level):
 
 
 class _FakeFixedMemory:
-    """Stands in for `FixedMemory` on CPU: views of one byte buffer that keep their storage; `release` overwrites it
+    """Stands in for `FixedMemory` (on CPU too): views of one byte buffer on `device` that keep their storage; `release` overwrites it
     with 0xFF bytes (NaN as floats: whatever reads it while asleep, or is not rewritten after, shows), `restore` leaves
     that garbage for the engine to rewrite."""
 
     def __init__(self, nbytes: int, device) -> None:
-        self.buf, self.nbytes, self.used, self.mapped = torch.zeros(nbytes, dtype=torch.uint8), nbytes, 0, True
+        self.buf = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        self.nbytes, self.used, self.mapped = nbytes, 0, True
 
     def view(self, shape, dtype):
         n = torch.Size(shape).numel() * dtype.itemsize
@@ -331,9 +332,13 @@ def test_fixed_addresses_keep_the_graphs_through_sleep(level, fixed, monkeypatch
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA virtual memory needs a GPU")
 def test_fixed_memory_keeps_its_address_and_gives_memory_back():
     from hybridrl.engines.fixed_memory import fixed_memory
+    from hybridrl.workers.dist import memory_snapshot
 
+    before = memory_snapshot(DEVICE)
     mem = fixed_memory(64 << 20, DEVICE)
     assert mem is not None, "the driver refused fixed-address memory"
+    # torch's allocator does not see this memory; the memory metrics add it
+    assert memory_snapshot(DEVICE)["fixed_gb"] - before["fixed_gb"] == mem.nbytes / 2**30
     a, b = mem.view((1024, 1024), torch.float32), mem.view((7,), torch.bfloat16)
     a.fill_(3.0)
     b.fill_(-1.0)
@@ -342,6 +347,7 @@ def test_fixed_memory_keeps_its_address_and_gives_memory_back():
     free = torch.cuda.mem_get_info(DEVICE)[0]
     mem.release()
     assert torch.cuda.mem_get_info(DEVICE)[0] - free >= 60 << 20
+    assert memory_snapshot(DEVICE)["fixed_gb"] == before["fixed_gb"]
     mem.restore()
     a.fill_(2.0)
     assert a.data_ptr() == ptr and a.sum().item() == 2.0 * 2**20
@@ -453,7 +459,7 @@ def test_cuda_graphs_match_eager_and_survive_sleep():
     model = tiny_model("qwen3").to(DEVICE)
     params = SamplingParams(n=4, max_new_tokens=40, seed=4, stop_token_ids=list(range(2, 12)))
     eager = fused_engine(model, cuda_graphs=False).generate(PROMPTS, params)
-    engine = fused_engine(model)
+    engine = fused_engine(model, fixed_addresses=False)  # graphs dropped at sleep: the path without fixed addresses
     for _ in range(2):
         got = engine.generate(PROMPTS, params)
         assert engine.runner.use_graphs and engine.runner.graphs, "no graph was captured"

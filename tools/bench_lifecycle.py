@@ -24,10 +24,12 @@ import torch  # noqa: E402
 
 from bench_common import Timer, add_model_args, bench_config, bench_worker, make_model_dir, random_prompts  # noqa: E402
 from hybridrl.engines.base import SamplingParams  # noqa: E402
+from hybridrl.engines.fixed_memory import mapped_bytes  # noqa: E402
 
 
 def allocated(device) -> int:
-    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    """Device memory held by tensors: torch's allocator and the native engine's fixed-address memory."""
+    return torch.cuda.memory_allocated(device) + mapped_bytes(device) if device.type == "cuda" else 0
 
 
 def main() -> None:

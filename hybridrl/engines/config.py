@@ -103,10 +103,11 @@ class NativeOptions:
     at 256 rows of the 1.5B (groups of 8): 512 shared tokens saved 8–15 µs of a layer's 38–76; 128 saved nothing
     (-3 to +2), and the 0.5B lost 6–8 µs at 128. 0 = never."""
 
-    fixed_addresses: bool = False
+    fixed_addresses: bool = True
     """Fused engine on GPU: keep the weights and the KV cache at fixed device addresses (CUDA virtual memory), so that
     a sleep gives their memory back but the CUDA graphs survive it and the next rollout captures none (the KV cache
-    keeps its size across sleeps). Not yet measured on a GPU; off by default until it is."""
+    keeps its size across sleeps). In the 1.5B GRPO step on the H200: graph capture 45 ms → 0 per rollout, rollout
+    83.7k → 86.7k tok/s. Where the driver refuses (or not CUDA) the engine allocates as before."""
 
     def __post_init__(self) -> None:
         if self.impl not in NATIVE_IMPLS:

@@ -78,6 +78,35 @@ class _Driver:
 
 
 _driver: _Driver | None = None
+# Bytes mapped now, and the most mapped since the last `reset_peak_mapped`, per device index: this memory is the
+# driver's, not torch's caching allocator's, so torch.cuda.memory_allocated does not see it (`memory_snapshot` adds it).
+_mapped: dict[int, int] = {}
+_peak: dict[int, int] = {}
+
+
+def _account(index: int, nbytes: int) -> None:
+    _mapped[index] = _mapped.get(index, 0) + nbytes
+    _peak[index] = max(_peak.get(index, 0), _mapped[index])
+
+
+def mapped_bytes(device: torch.device) -> int:
+    """Bytes of fixed-address memory backed by physical memory on `device` now."""
+    return _mapped.get(_index(device), 0)
+
+
+def peak_mapped_bytes(device: torch.device) -> int:
+    """The most fixed-address memory backed at once on `device` since the last `reset_peak_mapped`."""
+    return _peak.get(_index(device), 0)
+
+
+def reset_peak_mapped(device: torch.device) -> None:
+    """Start a new peak at what is mapped now (as torch.cuda.reset_peak_memory_stats does for its allocator)."""
+    _peak[_index(device)] = mapped_bytes(device)
+
+
+def _index(device: torch.device) -> int:
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _drv() -> _Driver:
@@ -147,6 +176,7 @@ class FixedMemory:
             _drv()("cuMemRelease", handle.value)
             raise
         self.handle = handle.value
+        _account(self.device.index, self.nbytes)
 
     def release(self) -> None:
         """Give the physical memory back to the device; the address range (and every view of it) stays reserved.
@@ -157,6 +187,7 @@ class FixedMemory:
         _drv()("cuMemUnmap", self.ptr, self.nbytes)
         _drv()("cuMemRelease", self.handle)
         self.handle = None
+        _account(self.device.index, -self.nbytes)
 
     def view(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The next unused stretch of the range as a tensor of `shape` and `dtype` (views never overlap)."""

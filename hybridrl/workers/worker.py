@@ -24,6 +24,7 @@ from hybridrl.models.loading import resolve_model_path
 from hybridrl.rewards.base import RewardScores
 from hybridrl.workers.build import build_components
 from hybridrl.workers.device_room import DeviceRoom
+from hybridrl.engines.fixed_memory import peak_mapped_bytes, reset_peak_mapped
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
 
 
@@ -60,9 +61,13 @@ class HybridWorker:
             torch.cuda.current_stream(self.device).synchronize()
         self.memory[phase] = memory_snapshot(self.device)
         if self.device.type == "cuda":
-            # The most held at any time since the previous record: during this phase.
-            self.memory[phase]["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            # The most held at any time since the previous record: during this phase. With the engine's fixed-address
+            # memory an upper bound: where torch's and its peaks fall at different moments of a phase (a wake-up moves
+            # trainer state out, then maps the engine's), the sum overstates by the smaller.
+            peak = torch.cuda.max_memory_allocated(self.device) + peak_mapped_bytes(self.device)
+            self.memory[phase]["peak_allocated_gb"] = peak / 2**30
             torch.cuda.reset_peak_memory_stats(self.device)
+            reset_peak_mapped(self.device)
 
     # -- phase commands -------------------------------------------------------------------
     def wake(self) -> dict[str, float]:
