@@ -56,7 +56,7 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
     for key in keys:
         assert key in out, (key, sorted(out))
     if "grpo" in out:  # the A/Bs of grouped attention and long-context splits: the first value in full, others beside
-        assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_variants"]) == ["8"]
+        assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_tokens_variants"]) == ["8"]
         assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding

@@ -518,14 +518,21 @@ def test_triton_step_state_matches_torch(rows):
         assert torch.equal(got, want)
 
 
-def test_split_count_splits_a_full_batch_in_two_only_for_long_contexts():
-    """At most one program per SM's worth of splits for a small batch (132 SMs: 16 rows × 2 kv heads → 4); a batch
-    that fills the SMs stays unsplit unless its longest row attends `long_keys` keys or more; never more splits than
-    64-key stretches."""
+def test_split_count_splits_in_two_only_for_long_contexts():
+    """At most one program per SM's worth of splits for a small batch (132 SMs: 16 rows × 2 kv heads → 4); past that,
+    two splits only from the long-context threshold (`long_keys`, or the measured rule by shape), never more splits
+    than 64-key stretches."""
     assert attention.split_count(16, 2, 40, 16, 132) == 4
     assert attention.split_count(256, 2, 40, 16, 132) == 1
     assert attention.split_count(256, 2, 40, 16, 132, keys=319, long_keys=320) == 1
     assert attention.split_count(256, 2, 40, 16, 132, keys=320, long_keys=320) == 2
     assert attention.split_count(256, 2, 40, 16, 132, keys=640, long_keys=0) == 1
     assert attention.split_count(256, 2, 2, 16, 132, keys=640, long_keys=32) == 1  # 32 keys in the tables
-    assert attention.long_context_keys(128) == 320 and attention.long_context_keys(64) == 0
+    # the rule: 128 programs (one per SM) from 384 keys at head dim 128, 512 at 64; more programs never
+    assert attention.split_count(256, 2, 40, 16, 132, keys=2048, head_dim=128) == 1
+    assert attention.split_count(256, 2, 40, 16, 132, keys=2048, head_dim=64) == 1
+    assert attention.split_count(64, 2, 40, 16, 132, keys=383, head_dim=128) == 1
+    assert attention.split_count(64, 2, 40, 16, 132, keys=384, head_dim=128) == 2
+    assert attention.split_count(64, 2, 40, 16, 132, keys=511, head_dim=64) == 1
+    assert attention.split_count(64, 2, 40, 16, 132, keys=512, head_dim=64) == 2
+    assert attention.split_count(128, 2, 40, 16, 132, keys=640, head_dim=128) == 1

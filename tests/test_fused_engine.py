@@ -166,11 +166,12 @@ def test_long_contexts_step_through_their_own_split_graphs():
     model = tiny_model("qwen3").to(DEVICE)
     params = SamplingParams(n=2, max_new_tokens=12, seed=4)
     eager = fused_engine(model, max_batch_size=16, max_model_len=256)
-    eager.runner.on_gpu = True
+    eager.runner.on_gpu, eager.runner.sms = True, 1  # unsplit throughout
     want = eager.generate(PROMPTS, params)
     engine = fused_engine(model, max_batch_size=16, max_model_len=256)  # tables of 256 keys: room for 2 splits
     run = engine.runner
     _emulate_graphs(run)
+    run.sms = 1  # the rows alone are never split (on CUDA they would be: a few rows on many SMs)
     run.long_keys = max(len(p) for p in PROMPTS) + 6  # reached partway through the rollout
     got = engine.generate(PROMPTS, params)
     assert sorted({key[-1] for key in run.graphs}) == [1, 2]

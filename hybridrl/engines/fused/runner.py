@@ -45,7 +45,7 @@ import torch
 
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, PagedKVCache
 from hybridrl.engines.fused.model import FusedDecoder
-from hybridrl.engines.kernels.attention import long_context_keys, split_count
+from hybridrl.engines.kernels.attention import split_count
 from hybridrl.engines.kernels.shared_prefix import SharedPrefix, pack_prefix, prefix_groups, slot_members
 from hybridrl.engines.kernels.step_state import advance, cache_slots
 from hybridrl.engines.sampling import sample_tokens
@@ -150,8 +150,9 @@ class DecodeRunner:
         # May change between batches (benchmarks' A/B); the rows' grouping is kept wherever the Triton kernels run.
         self.shared_prefix_tokens = shared_prefix_tokens
         self._members = slot_members(model.q_heads, model.kv_heads) if model.kernels else 0
-        # Keys from which a batch that fills the SMs splits its attention in two (0: never; benchmarks' A/B).
-        self.long_keys = long_context_keys(model.head_dim)
+        # Keys from which a step's attention splits in two where the batch alone would not (None: the measured rule,
+        # `long_context_keys`; 0: never). Benchmarks' A/B.
+        self.long_keys: int | None = None
         # Graph captures since `take_capture_stats`: each sleep drops the graphs, so a rollout after a wake-up pays
         # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
         self.captures, self.capture_s = 0, 0.0
@@ -291,7 +292,7 @@ class DecodeRunner:
         """Attention key splits of a step over `rows` rows (riding tokens included) whose longest attends `keys`
         keys (None: not known, so no split for a long context)."""
         return split_count(rows, self.model.kv_heads, self.width, self.cache.block_size, self.sms, keys or 0,
-                           self.long_keys)
+                           self.long_keys, self.model.head_dim)
 
     def _forward(self, b: int, attend: int, join: torch.Tensor | None = None,
                  prefix: SharedPrefix | None = None, splits: int = 1) -> torch.Tensor:

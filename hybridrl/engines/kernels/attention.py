@@ -150,29 +150,38 @@ if HAS_TRITON:
 
 
 def split_count(batch: int, kv_heads: int, max_blocks: int, block_size: int, sms: int, keys: int = 0,
-                long_keys: int = 0) -> int:
+                long_keys: int | None = None, head_dim: int = 0) -> int:
     """Key splits per (sequence, kv head): about one wave of programs over the SMs, at most one per 64 keys; and two
-    where the batch fills the SMs on its own but its longest row attends at least `long_keys` keys (`keys`; 0: off).
+    where the programs alone would not be split but the longest row attends at least `long_keys` keys (`keys`; None:
+    `long_context_keys` of the shape; 0: never).
 
     On the H200 (tools/bench_decode_kernels.py, docs/measurements/h200_1201/j_attention.json), 64 rows × 2 kv heads
-    (128 programs on 132 SMs) ran fastest unsplit: 6.5 µs against 8.1 at 3 splits with their reduce; a smaller
-    batch needs the splits to fill the SMs. At 256 rows and long contexts two splits win (`LONG_CONTEXT_KEYS`)."""
-    want = sms // max(1, batch * kv_heads)
-    if want < 2 and long_keys and keys >= long_keys:
-        want = 2
+    (128 programs on 132 SMs) ran fastest unsplit at short contexts: 6.5 µs against 8.1 at 3 splits with their
+    reduce; a smaller batch needs the splits to fill the SMs."""
+    programs = batch * kv_heads
+    want = sms // max(1, programs)
+    if want < 2:
+        at = long_context_keys(head_dim, programs, sms) if long_keys is None else long_keys
+        if at and keys >= at:
+            want = 2
     return max(1, min(want, -(-max_blocks * block_size // 64), 32))
 
 
-# Keys from which a batch that fills the SMs attends faster in two splits, by head dim (H200, graph-timed, GRPO-shaped
-# tables; docs/measurements/h200_1201_s7/c_shared_prefix.json): the 1.5B's 256 rows at 192/384/640 keys took
-# 14.7/32.1/52.3 µs unsplit and 17.2/30.0/48.0 in two; at prompt 512, 576/768/1024 keys: 38.2/55.0/75.6 against
-# 33.5/45.4/59.2. The 0.5B's (head dim 64) lost at every length measured (8.4/11.4/23.8 against 14.5/19.3/30.4).
-LONG_CONTEXT_KEYS: dict[int, int] = {128: 320}
+def long_context_keys(head_dim: int, programs: int, sms: int) -> int:
+    """Keys from which two splits beat one for `programs` (rows × kv heads) that `split_count` would not split; 0:
+    never. Graph-timed on the H200 over GRPO-shaped tables (docs/measurements/h200_1201_s8/b_split_sweep.json, µs at
+    256/384/640/1024/2048 keys, one split → two), at most one program per SM: the 1.5B's 64 rows
+    8.0/11.0/16.7/32.8/60.7 → 8.3/10.3/13.7/24.0/41.9 (head dim 128: from 384); the 0.5B's 64 rows
+    5.1/6.7/9.8/13.9/33.5 → 6.1/7.1/8.9/11.2/24.1 (head dim 64: from 512). Measured as kernels only, not yet in the
+    engine.
 
-
-def long_context_keys(head_dim: int) -> int:
-    """`split_count`'s `long_keys` for a head dim: 0 (never) where no measurement says two splits win."""
-    return LONG_CONTEXT_KEYS.get(head_dim, 0)
+    Never with more programs. Two per SM (the 1.5B's 128 rows) came within 2 µs either way. At four per SM the kernel
+    alone won in two splits from 320 keys (the 1.5B's 256 rows: 32.1/51.6/82.3 → 30.0/47.7/71.3 µs at 384/640/1024),
+    but the engine lost with it: the 1.5B GRPO rollout (32 × 8 × 512, rows splitting from 320 keys) made 85.7k and
+    85.1k tok/s against 88.1k and 88.0k unsplit, interleaved in one run (h200_1201_s8/c_grpo_ab.json)."""
+    if programs <= sms:
+        return 384 if head_dim >= 128 else 512
+    return 0
 
 
 def tile_keys(head_dim: int) -> int:
