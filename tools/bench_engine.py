@@ -274,19 +274,23 @@ def case_grpo(model, engine, args, device) -> dict:
     gen = torch.Generator().manual_seed(2)
     prompts = torch.randint(2, model.config.vocab_size, (args.prompts, args.prompt_len), generator=gen).tolist()
     # The A/Bs: the same prompts with other values of a runner setting (the first value is the reported run's).
+    # A value may come again (A B A B ...): each variant reports the median of its runs, interleaved with the others.
     settings = {"shared_prefix_tokens": args.shared_prefix_tokens,
-                "long_keys": args.long_keys or [engine.runner.long_keys]}
-    variants: dict[str, dict] = {}
+                "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]]}
+    runs: dict[str, dict[str, list[dict]]] = {}
     for name, values in settings.items():
         for value in values[1:]:
             setattr(engine.runner, name, value)
             v, _, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
-            variants.setdefault(name, {})[value] = {k: v[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")}
+            runs.setdefault(name, {}).setdefault("auto" if value is None else str(value), []).append(v)
         setattr(engine.runner, name, values[0])
     res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
-    for name, runs in variants.items():
-        res[name] = settings[name][0]
-        res[f"{name}_variants"] = runs
+    for name, by_value in runs.items():
+        res[name] = "auto" if settings[name][0] is None else settings[name][0]
+        res[f"{name}_variants"] = {
+            value: {**{k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")},
+                    "tokens_per_s_runs": [r["tokens_per_s"] for r in rs]}
+            for value, rs in by_value.items()}
     rows, half = args.prompts * args.samples, args.new_tokens / 2
     res["roofline"] = roofline(engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half,
                                res["decode_step_ms"] / 1e3)
@@ -433,13 +437,13 @@ def main() -> None:
     ap.add_argument("--join-step-tokens", type=int, nargs="+", default=[NativeOptions.join_step_tokens],
                     help="multiturn: engine.native.join_step_tokens values to run (0: joins prefill apart; each "
                          "variant with each)")
-    ap.add_argument("--long-keys", type=int, nargs="+", default=None,
-                    help="grpo: context lengths from which a batch that fills the SMs splits its decode attention in "
-                         "two (0: never; default: the engine's for the head dim), the first reported in full, the "
-                         "others as long_keys_variants")
+    ap.add_argument("--long-keys", nargs="+", default=None,
+                    help="grpo: context lengths from which decode attention splits in two where the batch alone would "
+                         "not ('auto': the engine's measured rule, the default; 0: never), the first reported in full, "
+                         "the others (repeats allowed, run in this order) as long_keys_variants")
     ap.add_argument("--shared-prefix-tokens", type=int, nargs="+", default=[NativeOptions.shared_prefix_tokens],
                     help="grpo: engine.native.shared_prefix_tokens values to run, the first reported in full, the others "
-                         "as shared_prefix_variants (0: every row reads its shared prompt blocks itself)")
+                         "as shared_prefix_tokens_variants (0: every row reads its shared prompt blocks itself)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
