@@ -33,8 +33,9 @@ def segments_for(rows: int) -> int:
 
 
 def fast_log(device: torch.device) -> bool:
-    """Whether the kernel takes the GPU's approximate log (CUDA); the interpreter (tests on CPU) runs no PTX."""
-    return device.type == "cuda"
+    """Whether the kernel takes the GPU's approximate log (PTX: NVIDIA CUDA); the interpreter (tests on CPU) and ROCm
+    run no PTX."""
+    return device.type == "cuda" and torch.version.hip is None
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -78,7 +79,7 @@ if triton is not None:
         # it (each exact in float32). Near u = 1, E is tiny and the approximate log's absolute error of 2^-22 would be
         # a large relative one: the winning draws come from exactly there (E small, score x - log(E) large), and
         # that log alone biased them. So where w < 2^-6, -log(1 - w) = w + w²/2 + ... in five terms (the next is
-        # under w · 2^-32); above, 1 - w rounds by at most 2^-25 relative, under 4e-6 of E there.
+        # under w · 2^-32); above, 1 - w rounds by at most 2^-25, under 2e-6 of E there.
         upper = bits >= 8388608
         u = (bits.to(tl.float32) + 0.5) / 16777216.0
         w = ((16777215 - bits).to(tl.float32) + 0.5) / 16777216.0
