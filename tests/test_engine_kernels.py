@@ -536,3 +536,72 @@ def test_split_count_splits_in_two_only_for_long_contexts():
     assert attention.split_count(64, 2, 40, 16, 132, keys=511, head_dim=64) == 1
     assert attention.split_count(64, 2, 40, 16, 132, keys=512, head_dim=64) == 2
     assert attention.split_count(128, 2, 40, 16, 132, keys=640, head_dim=128) == 1
+
+
+@pytest.fixture
+def pdl_switch():
+    """The process-wide PDL switch, restored after the test."""
+    from hybridrl.engines.kernels import pdl
+
+    before = pdl.is_enabled()
+    yield pdl
+    pdl.set_enabled(before)
+
+
+def test_pdl_is_off_where_it_cannot_run(pdl_switch):
+    """On the CPU (and the interpreter) no launch asks for PDL and the kernels compile without the wait; the switch
+    turns it off everywhere."""
+    x = torch.zeros(2)
+    assert not pdl_switch.capable(x.device)
+    assert pdl_switch.launch(x) == {"PDL": False}
+    pdl_switch.set_enabled(False)
+    assert not pdl_switch.is_enabled()
+    pdl_switch.set_enabled(True)
+    assert pdl_switch.is_enabled()
+
+
+@pytest.mark.skipif(not CUDA, reason="programmatic dependent launch needs a GPU")
+def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch):
+    """A CUDA graph of a long cuBLAS product whose output the norm kernel reads at once, then silu_mul on the norm's
+    output and the norm again on that: with PDL every kernel starts before the one ahead has finished, so a missing
+    wait would read the previous replay's values (each replay has new inputs) or the NaNs the outputs are filled
+    with. Every replay equals the torch path on its inputs."""
+    dev = torch.device("cuda")
+    if not pdl_switch.capable(dev):
+        pytest.skip("needs compute capability >= 9 and a Triton with grid dependency control")
+    pdl_switch.set_enabled(True)
+    g = torch.Generator().manual_seed(0)
+    n, h = 256, 1024
+    a = torch.randn(n, 4096, generator=g).to(dev, torch.bfloat16)
+    w = (torch.randn(2 * h, 4096, generator=g) / 64).to(dev, torch.bfloat16)
+    x = torch.randn(n, 2 * h, generator=g).to(dev, torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(2 * h, generator=g)).to(dev, torch.bfloat16)
+    nw2 = (1 + 0.1 * torch.randn(h, generator=g)).to(dev, torch.bfloat16)
+
+    def chain():
+        d = a @ w.t()
+        s, normed = norms.add_rms_norm_triton(x, d, nw, 1e-6)
+        act = norms.silu_mul_triton(normed)
+        return s, norms.add_rms_norm_triton(act, act, nw2, 1e-6)[1]
+
+    def reference():
+        s, normed = norms.add_rms_norm_torch(x, a @ w.t(), nw, 1e-6)
+        act = norms.silu_mul_torch(normed)
+        return s, norms.add_rms_norm_torch(act, act, nw2, 1e-6)[1]
+
+    assert pdl_switch.launch(x)["PDL"]
+    chain()  # compiles the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain()
+    for _ in range(5):
+        a.copy_(torch.randn(a.shape, generator=g).to(dev, torch.bfloat16))
+        want = reference()
+        for t in outs:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, ref in zip(outs, want):
+            assert not got.isnan().any()
+            assert (got.float() - ref.float()).abs().max().item() <= 0.05
+

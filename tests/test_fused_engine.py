@@ -380,6 +380,45 @@ def test_cuda_graphs_survive_sleep_at_fixed_addresses():
         engine.wake_up(["kv_cache"])
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_pdl_launches_sample_what_plain_launches_sample():
+    """engine.native.pdl on and off: the same tokens and log-probs, graphed and eager; off, no launch asks for it."""
+    from hybridrl.engines.kernels import pdl
+
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=4, max_new_tokens=40, seed=4, stop_token_ids=list(range(2, 12)))
+    try:
+        plain = fused_engine(model, pdl=False)
+        assert not pdl.launch(torch.zeros(1, device=DEVICE))["PDL"]
+        want = plain.generate(PROMPTS, params)
+        for graphs in (True, False):
+            engine = fused_engine(model, pdl=True, cuda_graphs=graphs)
+            assert engine.runner.pdl
+            got = engine.generate(PROMPTS, params)
+            assert [o.token_ids for o in got] == [o.token_ids for o in want]
+            for o, w in zip(got, want):
+                assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+    finally:
+        pdl.set_enabled(NativeOptions.pdl)
+
+
+def test_pdl_option_sets_the_switch_and_a_change_drops_the_graphs():
+    """engine.native.pdl sets the process-wide switch; the runner's setting (benchmarks' A/B) drops the graphs only
+    when it changes, since a graph keeps the launches it was captured with."""
+    from hybridrl.engines.kernels import pdl
+
+    try:
+        engine = fused_engine(tiny_model("qwen2").to(DEVICE), pdl=False)
+        assert not pdl.is_enabled() and not engine.runner.pdl
+        engine.runner.graphs[("decode", 8)] = object()
+        engine.runner.pdl = False
+        assert engine.runner.graphs
+        engine.runner.pdl = True
+        assert pdl.is_enabled() and not engine.runner.graphs
+    finally:
+        pdl.set_enabled(NativeOptions.pdl)
+
+
 def test_resharder_fills_the_engine_from_fsdp(process_group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

@@ -276,7 +276,8 @@ def case_grpo(model, engine, args, device) -> dict:
     # The A/Bs: the same prompts with other values of a runner setting (the first value is the reported run's).
     # A value may come again (A B A B ...): each variant reports the median of its runs, interleaved with the others.
     settings = {"shared_prefix_tokens": args.shared_prefix_tokens,
-                "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]]}
+                "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]],
+                "pdl": [bool(v) for v in args.pdl or [int(NativeOptions.pdl)]]}
     runs: dict[str, dict[str, list[dict]]] = {}
     for name, values in settings.items():
         for value in values[1:]:
@@ -441,6 +442,9 @@ def main() -> None:
                     help="grpo: context lengths from which decode attention splits in two where the batch alone would "
                          "not ('auto': the engine's measured rule, the default; 0: never), the first reported in full, "
                          "the others (repeats allowed, run in this order) as long_keys_variants")
+    ap.add_argument("--pdl", type=int, nargs="+", choices=(0, 1), default=None,
+                    help="grpo: engine.native.pdl values to run (1: the Triton kernels launch with programmatic dependent "
+                         "launch), the first reported in full, the others (repeats allowed) as pdl_variants")
     ap.add_argument("--shared-prefix-tokens", type=int, nargs="+", default=[NativeOptions.shared_prefix_tokens],
                     help="grpo: engine.native.shared_prefix_tokens values to run, the first reported in full, the others "
                          "as shared_prefix_tokens_variants (0: every row reads its shared prompt blocks itself)")

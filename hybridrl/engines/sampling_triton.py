@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.engines.kernels import pdl
+
 try:  # Triton ships with CUDA builds of torch; CPU wheels have none
     import triton
     import triton.language as tl
+
+    from hybridrl.engines.kernels.pdl import await_inputs
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
@@ -89,7 +93,9 @@ if triton is not None:
     @triton.jit
     def _segment_kernel(logits_ptr, stride, keys_ptr, steps_ptr, step_key, vocab, seg_len, temperature,
                         best_ptr, idx_ptr, max_ptr, sum_ptr, SEGMENTS: tl.constexpr, BLOCK: tl.constexpr,
-                        SCALED: tl.constexpr, ROW_STEPS: tl.constexpr, FAST_LOG: tl.constexpr):
+                        SCALED: tl.constexpr, ROW_STEPS: tl.constexpr, FAST_LOG: tl.constexpr,
+                        PDL: tl.constexpr):
+        await_inputs(PDL)
         row = tl.program_id(0)
         seg = tl.program_id(1)
         if ROW_STEPS:  # `sampling.step_keys` of this row's own step, as `row_keys` makes it (products wrap)
@@ -139,7 +145,8 @@ if triton is not None:
 
     @triton.jit
     def _combine_kernel(logits_ptr, stride, temperature, best_ptr, idx_ptr, max_ptr, sum_ptr,
-                        tok_ptr, lp_ptr, SEGMENTS: tl.constexpr):
+                        tok_ptr, lp_ptr, SEGMENTS: tl.constexpr, PDL: tl.constexpr):
+        await_inputs(PDL)
         row = tl.program_id(0)
         offs = row * SEGMENTS + tl.arange(0, SEGMENTS)
         best = tl.load(best_ptr + offs)
@@ -176,9 +183,10 @@ def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor,
         logits, logits.stride(0), keys, steps.to(torch.int64).contiguous() if row_steps else keys, 0 if row_steps else step_key,
         vocab, seg_len, float(temperature), parts[0], idx, parts[1], parts[2], SEGMENTS=segments, BLOCK=block,
         SCALED=temperature != 1.0, ROW_STEPS=row_steps, FAST_LOG=fast_log(dev), num_warps=warps,
+        **pdl.launch(logits),
     )
     tokens = torch.empty(rows, dtype=torch.int64, device=dev)
     logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
     _combine_kernel[(rows,)](logits, logits.stride(0), float(temperature), parts[0], idx, parts[1], parts[2],
-                             tokens, logprobs, SEGMENTS=segments)
+                             tokens, logprobs, SEGMENTS=segments, **pdl.launch(logits))
     return tokens, logprobs

@@ -27,6 +27,7 @@ from hybridrl.engines.fused.groups import TensorParallel
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.fused.model import FusedDecoder
 from hybridrl.engines.fused.runner import DecodeRunner, JoinTokens, SamplerMode, to_device
+from hybridrl.engines.kernels import pdl
 from hybridrl.engines.native_base import NativeEngineBase, check_requests
 from hybridrl.engines.sampling import sample_tokens
 from hybridrl.engines.scheduler import PromptGroup, Scheduler
@@ -65,6 +66,7 @@ class FusedEngine(NativeEngineBase):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
+        pdl.set_enabled(self.options.pdl)
         self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
                                    self.options.prefill_tokens, self.options.join_step_tokens,
                                    self.options.shared_prefix_tokens)

@@ -45,6 +45,7 @@ import torch
 
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, PagedKVCache
 from hybridrl.engines.fused.model import FusedDecoder
+from hybridrl.engines.kernels import pdl as pdl_switch
 from hybridrl.engines.kernels.attention import split_count
 from hybridrl.engines.kernels.shared_prefix import SharedPrefix, pack_prefix, prefix_groups, slot_members
 from hybridrl.engines.kernels.step_state import advance, cache_slots
@@ -157,6 +158,18 @@ class DecodeRunner:
         # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
         self.captures, self.capture_s = 0, 0.0
         self.release()  # no buffers until `bind`
+
+    @property
+    def pdl(self) -> bool:
+        """Whether the step's Triton kernels launch with programmatic dependent launch (`kernels/pdl.py`; the
+        process-wide switch). Setting it drops the graphs, which keep the launches they were captured with."""
+        return pdl_switch.is_enabled()
+
+    @pdl.setter
+    def pdl(self, on: bool) -> None:
+        if bool(on) != pdl_switch.is_enabled():
+            pdl_switch.set_enabled(on)
+            self.drop_graphs()
 
     # -- buffers ------------------------------------------------------------------------------------------
     def bind(self, cache: PagedKVCache, width: int) -> None:

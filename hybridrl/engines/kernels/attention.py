@@ -20,11 +20,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels import HAS_TRITON, pdl, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from hybridrl.engines.kernels.pdl import await_inputs
 
 
 def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -108,7 +110,8 @@ if HAS_TRITON:
     def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits,
                       group, stride_table, stride_blk, stride_head,
                       BS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                      IEEE: tl.constexpr, DIRECT: tl.constexpr, ROWS: tl.constexpr):
+                      IEEE: tl.constexpr, DIRECT: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+        await_inputs(PDL)
         seq = tl.program_id(0).to(tl.int64)
         if ROWS:
             table_row = tl.load(rows_ptr + seq).to(tl.int64)
@@ -136,7 +139,8 @@ if HAS_TRITON:
         _store_split(m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, heads, mine, q_heads, n_splits, split, D, DIRECT)
 
     @triton.jit
-    def _reduce_kernel(o_ptr, lse_ptr, out_ptr, n_splits, D: tl.constexpr, SP: tl.constexpr):
+    def _reduce_kernel(o_ptr, lse_ptr, out_ptr, n_splits, D: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
+        await_inputs(PDL)
         head_row = tl.program_id(0).to(tl.int64)  # sequence × q_heads + head
         s = tl.arange(0, SP)
         d = tl.arange(0, D)
@@ -209,7 +213,8 @@ def reduce_splits(parts: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, n_s
     """Combine the splits into `out` [b, q_heads, d] (nothing to do with one split: the kernel wrote `out`)."""
     if n_splits > 1:
         b, hq, d = out.shape
-        _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)))
+        _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)),
+                                  **pdl.launch(out))
 
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -229,7 +234,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         scale, n_splits, group, block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
         BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs, keys or tile_keys(d)),
         IEEE=q.dtype == torch.float32, DIRECT=n_splits == 1, ROWS=table_rows is not None, num_warps=warps,
-        num_stages=stages,
+        num_stages=stages, **pdl.launch(q),
     )
     reduce_splits(parts, lse, out, n_splits)
     return out

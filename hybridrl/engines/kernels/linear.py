@@ -19,11 +19,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels import HAS_TRITON, pdl, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from hybridrl.engines.kernels.pdl import await_inputs
 
 
 if HAS_TRITON:
@@ -31,7 +33,9 @@ if HAS_TRITON:
     @triton.jit
     def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, m, n, k, k_per_split,
                        HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr,
+                       PDL: tl.constexpr):
+        await_inputs(PDL)
         pid_n = tl.program_id(0)
         split = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -84,7 +88,8 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     grid = (triton.cdiv(n, block_n), splits, triton.cdiv(m, block_m))
     _linear_kernel[grid](x, weight, bias if bias is not None else weight, out, m, n, k, per,
                          HAS_BIAS=bias is not None, PARTIAL=splits > 1, BLOCK_M=block_m, BLOCK_N=block_n,
-                         BLOCK_K=block_k, STAGES=stages, IEEE=x.dtype == torch.float32, num_warps=warps)
+                         BLOCK_K=block_k, STAGES=stages, IEEE=x.dtype == torch.float32, num_warps=warps,
+                         **pdl.launch(x))
     return out
 
 

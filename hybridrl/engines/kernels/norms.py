@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels import HAS_TRITON, pdl, use_triton
 from hybridrl.engines.kernels.linear import summed
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from hybridrl.engines.kernels.pdl import await_inputs
 
 
 # -- torch (reference and CPU path) ------------------------------------------------------------------------------
@@ -45,7 +47,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, hidden, eps, parts, part_stride,
-                             HAS_DELTA: tl.constexpr, PARTS: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
+                             HAS_DELTA: tl.constexpr, PARTS: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr):
+        await_inputs(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         inside = cols < hidden
@@ -67,7 +71,8 @@ if HAS_TRITON:
         tl.store(out_ptr + row * hidden + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=inside)
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        await_inputs(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < inter
@@ -100,7 +105,7 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: tor
     block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(n,)](x, d, weight, res, out, hidden, eps, parts, n * hidden, HAS_DELTA=delta is not None,
                                PARTS=d.dim() == 3, SP=triton.next_power_of_2(parts), BLOCK=block,
-                               num_warps=warps or norm_warps(block, parts > 1))
+                               num_warps=warps or norm_warps(block, parts > 1), **pdl.launch(x))
     return res, out
 
 
@@ -111,7 +116,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     inter = two_i // 2
     out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(inter))
-    _silu_mul_kernel[(n, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
+    _silu_mul_kernel[(n, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, **pdl.launch(gate_up))
     return out
 
 

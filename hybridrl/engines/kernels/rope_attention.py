@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels import HAS_TRITON, pdl, use_triton
 from hybridrl.engines.kernels import attention
 from hybridrl.engines.kernels.attention import decode_attention, decode_attention_torch, triton_supports
 from hybridrl.engines.kernels.rope_cache import rope_write, rope_write_torch
@@ -26,6 +26,8 @@ from hybridrl.engines.kernels.rope_cache import rope_write, rope_write_torch
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from hybridrl.engines.kernels.pdl import await_inputs
 
     _attend_keys, _store_split = attention._attend_keys, attention._store_split
 
@@ -58,7 +60,8 @@ if HAS_TRITON:
                                stride_head, parts, part_stride,
                                BS: tl.constexpr, D: tl.constexpr, R: tl.constexpr, TILE_BLOCKS: tl.constexpr,
                                IEEE: tl.constexpr, DIRECT: tl.constexpr, QK_NORM: tl.constexpr,
-                               PARTS: tl.constexpr):
+                               PARTS: tl.constexpr, PDL: tl.constexpr):
+        await_inputs(PDL)
         seq = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -149,7 +152,7 @@ def rope_attention_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_ta
         k_cache.stride(0), k_cache.stride(1), qkv.shape[0] if partial else 1, b * qkv.shape[-1],
         BS=bs, D=d, R=max(16, triton.next_power_of_2(group + 2)), TILE_BLOCKS=tile_blocks,
         IEEE=k_cache.dtype == torch.float32, DIRECT=n_splits == 1, QK_NORM=norm, PARTS=partial, num_warps=warps,
-        num_stages=stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        num_stages=stages, **({} if maxnreg is None else {"maxnreg": maxnreg}), **pdl.launch(qkv),
     )
     attention.reduce_splits(parts, lse, out, n_splits)
     return out

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels import HAS_TRITON, pdl, use_triton
 from hybridrl.engines.kernels.linear import summed
 from hybridrl.engines.kernels.norms import rms_norm_torch
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from hybridrl.engines.kernels.pdl import await_inputs
 
 
 def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -69,9 +71,10 @@ if HAS_TRITON:
     def _rope_write_kernel(qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_ptr, kn_ptr,
                            eps, q_heads, kv_heads, stride_blk, stride_head, parts, part_stride,
                            BS: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
-                           PARTS: tl.constexpr, SP: tl.constexpr, HEADS: tl.constexpr):
+                           PARTS: tl.constexpr, SP: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
         # One program: token `tok`, heads [first, first + HEADS) of its q, k and v heads (in qkv's order), as rows of a
         # [HEADS, d/2] tile: the token's position, slot and RoPE tables are read once for all of them.
+        await_inputs(PDL)
         tok = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
         dt = q_ptr.dtype.element_ty
@@ -151,6 +154,7 @@ def rope_write_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table:
         eps, q_heads, kv_heads, k_cache.stride(0), k_cache.stride(1), qkv.shape[0] if partial else 1,
         n * qkv.shape[-1], BS=k_cache.shape[2], D=d, HALF=d // 2, QK_NORM=norm, PARTS=partial,
         SP=triton.next_power_of_2(qkv.shape[0]) if partial else 1, HEADS=heads, num_warps=warps,
+        **pdl.launch(qkv),
     )
     return q
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from hybridrl.engines.kernels import HAS_TRITON
+from hybridrl.engines.kernels import HAS_TRITON, pdl
 from hybridrl.engines.kernels.attention import reduce_splits, split_outputs, tile_keys
 
 if HAS_TRITON:
@@ -34,6 +34,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     from hybridrl.engines.kernels.attention import _attend_keys, _store_split
+    from hybridrl.engines.kernels.pdl import await_inputs
 
 # Queries one prefix program holds: members × query heads per kv head. 64 rows of a tensor-core product, whose
 # float32 accumulator [64, head_dim] still fits a program's registers at head dim 128.
@@ -103,9 +104,10 @@ if HAS_TRITON:
     def _grouped_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, start_ptr, slots_ptr, o_ptr, lse_ptr, scale, n_rows,
                         group, stride_table, stride_blk, stride_head, MEMBERS: tl.constexpr, M: tl.constexpr,
                         GP: tl.constexpr, BS: tl.constexpr, D: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                        IEEE: tl.constexpr):
+                        IEEE: tl.constexpr, PDL: tl.constexpr):
         """Programs [0, n_rows): row pid's own blocks, after its shared ones: split 1 of its two. Programs from
         n_rows on: group slot pid - n_rows, all its rows' queries over the blocks they share: split 0 of each."""
+        await_inputs(PDL)
         pid = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         q_heads = tl.num_programs(1) * group
@@ -164,6 +166,7 @@ def shared_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, block_table, seq_lens, prefix.start, prefix.slots, parts, lse, scale, b, group,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), MEMBERS=members,
         M=max(16, triton.next_power_of_2(members * group)), GP=max(16, triton.next_power_of_2(group)), BS=bs, D=d,
-        TILE_BLOCKS=max(1, tile_keys(d) // bs), IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        TILE_BLOCKS=max(1, tile_keys(d) // bs), IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages,
+        **pdl.launch(q))
     reduce_splits(parts, lse, out, 2)
     return out

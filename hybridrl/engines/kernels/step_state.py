@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.engines.kernels import HAS_TRITON, use_triton
+from hybridrl.engines.kernels import HAS_TRITON, pdl, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from hybridrl.engines.kernels.pdl import await_inputs
 
 _BLOCK = 256  # rows per program: one program up to 256 rows
 
@@ -42,7 +44,9 @@ def advance_torch(tok: torch.Tensor, lp: torch.Tensor, out_tok: torch.Tensor, ou
 if HAS_TRITON:
 
     @triton.jit
-    def _slots_kernel(table_ptr, pos_ptr, out_ptr, n, stride, width, BS: tl.constexpr, BLOCK: tl.constexpr):
+    def _slots_kernel(table_ptr, pos_ptr, out_ptr, n, stride, width, BS: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr):
+        await_inputs(PDL)
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = i < n
         p = tl.load(pos_ptr + i, mask=inside, other=0)
@@ -52,7 +56,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _advance_kernel(tok_ptr, lp_ptr, out_tok_ptr, out_lp_ptr, tokens_ptr, pos_ptr, steps_ptr, active_ptr, n,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+        await_inputs(PDL)
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = i < n
         tok = tl.load(tok_ptr + i, mask=inside)
@@ -69,7 +74,7 @@ def cache_slots_triton(table: torch.Tensor, pos: torch.Tensor, block_size: int) 
     b = pos.shape[0]
     out = torch.empty(b, dtype=torch.int64, device=pos.device)
     _slots_kernel[(triton.cdiv(b, _BLOCK),)](table, pos, out, b, table.stride(0), table.shape[1], BS=block_size,
-                                            BLOCK=_BLOCK)
+                                            BLOCK=_BLOCK, **pdl.launch(pos))
     return out
 
 
@@ -77,7 +82,8 @@ def advance_triton(tok: torch.Tensor, lp: torch.Tensor, out_tok: torch.Tensor, o
                    tokens: torch.Tensor, pos: torch.Tensor, steps: torch.Tensor, active: torch.Tensor) -> None:
     """The Triton form of `advance_torch` (every tensor [B], contiguous)."""
     b = tok.shape[0]
-    _advance_kernel[(triton.cdiv(b, _BLOCK),)](tok, lp, out_tok, out_lp, tokens, pos, steps, active, b, BLOCK=_BLOCK)
+    _advance_kernel[(triton.cdiv(b, _BLOCK),)](tok, lp, out_tok, out_lp, tokens, pos, steps, active, b, BLOCK=_BLOCK,
+                                               **pdl.launch(tok))
 
 
 def cache_slots(table: torch.Tensor, pos: torch.Tensor, block_size: int, kernels: bool = True) -> torch.Tensor:
