@@ -314,8 +314,12 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
     if baseline_file:
         base = load_module(baseline_file, "sampler_baseline")
         tok, _ = base.sample_counter(logits, 1.0, keys, key)
+        mine, mine_lp = sampling_triton.sample_counter(logits, 1.0, keys, key)
+        base_lp = base.sample_counter(logits, 1.0, keys, key)[1]
         row["baseline"] = {"us": graph_time_us(lambda: base.sample_counter(logits, 1.0, keys, key)),
-                           "same_tokens_as_torch": float((tok == torch_tok).float().mean())}
+                           "same_tokens_as_torch": float((tok == torch_tok).float().mean()),
+                           "same_tokens_as_current": float((tok == mine).float().mean()),
+                           "logprob_max_diff_to_current": float((base_lp - mine_lp).abs().max())}
     res = []
     for segments, block, warps in itertools.product([8, 16, 32], [1024, 2048, 4096], [4, 8]):
         kw = dict(segments=segments, block=block, warps=warps)
@@ -324,7 +328,8 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
                                                                                            **kw)),
                     "same_tokens_as_torch": float((tok == torch_tok).float().mean())})
     row["current"] = next(r for r in res if (r["segments"], r["block"], r["warps"]) ==
-                          (sampling_triton.segments_for(rows), sampling_triton._BLOCK, sampling_triton._WARPS))
+                          (sampling_triton.segments_for(rows), sampling_triton.block_for(rows),
+                           sampling_triton._WARPS))
     row["best"] = min(res, key=lambda r: r["us"])
     row["all"] = res
     return row

@@ -7,6 +7,12 @@ noise as `counter_exponential` (splitmix64 on int64, bit for bit), keeps a runni
 once per step of entries, one `exp` per entry) and the running best Gumbel score ``x - log(E)``, and
 writes those four numbers; a second kernel combines the segments of each row into the token and its
 log-prob. Plain temperature sampling only: top-k/top-p and greedy stay on the torch path.
+
+The loop is issue-bound (every entry's hash, noise and log-sum-exp term; ~60 instructions an entry in the sm_90 SASS),
+so instructions are what it saves: the uniform is made from the hash's bits without an integer-to-float conversion,
+and the logs and the exponential are the GPU's approximate ones without the subnormal fix-ups, where no input or kept
+result is subnormal (`_ln`, `_exp`, `_exponential`). On the H200 at 256 rows: 154 → 115 (approximate logs) → 97.4 µs
+(docs/measurements/h200_1202_s9/d_sampler.json: the same tokens and log-probs as the previous kernel, bit for bit).
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ try:  # Triton ships with CUDA builds of torch; CPU wheels have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-# Launch tuning from tools/bench_decode_kernels.py --what sampler (docs/measurements/h200_1201/r_kernels.json, H200,
-# Qwen's 151,936 entries): at 64 and 256 rows, 8 segments of 1024-entry steps were the fastest of 8/16/32 ×
-# 1024/2048/4096 × 4/8 warps (256 rows: 154 µs, against 181 at 16 × 2048). Below 64 rows, 16 segments keep more
-# programs in flight (not measured there; the earlier default).
+# Launch tuning from tools/bench_decode_kernels.py --what sampler (H200, Qwen's 151,936 entries, the fastest of
+# 8/16/32 segments × 1024/2048/4096-entry steps × 4/8 warps). 256 rows: 8 × 1024 (97.4 µs, against 103.4 at 8 × 2048;
+# docs/measurements/h200_1202_s9/d_sampler.json). 64 rows: 8 × 2048 since the kernel lost its integer-to-float
+# conversions (28.7 µs, against 38.5 at 8 × 1024; the same run); 8 × 1024 before it (h200_1201/r_kernels.json).
+# Below 64 rows, 16 segments keep more programs in flight (not measured there; the earlier default).
 _BLOCK = 1024
 _WARPS = 4
 
@@ -34,6 +41,11 @@ _WARPS = 4
 def segments_for(rows: int) -> int:
     """Vocabulary segments per row (one program each) for a batch of `rows`."""
     return 8 if rows >= 64 else 16
+
+
+def block_for(rows: int) -> int:
+    """Entries per step of a program's loop for a batch of `rows`: 2048 where measured faster (64 rows), else 1024."""
+    return 2048 if 64 <= rows < 128 else _BLOCK
 
 
 def fast_log(device: torch.device) -> bool:
@@ -69,26 +81,42 @@ if triton is not None:
     @triton.jit
     def _ln(x, FAST: tl.constexpr):
         # log(x) by the GPU's lg2.approx (one instruction; absolute error ~2^-22 in log2 units, about float32's own
-        # rounding of a log near 1), or libdevice's exact logf (~20 instructions) where inline PTX cannot run.
+        # rounding of a log near 1), or libdevice's exact logf (~20 instructions) where inline PTX cannot run. `.ftz`
+        # drops the subnormal-input fix-up (three instructions): every input here is a normal float.
         if FAST:
-            y = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+            y = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
                                           pack=1)
             return y * 0.6931471805599453
         else:
             return tl.log(x)
 
     @triton.jit
-    def _exponential(bits, FAST: tl.constexpr):
-        # `sampling.exponential_from_bits`: E = -log(u), u = (k + 0.5) / 2^24, with u below 1/2 and w = 1 - u above
-        # it (each exact in float32). Near u = 1, E is tiny and the approximate log's absolute error of 2^-22 would be
-        # a large relative one: the winning draws come from exactly there (E small, score x - log(E) large), and
-        # that log alone biased them. So where w < 2^-6, -log(1 - w) = w + w²/2 + ... in five terms (the next is
-        # under w · 2^-32); above, 1 - w rounds by at most 2^-25, under 2e-6 of E there.
-        upper = bits >= 8388608
-        u = (bits.to(tl.float32) + 0.5) / 16777216.0
-        w = ((16777215 - bits).to(tl.float32) + 0.5) / 16777216.0
+    def _exp(x, FAST: tl.constexpr):
+        # exp(x) as tl.exp makes it (ex2.approx of x·log2 e) but flushing subnormal results to 0, which drops the
+        # fix-up instructions; here those are terms under 2^-126 of a sum that is at least 1, so no sum changes.
+        if FAST:
+            return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            return tl.exp(x)
+
+    @triton.jit
+    def _exponential(h, FAST: tl.constexpr):
+        # `sampling.exponential_from_bits` of k = the top 24 bits of h: E = -log(u), u = (k + 0.5) / 2^24, with u
+        # below 1/2 and w = 1 - u above it (each exact in float32). Near u = 1, E is tiny and the approximate log's
+        # absolute error of 2^-22 would be a large relative one: the winning draws come from exactly there (E small,
+        # score x - log(E) large), and that log alone biased them. So where w < 2^-6, -log(1 - w) = w + w²/2 + ... in
+        # five terms (the next is under w · 2^-32); above, 1 - w rounds by at most 2^-25, under 2e-6 of E there.
+        # No integer-to-float conversion (a 64-bit one is several slow instructions): k's low 23 bits m go under
+        # float32 1.0's exponent, f = 1 + m / 2^23 exactly, and t = (f - 1) / 2 + 2^-25 = (m + 0.5) / 2^24 is exact
+        # (an odd multiple of 2^-25 below 1/2: 24 significant bits). Below 1/2, u = t; above, u = 1/2 + t, so
+        # w = 1/2 - t (exact) and 1 - w = t + 1/2 rounded once: the same values as before.
+        hi = (h >> 32).to(tl.int32)
+        upper = hi < 0  # k's top bit: k >= 2^23
+        t = ((((hi >> 8) & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0) * 0.5 + 2.98023223876953125e-08
+        w = 0.5 - t
         series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * (0.25 + w * 0.20000000298023224))))
-        return tl.where(w < 0.015625, series, -_ln(tl.where(upper, 1.0 - w, u), FAST))
+        return tl.where(upper & (w < 0.015625), series, -_ln(t + tl.where(upper, 0.5, 0.0), FAST))
 
     @triton.jit
     def _segment_kernel(logits_ptr, stride, keys_ptr, steps_ptr, step_key, vocab, seg_len, temperature,
@@ -123,14 +151,13 @@ if triton is not None:
             # needs a second to rescale every lane).
             new_max = tl.maximum(run_max, tl.max(x, axis=0))
             safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(x - safe), axis=0)
+            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(_exp(x - safe, FAST_LOG), axis=0)
             run_max = new_max
             # The noise of `counter_exponential`: Exp(1) from the top 24 bits of splitmix64; score = x - log(E).
             # Only bits 40..63 are kept, which splitmix64's last step leaves unchanged: `_mix_head` suffices.
             h = _mix_head(base + col_term + lane_term)
             col_term += block_term
-            bits = (h >> 40) & 0xFFFFFF
-            score = tl.where(inside, x - _ln(_exponential(bits, FAST_LOG), FAST_LOG), float("-inf"))
+            score = tl.where(inside, x - _ln(_exponential(h, FAST_LOG), FAST_LOG), float("-inf"))
             better = score > best  # strict: the first (lowest) column wins a tie, like argmax
             best = tl.where(better, score, best)
             best_idx = tl.where(better, cols, best_idx)
@@ -163,15 +190,16 @@ if triton is not None:
 
 
 def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor, step_key: int,
-                   segments: int | None = None, block: int = _BLOCK, warps: int = _WARPS,
+                   segments: int | None = None, block: int | None = None, warps: int = _WARPS,
                    steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens [B] (int64) and their log-probs [B] (float32) for `logits` [B, V] (any float dtype; rows
     may be a strided view), drawn with the counter noise of (keys, step_key); with `steps` [B] (int64), of
     `row_keys(keys, steps)` instead, each row's step key made inside the kernel (`step_key` is then ignored).
-    See the module doc. `segments` per row (a power of two; default `segments_for`), `block` entries per step and
-    `warps` per program: launch tuning only."""
+    See the module doc. `segments` per row (a power of two; default `segments_for`), `block` entries per step (default
+    `block_for`) and `warps` per program: launch tuning only."""
     rows, vocab = logits.shape
     segments = segments or segments_for(rows)
+    block = block or block_for(rows)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device

@@ -18,9 +18,9 @@ the process-wide switch `set_enabled`, which `engine.native.pdl` sets); `launch(
 arguments, and each kernel takes a `PDL: tl.constexpr` and calls `await_inputs(PDL)` first.
 
 Measured on the H200 (docs/measurements/h200_1202_s9/): the 1.5B GRPO rollout, 256 rows × 512 new tokens, 86.3k →
-88.1k tok/s, the runs interleaved in one process. Tried beside it and not kept: the kernel ahead of a cuBLAS GEMM
-pulling that GEMM's weight into L2 before its wait (qkv's by the norm, down_proj's by silu_mul, gate_up's by the norm
-after attention) lost 0.8%, 3.3% and 8.3% against none.
+88.1k and 86.8k → 89.1k tok/s on two machines, the runs interleaved in one process. Tried beside it and not kept: the
+kernel ahead of a cuBLAS GEMM pulling that GEMM's weight into L2 before its wait (qkv's by the norm, then also
+down_proj's by silu_mul, then also gate_up's by the norm after attention) lost 0.8%, 3.3% and 8.3% against none.
 """
 
 from __future__ import annotations
