@@ -19,7 +19,7 @@ SMALL = ["--shape", "tiny", "--device", "cpu"]
 
 CASES = {
     "bench_step": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2",
-                    "--warmup", "1"], ["rollout", "trainer_offload"]),
+                    "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
     "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
                     "--new-tokens", "4", "--steps", "2", "--warmup", "1"], ["lora_rank", "base_params"]),
     "bench_lifecycle": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["sleep1", "engine"]),
@@ -31,7 +31,8 @@ CASES = {
                                 "3", "--new-tokens", "9", "--prompt-len", "8", "--tool-ms", "1", "--join-wait", "0", "8",
                                 "--join-step-tokens", "0", "512"], ["multiturn"]),
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
-                           "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4"],
+                           "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
+                           "0", "1"],
                           ["grpo"]),
 }
 
@@ -58,10 +59,36 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
     if "grpo" in out:  # the A/Bs of grouped attention and long-context splits: the first value in full, others beside
         assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_tokens_variants"]) == ["8"]
         assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]
+        assert out["grpo"]["pdl"] is False and list(out["grpo"]["pdl_variants"]) == ["True"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
+        assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]
         assert sorted(variants) == [f"{kind}_join{wait}_ride{ride}" for kind in ("lockstep", "staggered")
                                     for wait in (0, 8) for ride in (0, 512)]
         assert all(v["tokens"] == 6 * 9 for v in variants.values())  # every token produced
         assert all((v["step_joins"] > 0) == (v["join_step_tokens"] > 0) for v in variants.values())
+
+
+def test_device_monitor_files_readings_by_phase():
+    """Readings go under the tag set last (none while the tag is None), summarized as medians; without NVML (this
+    CPU) the monitor reads nothing and says so."""
+    sys.path.insert(0, str(TOOLS))
+    from device_monitor import DeviceMonitor
+
+    import torch
+
+    readings = iter([(1980.0, 500.0, 60.0), (1980.0, 510.0, 61.0), (1755.0, 690.0, 70.0), (1800.0, 650.0, 72.0)])
+    m = DeviceMonitor(torch.device("cpu"), read=lambda: next(readings))  # the first reading is the probe's
+    m.sample()  # no tag: nothing read
+    m.tag = "generate"
+    m.sample()
+    m.tag = "update"
+    m.sample()
+    m.sample()
+    assert m.summary() == {"generate": {"samples": 1, "sm_clock_mhz": 1980.0, "power_w": 510.0, "temperature_c": 61.0},
+                           "update": {"samples": 2, "sm_clock_mhz": 1777.5, "power_w": 670.0, "temperature_c": 71.0}}
+    plain = DeviceMonitor(torch.device("cpu")).start()
+    plain.tag = "generate"
+    plain.stop()
+    assert plain.summary() == {"available": False}

@@ -47,6 +47,8 @@ from hybridrl.engines.fused.runner import HostCopy  # noqa: E402
 from hybridrl.engines.kernels import attention as attention_kernels  # noqa: E402
 from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
 
+from device_monitor import DeviceMonitor  # noqa: E402  (tools/ is on sys.path when a tools/ script runs)
+
 # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab, tied)
 SHAPES = {
     "tiny": (64, 2, 4, 2, 128, 1000, True),
@@ -285,7 +287,11 @@ def case_grpo(model, engine, args, device) -> dict:
             v, _, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
             runs.setdefault(name, {}).setdefault("auto" if value is None else str(value), []).append(v)
         setattr(engine.runner, name, values[0])
+    monitor = DeviceMonitor(device).start()
+    monitor.tag = "generate"
     res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
+    monitor.stop()
+    res["device_state"] = monitor.summary()  # SM clock, power, temperature over the reported runs (NVML)
     for name, by_value in runs.items():
         res[name] = "auto" if settings[name][0] is None else settings[name][0]
         res[f"{name}_variants"] = {

@@ -42,9 +42,11 @@ import torch  # noqa: E402
 
 from bench_common import Timer, add_model_args, bench_config, bench_controller, gpu_peak_flops, make_model_dir, random_prompts  # noqa: E402
 from bench_trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
+from device_monitor import DeviceMonitor  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from hybridrl.data.prompts import Prompt  # noqa: E402
+from hybridrl.phases import Phase  # noqa: E402
 from hybridrl.training.config import TrainerConfig  # noqa: E402
 
 # Seconds of the step spent moving memory between the roles rather than computing.
@@ -146,11 +148,26 @@ def main() -> None:
     text = "x" * (args.prompt_len + args.new_tokens)
     prompts = [Prompt(ids, text, {"prompt": text}) for ids in random_prompts(args.prompts * 4, args.prompt_len, vocab)]
     controller = bench_controller(cfg, prompts)
+    monitor = DeviceMonitor(device).start()
+    timing = {"on": False}
+    if args.workers == 1:  # the inline worker: each phase command tags the monitor's readings while timed steps run
+        worker = controller.group.worker
+        for phase in Phase:
+            if hasattr(worker, phase.value):
+                def tagged(*a, _run=getattr(worker, phase.value), _name=phase.value, **k):
+                    monitor.tag = _name if timing["on"] else None
+                    try:
+                        return _run(*a, **k)
+                    finally:
+                        monitor.tag = None
+                setattr(worker, phase.value, tagged)
     steps = []
     for step in range(1, args.warmup + args.steps + 1):
+        timing["on"] = step > args.warmup
         metrics = controller.train_step(step)
         if step > args.warmup:  # warm-up: allocators, CUDA graphs, compiles, pinned offload buffers
             steps.append(metrics)
+    monitor.stop()
     times = {k: statistics.median(m[k] for m in steps) for k in steps[0] if k.startswith("time/")}
     total = times["time/step"]
     switching = statistics.median(switching_s(m) for m in steps)
@@ -176,6 +193,9 @@ def main() -> None:
         "graph_capture_s_median": statistics.median(m.get("engine/graph_capture_s", 0.0) for m in steps),
         "trainer_per_gpu": trainer_rates(steps, args, n_params(path)),
         "memory_after_phase": {k: v for k, v in steps[-1].items() if k.startswith("memory/")},
+        # SM clock, power and temperature per phase of the timed steps (one worker; NVML): a rollout slower here than
+        # in bench_engine on the same machine may be a device running hotter or lower clocked after the update.
+        "device_state_per_phase": monitor.summary(),
     }
     if args.workers == 1 and args.algorithm == "grpo":
         result["trainer_throughput"] = trainer_throughput(controller, args, path, device, vocab)
