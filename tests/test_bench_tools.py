@@ -20,6 +20,8 @@ SMALL = ["--shape", "tiny", "--device", "cpu"]
 CASES = {
     "bench_step": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2",
                     "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
+    "bench_step:probe": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps",
+                          "2", "--warmup", "1", "--probe-rollout", "--model-dir", "model"], ["rollout_probe"]),
     "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
                     "--new-tokens", "4", "--steps", "2", "--warmup", "1"], ["lora_rank", "base_params"]),
     "bench_lifecycle": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["sleep1", "engine"]),
@@ -32,7 +34,7 @@ CASES = {
                                 "--join-step-tokens", "0", "512"], ["multiturn"]),
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
-                           "0", "1"],
+                           "0", "1", "--sleep-cycle", "none", "0.001x0.25"],
                           ["grpo"]),
 }
 
@@ -60,8 +62,15 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_tokens_variants"]) == ["8"]
         assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]
         assert out["grpo"]["pdl"] is False and list(out["grpo"]["pdl_variants"]) == ["True"]
+        assert out["grpo"]["sleep_cycle"] == "none" and list(out["grpo"]["sleep_cycle_variants"]) == ["0.001x0.25"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
         assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
+    if "rollout_probe" in out:  # each timed step's generate, repeated three ways; bench_engine's run in the process
+        probe = out["rollout_probe"]
+        assert all(len(probe[k]["seconds"]) == 2 for k in ("step_generate", "worker_again", "engine_direct"))
+        assert len(probe["prefill_only_s"]) == 2
+        assert probe["engine_settings"]["eos"] == [2] and probe["bench_engine_here"]["engine_settings"]["eos"] == []
+        assert probe["bench_engine_here"]["tokens_per_s"] > 0
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]
         assert sorted(variants) == [f"{kind}_join{wait}_ride{ride}" for kind in ("lockstep", "staggered")

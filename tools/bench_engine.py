@@ -23,6 +23,10 @@ mid-point of generation; `unique` counts a shared prompt once) over the H200's b
 ~4.3 TB/s measured copy), and the measured step time's ratio to that bound. The step time is the warm run's decode
 time per step ((total - prefill-only run) / (new tokens - 1)); on GPU also one graph replay timed at the mid-point
 (`step_parts`). `cold` timings include CUDA-graph capture (paid again after every sleep); `warm` reuse the graphs.
+
+What a training step does around a rollout can be reproduced: `--model-dir` benches a saved model (the one
+`bench_step.py --model-dir` wrote, or a real one), `--sleep-cycle` sleeps and wakes the engine before each grpo run
+with the device's memory taken meanwhile, in one piece or fragmented, and `--live-gb` keeps memory taken throughout.
 """
 
 from __future__ import annotations
@@ -59,8 +63,12 @@ BANDWIDTH = {"datasheet": 4.8e12, "measured_copy": 4.3e12}  # H200 HBM3e, bytes/
 WARM_RUNS = 5  # warm generate runs per figure; the median is reported
 
 
-def build_model(shape: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    """A randomly initialized Qwen2 causal LM of `shape` (transformers' own init), on `device`."""
+def build_model(shape: str, dtype: torch.dtype, device: torch.device, model_dir: str | None = None) -> torch.nn.Module:
+    """A randomly initialized Qwen2 causal LM of `shape` (transformers' own init), on `device`; or the checkpoint in
+    `model_dir` (a real model, or the one a bench_step run saved)."""
+    if model_dir:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        return model.to(device).eval()
     h, n, heads, kv, inter, vocab, tied = SHAPES[shape]
     config = transformers.Qwen2Config(hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
                                       num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
@@ -191,14 +199,41 @@ def bench_hf(model, prompts: torch.Tensor, new_tokens: int, device: torch.device
 
 
 # -- cases ------------------------------------------------------------------------------------------------------
-def run_generate(engine: FusedEngine, prompts, n: int, new: int, device: torch.device):
+def sleep_cycle(engine: FusedEngine, cycle: str, device: torch.device) -> None:
+    """What a training step does to the engine between rollouts: sleep (weights parked on the host, the KV cache's
+    memory given back), memory taken meanwhile (the trainer's, which takes the pages the engine gave back), wake, then
+    that memory freed. `cycle` is "G" (G GiB in one piece) or "GxM" (G GiB, or "all": the free memory but 2 GiB, in
+    M MiB pieces, every other one freed before the wake: the engine wakes into holes, as into a device that a trainer's
+    allocations have fragmented). The engine keeps the layout it woke into until the next cycle."""
+    gb, _, mb = cycle.partition("x")
+    if gb == "all" and device.type != "cuda":
+        raise SystemExit("--sleep-cycle all×M needs a CUDA device (it takes the device's free memory)")
+    engine.sleep(1)
+    # "all": so that the engine wakes into the holes and nowhere else
+    total = torch.cuda.mem_get_info(device)[0] - 2**31 if gb == "all" else int(float(gb) * 2**30)
+    piece = int(float(mb) * 2**20) if mb else total
+    held = [torch.empty(piece, dtype=torch.uint8, device=device) for _ in range(total // piece)] if total else []
+    if mb:
+        del held[1::2]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the freed pieces go back to the driver: holes between the kept ones
+    engine.wake_up()
+    held.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    sync(device)
+
+
+def run_generate(engine: FusedEngine, prompts, n: int, new: int, device: torch.device, cycle: str | None = None):
     """Cold and warm timings of generate(prompts, n samples × new tokens), the prefill-only time, the decode step;
     returns (figures, the warm run's completions, its params). Each run starts with an empty prefix table, as a
-    rollout after a weight update does."""
+    rollout after a weight update does; with `cycle`, after that `sleep_cycle`."""
     params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new, seed=0)
     rows = len(prompts) * n
 
     def run(p: SamplingParams):
+        if cycle is not None:
+            sleep_cycle(engine, cycle, device)
         engine.cache.allocator.forget_prefixes() if engine.cache is not None else None
         before = engine.scheduler.prefilled_tokens
         seconds, outs = timed(lambda: engine.generate(prompts, p), device)
@@ -279,21 +314,27 @@ def case_grpo(model, engine, args, device) -> dict:
     # A value may come again (A B A B ...): each variant reports the median of its runs, interleaved with the others.
     settings = {"shared_prefix_tokens": args.shared_prefix_tokens,
                 "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]],
-                "pdl": [bool(v) for v in args.pdl or [int(NativeOptions.pdl)]]}
+                "pdl": [bool(v) for v in args.pdl or [int(NativeOptions.pdl)]],
+                "sleep_cycle": [None if v == "none" else v for v in args.sleep_cycle or ["none"]]}
     runs: dict[str, dict[str, list[dict]]] = {}
     for name, values in settings.items():
         for value in values[1:]:
+            if name == "sleep_cycle":  # not a runner setting: what happens between the runs
+                v, _, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device, value)
+                runs.setdefault(name, {}).setdefault("none" if value is None else str(value), []).append(v)
+                continue
             setattr(engine.runner, name, value)
             v, _, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
             runs.setdefault(name, {}).setdefault("auto" if value is None else str(value), []).append(v)
-        setattr(engine.runner, name, values[0])
+        if name != "sleep_cycle":
+            setattr(engine.runner, name, values[0])
     monitor = DeviceMonitor(device).start()
     monitor.tag = "generate"
-    res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device)
+    res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device, settings["sleep_cycle"][0])
     monitor.stop()
     res["device_state"] = monitor.summary()  # SM clock, power, temperature over the reported runs (NVML)
     for name, by_value in runs.items():
-        res[name] = "auto" if settings[name][0] is None else settings[name][0]
+        res[name] = ("none" if name == "sleep_cycle" else "auto") if settings[name][0] is None else settings[name][0]
         res[f"{name}_variants"] = {
             value: {**{k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")},
                     "tokens_per_s_runs": [r["tokens_per_s"] for r in rs]}
@@ -451,6 +492,16 @@ def main() -> None:
     ap.add_argument("--pdl", type=int, nargs="+", choices=(0, 1), default=None,
                     help="grpo: engine.native.pdl values to run (1: the Triton kernels launch with programmatic dependent "
                          "launch), the first reported in full, the others (repeats allowed) as pdl_variants")
+    ap.add_argument("--sleep-cycle", nargs="+", default=None,
+                    help="grpo: before every run, sleep the engine, take memory as the trainer does, wake it, free the "
+                         "memory: 'G' GiB in one piece, 'GxM' G GiB (all: the free memory less 2 GiB) in M MiB pieces "
+                         "with every other one freed before the wake (a fragmented device), 'none' no cycle; the first "
+                         "value reported in full, the others (repeats allowed) as sleep_cycle_variants: a rollout "
+                         "inside a step starts after a sleep. 'none' after a cycle keeps the layout that cycle left: "
+                         "compare an unfragmented engine in a process of its own")
+    ap.add_argument("--live-gb", type=float, default=0.0,
+                    help="GiB held on the device for the whole run, taken before the engine is built (a trainer's "
+                         "resident state, in one piece): the footprint without the fragmentation of --sleep-cycle GxM")
     ap.add_argument("--shared-prefix-tokens", type=int, nargs="+", default=[NativeOptions.shared_prefix_tokens],
                     help="grpo: engine.native.shared_prefix_tokens values to run, the first reported in full, the others "
                          "as shared_prefix_tokens_variants (0: every row reads its shared prompt blocks itself)")
@@ -472,6 +523,8 @@ def main() -> None:
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
     ap.add_argument("--profile", help="GPU: a profiler table to this file (single: one warm generate; multiturn: one "
                                       "staggered run with the last --join-wait, by CPU time)")
+    ap.add_argument("--model-dir", help="a saved causal LM to load instead of a random one of --shape (e.g. the one "
+                                        "tools/bench_step.py --model-dir wrote, to bench the step's own weights)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
 
@@ -482,7 +535,8 @@ def main() -> None:
         torch.set_num_threads(1)  # tiny shapes gain nothing from more; on a loaded machine OpenMP's waiting costs 10×
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model = build_model(args.shape, dtype, device)
+    live = torch.empty(int(args.live_gb * 2**30), dtype=torch.uint8, device=device) if args.live_gb else None
+    model = build_model(args.shape, dtype, device, args.model_dir)
     cases = ("single", "grpo", "multiturn") if args.case == "all" else (args.case,)
     rows = {"single": args.batch, "grpo": args.prompts * args.samples,
             "multiturn": min(args.max_rows or args.trajectories, args.trajectories)}
@@ -490,7 +544,8 @@ def main() -> None:
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "torch": torch.__version__, "transformers": transformers.__version__,
               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "kv_block_size": args.kv_block_size,
-              "kernels": not args.no_kernels, "cuda_graphs": not args.no_cuda_graphs}
+              "kernels": not args.no_kernels, "cuda_graphs": not args.no_cuda_graphs,
+              "model_dir": args.model_dir, "live_gb": args.live_gb}
     # More trajectories than rows: room for every trajectory's whole context, so a turn back from its tool finds its
     # prefix still cached (by demand, the cache holds only the rows' sequences and evicts the waiting ones' prefixes).
     context = args.prompt_len + args.new_tokens + args.turns * args.tool_tokens
@@ -502,6 +557,7 @@ def main() -> None:
         if device.type == "cuda":
             result[case]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
         engine.shutdown()
+    del live
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -33,6 +33,7 @@ import os
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,6 +128,13 @@ def main() -> None:
     ap.add_argument("--eager-offload", action="store_true",
                     help="trainer.offload_lazy=false: free the offloaded memory at wake-up even where the engine has room")
     ap.add_argument("--set", action="append", default=[], help="any other config override, e.g. engine.native.impl=hf")
+    ap.add_argument("--probe-rollout", action="store_true",
+                    help="inline: in each timed step, after the step's own generate, generate the same prompts again "
+                         "through the worker, then through the engine directly, then prefill only, and after the steps "
+                         "run bench_engine's GRPO case on a fresh engine in this process (rollout_probe; the step's "
+                         "time/generate then includes the repeats): tells a rollout slowed by the state the update "
+                         "leaves (first slower than the repeats), by the worker's path (direct faster), or by the "
+                         "process (bench_engine slower here than in its own process)")
     args = ap.parse_args()
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
@@ -161,6 +169,7 @@ def main() -> None:
                     finally:
                         monitor.tag = None
                 setattr(worker, phase.value, tagged)
+    probe = RolloutProbe(controller.group.worker, device, timing) if args.probe_rollout and args.workers == 1 else None
     steps = []
     for step in range(1, args.warmup + args.steps + 1):
         timing["on"] = step > args.warmup
@@ -197,6 +206,9 @@ def main() -> None:
         # in bench_engine on the same machine may be a device running hotter or lower clocked after the update.
         "device_state_per_phase": monitor.summary(),
     }
+    if probe is not None:
+        result["rollout_probe"] = {**probe.summary(args.prompts * args.group, args.new_tokens),
+                                   "bench_engine_here": bench_engine_here(path, args, device)}
     if args.workers == 1 and args.algorithm == "grpo":
         result["trainer_throughput"] = trainer_throughput(controller, args, path, device, vocab)
     controller.cleanup()
@@ -207,6 +219,89 @@ def main() -> None:
         Path(out, name + ".json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
+
+
+class RolloutProbe:
+    """--probe-rollout: wraps the inline worker's generate. In timed steps it times the step's own call, then the same
+    prompts again through the worker, through the engine directly, and prefill only (device-synchronized); the step
+    gets the first call's output."""
+
+    KINDS = ("step_generate", "worker_again", "engine_direct", "prefill_only")
+
+    def __init__(self, worker, device: torch.device, timing: dict) -> None:
+        self.worker, self.device, self.timing, self.run = worker, device, timing, worker.generate
+        self.seconds: dict[str, list[float]] = {k: [] for k in self.KINDS}
+        self.settings: dict = {}
+        worker.generate = self.generate
+
+    def timed(self, fn) -> tuple[float, object]:
+        cuda = self.device.type == "cuda"
+        torch.cuda.synchronize(self.device) if cuda else None
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize(self.device) if cuda else None
+        return time.perf_counter() - t0, out
+
+    def generate(self, prompts, step, params, prompt_offset: int = 0):
+        import dataclasses
+
+        from hybridrl.workers.worker import sampling_seed
+
+        if not self.timing["on"]:
+            return self.run(prompts, step, params, prompt_offset)
+        engine = self.worker.roles.rollout.engine
+        direct = dataclasses.replace(params, seed=sampling_seed(self.worker.cfg.trainer.seed, step),
+                                     prompt_offset=prompt_offset)
+        first, out = self.timed(lambda: self.run(prompts, step, params, prompt_offset))
+        times = (first, self.timed(lambda: self.run(prompts, step, params, prompt_offset))[0],
+                 self.timed(lambda: engine.generate(prompts, direct))[0],
+                 self.timed(lambda: engine.generate(prompts, dataclasses.replace(direct, max_new_tokens=1)))[0])
+        for kind, seconds in zip(self.KINDS, times):
+            self.seconds[kind].append(seconds)
+        self.settings = engine_settings(engine)  # while awake
+        return out
+
+    def summary(self, rows: int, new_tokens: int) -> dict:
+        med = {k: statistics.median(v) for k, v in self.seconds.items()}
+        return {**{k: {"seconds": self.seconds[k], "tokens_per_s_median": rows * new_tokens / med[k]}
+                   for k in self.KINDS[:3]},
+                "prefill_only_s": self.seconds["prefill_only"],
+                "decode_step_ms": (med["engine_direct"] - med["prefill_only"]) / max(1, new_tokens - 1) * 1e3,
+                "engine_settings": self.settings}
+
+
+def engine_settings(engine) -> dict:
+    """What decides the fused engine's decode step: its options and the runner's and model's switches."""
+    import dataclasses
+
+    from hybridrl.engines.kernels import pdl
+
+    r, m = engine.runner, engine.model
+    runner_keys = ("width", "long_keys", "shared_prefix_tokens", "use_graphs", "rows")
+    return {"options": dataclasses.asdict(engine.options), "eos": sorted(engine.scheduler.eos),
+            "runner": {k: getattr(r, k, None) for k in runner_keys},
+            "model": {k: getattr(m, k, None) for k in ("gemm_sms", "rope_attention", "kernels")},
+            "pdl": pdl.is_enabled(), "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None}
+
+
+def bench_engine_here(path: str, args, device: torch.device) -> dict:
+    """tools/bench_engine.py's GRPO run in this process, after the steps: a fresh engine over the saved model's
+    weights. Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows
+    it, not the step's engine or its path."""
+    import transformers
+    from bench_engine import build_engine, run_generate
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
+                            no_skinny_gemm=False, no_rope_attention=False)
+    engine = build_engine(model, ns, args.prompts * args.group)
+    prompts = random_prompts(args.prompts, args.prompt_len, model.config.vocab_size, seed=5)
+    res, _, _ = run_generate(engine, prompts, args.group, args.new_tokens, device)
+    out = {k: res[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm_runs", "seconds_prefill")}
+    out["engine_settings"] = engine_settings(engine)
+    engine.shutdown()
+    del model
+    return out
 
 
 def n_params(model_dir: str) -> int:
