@@ -3,11 +3,17 @@
 tests/data/golden/README.md says how the golden file was made. Every key it holds must be present and equal in a
 new run with the same seed; timing and memory figures (`time/*`, `perf/*`, `memory/*`, seconds under `reshard/`)
 are not part of a run's meaning and are not recorded. Keys added since may appear: they are listed, not compared.
+
+Equal means: the same integers, strings and sampled tokens' rewards, and floats within float32 rounding. On the CPU
+model that recorded the file the run is bit for bit the same; on another (an AMD EPYC, where torch's BLAS kernels
+sum in another order) the losses, KL and gradient norms of ten steps differed in the 7th significant digit and the
+engine-vs-trainer log-prob mismatch (`mismatch/*`, itself a measure of rounding: ~2e-7) by up to 10% of its value.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -34,5 +40,15 @@ def test_default_run_matches_the_golden_metrics(tmp_path):
     for want, got in zip(golden, rows):
         for key, value in want.items():
             assert key in got, f"step {want['step']}: {key} missing"
-            # float32 on the CPU, same operations in the same order: equal, not close.
-            assert got[key] == value, f"step {want['step']}: {key} = {got[key]!r}, golden {value!r}"
+            assert same(key, value, got[key]), f"step {want['step']}: {key} = {got[key]!r}, golden {value!r}"
+
+
+def same(key: str, want: object, got: object) -> bool:
+    """Equal, floats within float32 rounding (see the module doc): 1e-5 relative, which any change of an algorithm's
+    math exceeds; the rounding-noise measures `mismatch/*` within 1e-5 absolute (their threshold for counting a
+    token as mismatched is orders of magnitude above)."""
+    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        if key.startswith("mismatch/"):
+            return abs(got - want) <= 1e-5
+        return math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-12)
+    return got == want
