@@ -33,7 +33,6 @@ import os
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -235,12 +234,9 @@ class RolloutProbe:
         worker.generate = self.generate
 
     def timed(self, fn) -> tuple[float, object]:
-        cuda = self.device.type == "cuda"
-        torch.cuda.synchronize(self.device) if cuda else None
-        t0 = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize(self.device) if cuda else None
-        return time.perf_counter() - t0, out
+        from bench_engine import timed  # device-synchronized, as the engine bench times its runs
+
+        return timed(fn, self.device)
 
     def generate(self, prompts, step, params, prompt_offset: int = 0):
         import dataclasses
