@@ -34,7 +34,7 @@ CASES = {
                                 "--join-step-tokens", "0", "512"], ["multiturn"]),
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
-                           "0", "1", "--sleep-cycle", "none", "0.001x0.25"],
+                           "0", "1", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01"],
                           ["grpo"]),
 }
 
@@ -64,6 +64,7 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert out["grpo"]["pdl"] is False and list(out["grpo"]["pdl_variants"]) == ["True"]
         assert out["grpo"]["sleep_cycle"] == "none" and list(out["grpo"]["sleep_cycle_variants"]) == ["0.001x0.25"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
+        assert out["grpo"]["launch_timing"] == {"available": False}
         assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
     if "rollout_probe" in out:  # each timed step's generate, repeated three ways; bench_engine's run in the process
         probe = out["rollout_probe"]
@@ -71,6 +72,9 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert len(probe["prefill_only_s"]) == 2
         assert probe["engine_settings"]["eos"] == [2] and probe["bench_engine_here"]["engine_settings"]["eos"] == []
         assert probe["bench_engine_here"]["tokens_per_s"] > 0
+        # device timestamps per launch exist only on CUDA: on CPU each run says so instead of reporting zeros
+        assert probe["engine_direct_launches"] == [{"available": False}] * 2
+        assert probe["bench_engine_here"]["launch_timing"] == {"available": False}
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]
         assert sorted(variants) == [f"{kind}_join{wait}_ride{ride}" for kind in ("lockstep", "staggered")

@@ -37,6 +37,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -118,6 +120,64 @@ def cuda_ms(fn, device: torch.device, reps: int = 50) -> float:
     end.record()
     torch.cuda.synchronize(device)
     return start.elapsed_time(end) / reps
+
+
+@contextmanager
+def launch_timing(engine: FusedEngine) -> Iterator[dict]:
+    """Device timestamps around every decode launch of `engine` inside the block (CUDA events on the stream, before
+    and after the launch: its graph, any eager sampler, the output copy). `busy` is the device's time in a launch,
+    `gap` its idle time from one launch's end to the next one's start. A host that falls behind the device shows as
+    gaps; a device that reads its memory more slowly, as longer launches. The dict is filled when the block ends
+    (on CPU it says only that nothing was measured)."""
+    run, out, marks = engine.runner, {}, []
+    if not run.on_gpu:
+        out["available"] = False
+        yield out
+        return
+    launch = run.launch
+
+    def timed_launch(*args, **kwargs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        copy = launch(*args, **kwargs)
+        end.record()
+        marks.append((start, end))
+        return copy
+
+    run.launch = timed_launch  # an instance attribute: the scheduler's `run.launch(...)` finds it first
+    try:
+        yield out
+    finally:
+        del run.launch
+    torch.cuda.synchronize(run.device)
+    busy = [s.elapsed_time(e) for s, e in marks]
+    gaps = [e.elapsed_time(s) for (_, e), (s, _) in zip(marks, marks[1:])]
+    out.update({"available": True, "launches": len(marks), "busy_ms_median": statistics.median(busy) if busy else 0.0,
+                "busy_ms_total": sum(busy), "gap_ms_median": statistics.median(gaps) if gaps else 0.0,
+                "gap_ms_total": sum(gaps), "gaps_over_0.05ms": sum(g > 0.05 for g in gaps)})
+
+
+def profile_table(fn, device: torch.device, path: str, rows: int = 30) -> None:
+    """The profiler's table of one call of `fn` (CPU and CUDA), by total device time, to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    Path(path).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows,
+                                                    max_name_column_width=60))
+
+
+def heat(device: torch.device, seconds: float) -> None:
+    """Keep the device at full power for `seconds` (bf16 GEMMs, as a training phase does) before a measured run: is
+    a rollout slower on a device a trainer has just heated?"""
+    n = 8192 if device.type == "cuda" else 256  # the CPU only checks the flag works
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a = (a @ a).clamp_(-1, 1)
+        sync(device)
 
 
 # -- what a decode step must read -------------------------------------------------------------------------------
@@ -273,13 +333,7 @@ def case_single(model, engine, args, device) -> dict:
                                               args.batch * res["step_parts"]["attended_mean"],
                                               res["step_parts"]["step_ms"] / 1e3)
         if args.profile:
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                engine.generate(prompts, params)
-                torch.cuda.synchronize(device)
-            Path(args.profile).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
-                                                                     max_name_column_width=60))
+            profile_table(lambda: engine.generate(prompts, params), device, args.profile)
     if device.type == "cuda" and engine.model.gemm_sms:
         # Side by side: every projection in F.linear (the split-K GEMMs, Triton and batched cuBLAS, off), then on.
         def warm_median(gemm_sms: int) -> float:
@@ -328,11 +382,20 @@ def case_grpo(model, engine, args, device) -> dict:
             runs.setdefault(name, {}).setdefault("auto" if value is None else str(value), []).append(v)
         if name != "sleep_cycle":
             setattr(engine.runner, name, values[0])
+    if args.heat_s:
+        heat(device, args.heat_s)
     monitor = DeviceMonitor(device).start()
     monitor.tag = "generate"
     res, outs, _ = run_generate(engine, prompts, args.samples, args.new_tokens, device, settings["sleep_cycle"][0])
     monitor.stop()
     res["device_state"] = monitor.summary()  # SM clock, power, temperature over the reported runs (NVML)
+    params = SamplingParams(n=args.samples, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+    with launch_timing(engine) as res["launch_timing"]:  # one more run: the device's time per launch, and its gaps
+        engine.cache.allocator.forget_prefixes() if engine.cache is not None else None
+        timed(lambda: engine.generate(prompts, params), device)
+    if args.profile and device.type == "cuda":
+        engine.cache.allocator.forget_prefixes()
+        profile_table(lambda: engine.generate(prompts, params), device, args.profile, rows=40)
     for name, by_value in runs.items():
         res[name] = ("none" if name == "sleep_cycle" else "auto") if settings[name][0] is None else settings[name][0]
         res[f"{name}_variants"] = {
@@ -499,6 +562,8 @@ def main() -> None:
                          "value reported in full, the others (repeats allowed) as sleep_cycle_variants: a rollout "
                          "inside a step starts after a sleep. 'none' after a cycle keeps the layout that cycle left: "
                          "compare an unfragmented engine in a process of its own")
+    ap.add_argument("--heat-s", type=float, default=0.0,
+                    help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
     ap.add_argument("--live-gb", type=float, default=0.0,
                     help="GiB held on the device for the whole run, taken before the engine is built (a trainer's "
                          "resident state, in one piece): the footprint without the fragmentation of --sleep-cycle GxM")
@@ -521,7 +586,7 @@ def main() -> None:
                     help="keys per step of the decode attention kernel's loop (0: the kernel's own choice)")
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
-    ap.add_argument("--profile", help="GPU: a profiler table to this file (single: one warm generate; multiturn: one "
+    ap.add_argument("--profile", help="GPU: a profiler table to this file (single, grpo: one warm generate; multiturn: one "
                                       "staggered run with the last --join-wait, by CPU time)")
     ap.add_argument("--model-dir", help="a saved causal LM to load instead of a random one of --shape (e.g. the one "
                                         "tools/bench_step.py --model-dir wrote, to bench the step's own weights)")

@@ -134,6 +134,9 @@ def main() -> None:
                          "time/generate then includes the repeats): tells a rollout slowed by the state the update "
                          "leaves (first slower than the repeats), by the worker's path (direct faster), or by the "
                          "process (bench_engine slower here than in its own process)")
+    ap.add_argument("--probe-profile", help="with --probe-rollout, GPU: a profiler table of one more run of bench_engine's "
+                                            "GRPO case in this process, to this file (bench_engine.py --profile: its "
+                                            "own process's)")
     args = ap.parse_args()
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
@@ -231,6 +234,7 @@ class RolloutProbe:
         self.worker, self.device, self.timing, self.run = worker, device, timing, worker.generate
         self.seconds: dict[str, list[float]] = {k: [] for k in self.KINDS}
         self.settings: dict = {}
+        self.launches: list[dict] = []  # per timed step, bench_engine.launch_timing of the direct run
         worker.generate = self.generate
 
     def timed(self, fn) -> tuple[float, object]:
@@ -248,12 +252,17 @@ class RolloutProbe:
         engine = self.worker.roles.rollout.engine
         direct = dataclasses.replace(params, seed=sampling_seed(self.worker.cfg.trainer.seed, step),
                                      prompt_offset=prompt_offset)
+        from bench_engine import launch_timing
+
         first, out = self.timed(lambda: self.run(prompts, step, params, prompt_offset))
-        times = (first, self.timed(lambda: self.run(prompts, step, params, prompt_offset))[0],
-                 self.timed(lambda: engine.generate(prompts, direct))[0],
+        again = self.timed(lambda: self.run(prompts, step, params, prompt_offset))[0]
+        with launch_timing(engine) as launches:
+            direct_s = self.timed(lambda: engine.generate(prompts, direct))[0]
+        times = (first, again, direct_s,
                  self.timed(lambda: engine.generate(prompts, dataclasses.replace(direct, max_new_tokens=1)))[0])
         for kind, seconds in zip(self.KINDS, times):
             self.seconds[kind].append(seconds)
+        self.launches.append(launches)
         self.settings = engine_settings(engine)  # while awake
         return out
 
@@ -263,7 +272,7 @@ class RolloutProbe:
                    for k in self.KINDS[:3]},
                 "prefill_only_s": self.seconds["prefill_only"],
                 "decode_step_ms": (med["engine_direct"] - med["prefill_only"]) / max(1, new_tokens - 1) * 1e3,
-                "engine_settings": self.settings}
+                "engine_direct_launches": self.launches, "engine_settings": self.settings}
 
 
 def engine_settings(engine) -> dict:
@@ -285,7 +294,9 @@ def bench_engine_here(path: str, args, device: torch.device) -> dict:
     weights. Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows
     it, not the step's engine or its path."""
     import transformers
-    from bench_engine import build_engine, run_generate
+    from bench_engine import build_engine, launch_timing, profile_table, run_generate
+
+    from hybridrl.engines.base import SamplingParams
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
@@ -294,6 +305,12 @@ def bench_engine_here(path: str, args, device: torch.device) -> dict:
     prompts = random_prompts(args.prompts, args.prompt_len, model.config.vocab_size, seed=5)
     res, _, _ = run_generate(engine, prompts, args.group, args.new_tokens, device)
     out = {k: res[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm_runs", "seconds_prefill")}
+    with launch_timing(engine) as out["launch_timing"]:
+        run_generate(engine, prompts, args.group, args.new_tokens, device)
+    if args.probe_profile and device.type == "cuda":
+        params = SamplingParams(n=args.group, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+        engine.cache.allocator.forget_prefixes()
+        profile_table(lambda: engine.generate(prompts, params), device, args.probe_profile, rows=40)
     out["engine_settings"] = engine_settings(engine)
     engine.shutdown()
     del model
