@@ -26,7 +26,9 @@ time per step ((total - prefill-only run) / (new tokens - 1)); on GPU also one g
 
 What a training step does around a rollout can be reproduced: `--model-dir` benches a saved model (the one
 `bench_step.py --model-dir` wrote, or a real one), `--sleep-cycle` sleeps and wakes the engine before each grpo run
-with the device's memory taken meanwhile, in one piece or fragmented, and `--live-gb` keeps memory taken throughout.
+with the device's memory taken meanwhile, in one piece or fragmented, `--live-gb` keeps memory taken throughout, and
+`--heat-s` runs full-power GEMMs right before the reported runs. The grpo case's `launch_timing` times one more run on
+the device, launch by launch: whether a slower run is the host falling behind (gaps) or slower launches.
 """
 
 from __future__ import annotations
