@@ -26,9 +26,10 @@ time per step ((total - prefill-only run) / (new tokens - 1)); on GPU also one g
 
 What a training step does around a rollout can be reproduced: `--model-dir` benches a saved model (the one
 `bench_step.py --model-dir` wrote, or a real one), `--sleep-cycle` sleeps and wakes the engine before each grpo run
-with the device's memory taken meanwhile, in one piece or fragmented, `--live-gb` keeps memory taken throughout, and
-`--heat-s` runs full-power GEMMs right before the reported runs. The grpo case's `launch_timing` times one more run on
-the device, launch by launch: whether a slower run is the host falling behind (gaps) or slower launches.
+with the device's memory taken meanwhile, in one piece or fragmented; `--live-gb` keeps memory taken throughout;
+`--heat-s` runs full-power GEMMs right before the reported runs; `--process-state` gives this process the step's NCCL
+group or compiled layers. The grpo case's `launch_timing` times one more run on the device, launch by launch: whether
+a slower run is the host falling behind (gaps) or slower launches.
 """
 
 from __future__ import annotations
@@ -180,6 +181,33 @@ def heat(device: torch.device, seconds: float) -> None:
         for _ in range(20):
             a = (a @ a).clamp_(-1, 1)
         sync(device)
+
+
+def step_process_state(parts: list[str], model, device: torch.device) -> dict:
+    """Give this process what a training step's process has and the bench's has not, before the engine is built:
+    `nccl`, the workers' default group (one rank, as bench_step's inline worker joins it); `compile`, the trainer's
+    torch.compile of every decoder layer (GPU only, as `trainer.compile`), run forward and backward once. Which of
+    them makes the same decode graphs slower?"""
+    done: dict[str, object] = {}
+    if "nccl" in parts:
+        import torch.distributed as dist
+
+        from hybridrl.workers.dist import init_process_group
+
+        init_process_group(0, 1, device, timeout_s=120)
+        done["nccl"] = dist.get_backend()
+    if "compile" in parts:
+        done["compile"] = device.type == "cuda"
+        if done["compile"]:
+            from hybridrl.training.fsdp import compile_layers
+
+            compile_layers(model)
+            model.train()
+            ids = torch.randint(2, model.config.vocab_size, (4, 256), device=device)
+            model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+            model.zero_grad(set_to_none=True)
+            model.eval()
+    return done
 
 
 # -- what a decode step must read -------------------------------------------------------------------------------
@@ -566,6 +594,9 @@ def main() -> None:
                          "compare an unfragmented engine in a process of its own")
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
+    ap.add_argument("--process-state", nargs="*", choices=("nccl", "compile"), default=[],
+                    help="what a training step's process has, given to this one before the engine is built: the "
+                         "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only)")
     ap.add_argument("--live-gb", type=float, default=0.0,
                     help="GiB held on the device for the whole run, taken before the engine is built (a trainer's "
                          "resident state, in one piece): the footprint without the fragmentation of --sleep-cycle GxM")
@@ -604,6 +635,7 @@ def main() -> None:
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     live = torch.empty(int(args.live_gb * 2**30), dtype=torch.uint8, device=device) if args.live_gb else None
     model = build_model(args.shape, dtype, device, args.model_dir)
+    process_state = step_process_state(args.process_state, model, device)
     cases = ("single", "grpo", "multiturn") if args.case == "all" else (args.case,)
     rows = {"single": args.batch, "grpo": args.prompts * args.samples,
             "multiturn": min(args.max_rows or args.trajectories, args.trajectories)}
@@ -612,7 +644,7 @@ def main() -> None:
               "torch": torch.__version__, "transformers": transformers.__version__,
               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "kv_block_size": args.kv_block_size,
               "kernels": not args.no_kernels, "cuda_graphs": not args.no_cuda_graphs,
-              "model_dir": args.model_dir, "live_gb": args.live_gb}
+              "model_dir": args.model_dir, "live_gb": args.live_gb, "process_state": process_state}
     # More trajectories than rows: room for every trajectory's whole context, so a turn back from its tool finds its
     # prefix still cached (by demand, the cache holds only the rows' sequences and evicts the waiting ones' prefixes).
     context = args.prompt_len + args.new_tokens + args.turns * args.tool_tokens
@@ -625,6 +657,10 @@ def main() -> None:
             result[case]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
         engine.shutdown()
     del live
+    if process_state.get("nccl"):
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
