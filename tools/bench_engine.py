@@ -171,6 +171,19 @@ def profile_table(fn, device: torch.device, path: str, rows: int = 30) -> None:
                                                     max_name_column_width=60))
 
 
+def timed_launches(engine: FusedEngine, prompts, params: SamplingParams, device: torch.device,
+                   profile: str | None = None) -> dict:
+    """One more warm run of `generate(prompts, params)` under `launch_timing` (its result), and with `profile` (GPU)
+    another under the profiler, its table to that file; each run starts with an empty prefix table."""
+    with launch_timing(engine) as launches:
+        engine.cache.allocator.forget_prefixes() if engine.cache is not None else None
+        timed(lambda: engine.generate(prompts, params), device)
+    if profile and device.type == "cuda":
+        engine.cache.allocator.forget_prefixes()
+        profile_table(lambda: engine.generate(prompts, params), device, profile, rows=40)
+    return launches
+
+
 def heat(device: torch.device, seconds: float) -> None:
     """Keep the device at full power for `seconds` (bf16 GEMMs, as a training phase does) before a measured run: is
     a rollout slower on a device a trainer has just heated?"""
@@ -420,12 +433,7 @@ def case_grpo(model, engine, args, device) -> dict:
     monitor.stop()
     res["device_state"] = monitor.summary()  # SM clock, power, temperature over the reported runs (NVML)
     params = SamplingParams(n=args.samples, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
-    with launch_timing(engine) as res["launch_timing"]:  # one more run: the device's time per launch, and its gaps
-        engine.cache.allocator.forget_prefixes() if engine.cache is not None else None
-        timed(lambda: engine.generate(prompts, params), device)
-    if args.profile and device.type == "cuda":
-        engine.cache.allocator.forget_prefixes()
-        profile_table(lambda: engine.generate(prompts, params), device, args.profile, rows=40)
+    res["launch_timing"] = timed_launches(engine, prompts, params, device, args.profile)  # device time per launch, gaps
     for name, by_value in runs.items():
         res[name] = ("none" if name == "sleep_cycle" else "auto") if settings[name][0] is None else settings[name][0]
         res[f"{name}_variants"] = {
@@ -619,8 +627,8 @@ def main() -> None:
                     help="keys per step of the decode attention kernel's loop (0: the kernel's own choice)")
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
-    ap.add_argument("--profile", help="GPU: a profiler table to this file (single, grpo: one warm generate; multiturn: one "
-                                      "staggered run with the last --join-wait, by CPU time)")
+    ap.add_argument("--profile", help="GPU: a profiler table to this file (single, grpo: one warm generate; "
+                                      "multiturn: one staggered run with the last --join-wait, by CPU time)")
     ap.add_argument("--model-dir", help="a saved causal LM to load instead of a random one of --shape (e.g. the one "
                                         "tools/bench_step.py --model-dir wrote, to bench the step's own weights)")
     ap.add_argument("--out", help="also write the JSON here")

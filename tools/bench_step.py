@@ -134,9 +134,9 @@ def main() -> None:
                          "time/generate then includes the repeats): tells a rollout slowed by the state the update "
                          "leaves (first slower than the repeats), by the worker's path (direct faster), or by the "
                          "process (bench_engine slower here than in its own process)")
-    ap.add_argument("--probe-profile", help="with --probe-rollout, GPU: a profiler table of one more run of bench_engine's "
-                                            "GRPO case in this process, to this file (bench_engine.py --profile: its "
-                                            "own process's)")
+    ap.add_argument("--probe-profile",
+                    help="with --probe-rollout, GPU: a profiler table of one more run of bench_engine's GRPO case in "
+                         "this process, to this file (bench_engine.py --profile: its own process's)")
     args = ap.parse_args()
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
@@ -294,7 +294,7 @@ def bench_engine_here(path: str, args, device: torch.device) -> dict:
     weights. Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows
     it, not the step's engine or its path."""
     import transformers
-    from bench_engine import build_engine, launch_timing, profile_table, run_generate
+    from bench_engine import build_engine, run_generate, timed_launches
 
     from hybridrl.engines.base import SamplingParams
 
@@ -306,12 +306,7 @@ def bench_engine_here(path: str, args, device: torch.device) -> dict:
     res, _, _ = run_generate(engine, prompts, args.group, args.new_tokens, device)
     out = {k: res[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm_runs", "seconds_prefill")}
     params = SamplingParams(n=args.group, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
-    with launch_timing(engine) as out["launch_timing"]:  # one more run, as bench_engine's grpo case times it
-        engine.cache.allocator.forget_prefixes()
-        engine.generate(prompts, params)
-    if args.probe_profile and device.type == "cuda":
-        engine.cache.allocator.forget_prefixes()
-        profile_table(lambda: engine.generate(prompts, params), device, args.probe_profile, rows=40)
+    out["launch_timing"] = timed_launches(engine, prompts, params, device, args.probe_profile)  # as bench_engine's grpo
     out["engine_settings"] = engine_settings(engine)
     engine.shutdown()
     del model
