@@ -21,6 +21,7 @@ CUDA = torch.cuda.is_available() and os.environ.get("HYBRIDRL_TEST_DEVICE", "cud
 TRITON_DEVICE = "cuda" if CUDA else ("cpu" if INTERPRET else None)
 needs_triton = pytest.mark.skipif(not HAS_TRITON or TRITON_DEVICE is None,
                                   reason="Triton kernels need CUDA, or TRITON_INTERPRET=1 with triton installed")
+pytestmark = pytest.mark.interpreted  # every test: each is one kernel against its torch path
 # float32 under the interpreter or on CUDA; bfloat16 only on CUDA (the interpreter's bf16 is numpy emulation).
 DTYPES = [torch.float32] + ([torch.bfloat16] if CUDA else [])
 

@@ -81,7 +81,7 @@ def test_a_request_draws_the_same_alone_or_batched(model, kind):
         assert (torch.tensor(o.logprobs) - want).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("block_size", [1, pytest.param(4, marks=pytest.mark.interpreted), 16])
 def test_shared_prompt_blocks_give_each_sample_the_right_context(model, block_size):
     """Prompts of 2, 5, 8 and 9 tokens (with 4-token blocks: no full block, one, two exactly, two plus a tail)."""
     prompts = [[21, 2], [5, 17, 3, 9, 11], [4, 8, 15, 16, 23, 42, 5, 6], PROMPTS[2]]
@@ -94,7 +94,7 @@ def test_shared_prompt_blocks_give_each_sample_the_right_context(model, block_si
     assert engine.cache.allocator.held == 0  # every block came back
 
 
-@pytest.mark.parametrize("block_size,gpu_schedule", [(1, False), (4, True)])
+@pytest.mark.parametrize("block_size,gpu_schedule", [pytest.param(1, False, marks=pytest.mark.interpreted), (4, True)])
 def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedule, monkeypatch):
     """Attention reading a group's shared prompt blocks once for all its rows (`kernels/shared_prefix.py`) gives the
     tokens of attention reading them per row, and the reference log-probs: groups of 3 samples, a prompt alone, rows
@@ -163,6 +163,7 @@ def test_the_runner_hears_of_tables_only_where_rows_may_share_blocks(model, monk
     assert all(t is None for t in run(group))
 
 
+@pytest.mark.interpreted
 def test_block_accounting_of_a_group(model):
     """9-token prompt, 4-token blocks, 3 samples of ≤ 4 new tokens: positions 0..11 are ever written (the last
     token is never fed back), so each sample spans 3 blocks: 2 shared full prompt blocks + 1 of its own."""
@@ -235,6 +236,7 @@ def test_requests_arriving_steps_apart_share_one_prefill(model):
         same(runs[key][2], runs[(0, 8)][2])
 
 
+@pytest.mark.interpreted
 def test_requests_that_sample_differently_wait_for_the_batch(model):
     engine = fused(model)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
@@ -249,6 +251,7 @@ def test_requests_that_sample_differently_wait_for_the_batch(model):
                               fused(model).generate_requests([b], greedy)[0]])
 
 
+@pytest.mark.interpreted
 def test_cache_limits_fail_clearly(model):
     with pytest.raises(HybridRLError, match="engine.native.kv_blocks"):
         fused(model, kv_blocks=3, kv_block_size=4).generate(PROMPTS, SamplingParams(max_new_tokens=8))
@@ -293,6 +296,7 @@ def test_async_engine_serves_concurrent_trajectories(model, kind):
         assert not engine.has_work and engine.cache.allocator.held == 0
 
 
+@pytest.mark.interpreted
 def test_async_engine_reports_engine_errors_to_every_waiter(model):
     engine = fused(model, max_model_len=10)
     params = SamplingParams(max_new_tokens=8, seed=0)
@@ -325,7 +329,7 @@ def test_turns_join_inside_the_running_step(model):
     assert not inside.has_work and inside.cache.allocator.held == 0
 
 
-@pytest.mark.parametrize("cap", [512, 2])
+@pytest.mark.parametrize("cap", [pytest.param(512, marks=pytest.mark.interpreted), 2])
 def test_a_turn_joins_a_running_batch_in_its_step(model, cap):
     """A turn continuing a cached 16-token prefix (4 new tokens: 3 ride along, the last is the row's input) joins two
     running rows in their next step, and equals its solo generation, as do the rows it joined; with fewer tokens
@@ -407,6 +411,7 @@ def test_joins_past_a_step_budget(model, turns):
         assert joined_at[2] == joined_at[3] == joined_at[4] == 2
 
 
+@pytest.mark.interpreted
 def test_a_failed_step_leaves_no_prefix_entry_for_a_joining_turn(model):
     """A turn whose new tokens fill two more blocks joins inside a step whose launch fails: those blocks were never
     written, so they must not be found by their tokens afterwards (the next try computes them again, and equals its
@@ -431,6 +436,7 @@ def test_a_failed_step_leaves_no_prefix_entry_for_a_joining_turn(model):
     same(got, fused(model, kv_block_size=4).generate_requests([turn], params))
 
 
+@pytest.mark.interpreted
 def test_the_next_turn_prefills_only_what_is_new(model):
     """Turn 2 continues turn 1's context: the full blocks turn 1 wrote (prompt and generated tokens) come from the
     prefix table, only the rest is prefilled, and the log-probs still match a full forward."""
