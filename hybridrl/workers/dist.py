@@ -29,6 +29,8 @@ def init_process_group(rank: int, world_size: int, device: torch.device, timeout
     MASTER_ADDR/PORT rendezvous (Ray, torchrun), or an in-memory store for a lone worker (no port to pick)."""
     if dist.is_initialized():
         return
+    if device.type == "cuda" and device.index is None:  # NCCL binds one device: "cuda" means the current one
+        device = torch.device("cuda", torch.cuda.current_device())
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
