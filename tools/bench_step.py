@@ -127,6 +127,10 @@ def main() -> None:
     ap.add_argument("--eager-offload", action="store_true",
                     help="trainer.offload_lazy=false: free the offloaded memory at wake-up even where the engine has room")
     ap.add_argument("--set", action="append", default=[], help="any other config override, e.g. engine.native.impl=hf")
+    ap.add_argument("--probe-first", action="store_true",
+                    help="with --probe-rollout: bench_engine's GRPO run in this process before the first step too "
+                         "(rollout_probe.bench_engine_before_steps): slow from what the process built, or from "
+                         "the steps")
     ap.add_argument("--probe-rollout", action="store_true",
                     help="inline: in each timed step, after the step's own generate, generate the same prompts again "
                          "through the worker, then through the engine directly, then prefill only, and after the steps "
@@ -172,6 +176,8 @@ def main() -> None:
                         monitor.tag = None
                 setattr(worker, phase.value, tagged)
     probe = RolloutProbe(controller.group.worker, device, timing) if args.probe_rollout and args.workers == 1 else None
+    # Before any step the process holds what it built (trainer, asleep engine, groups) but nothing the steps did.
+    before = bench_engine_here(path, args, device) if probe is not None and args.probe_first else None
     steps = []
     for step in range(1, args.warmup + args.steps + 1):
         timing["on"] = step > args.warmup
@@ -211,6 +217,8 @@ def main() -> None:
     if probe is not None:
         result["rollout_probe"] = {**probe.summary(args.prompts * args.group, args.new_tokens),
                                    "bench_engine_here": bench_engine_here(path, args, device)}
+        if before is not None:
+            result["rollout_probe"]["bench_engine_before_steps"] = before
     if args.workers == 1 and args.algorithm == "grpo":
         result["trainer_throughput"] = trainer_throughput(controller, args, path, device, vocab)
     controller.cleanup()

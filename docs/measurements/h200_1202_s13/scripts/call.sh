@@ -9,7 +9,7 @@ O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/h
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
 G="python3 tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512"
 S="python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --probe-rollout --model-dir /tmp/m15"
-step() { local n=$1; shift; mkdir -p $O/$n; run $n 170 env OUT=$O/$n $S "$@"; }
+step() { local n=$1; shift; mkdir -p $O/$n; run $n ${STEP_S:-170} env OUT=$O/$n $S "$@"; }
 case ${1:-b} in
 b)
   run b1_bench_plain 60 $G --out $O/b1.json
@@ -25,5 +25,9 @@ c)  # the step's pieces together in the bench's process, interleaved with plain 
   run c4_bench_all 120 $G --process-state nccl compile --live-gb 60 --out $O/c4.json
   run c5_bench_plain 60 $G --out $O/c5.json
   step c6_step_no_offload --offload none ;;
+d)  # call 4: bench_engine's run in the step's process before its first step and after its steps; the bench alone
+  run d1_bench_plain 60 $G --out $O/d1.json
+  STEP_S=220 step d2_step_probe_first --probe-first
+  run d3_bench_plain 60 $G --out $O/d3.json ;;
 esac
-cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[bc]?.json' \) -delete
+cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[bcd]?.json' \) -delete
