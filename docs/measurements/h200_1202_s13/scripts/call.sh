@@ -29,5 +29,7 @@ d)  # call 4: bench_engine's run in the step's process before its first step and
   run d1_bench_plain 60 $G --out $O/d1.json
   STEP_S=220 step d2_step_probe_first --probe-first
   run d3_bench_plain 60 $G --out $O/d3.json ;;
+e)  # call 5: the same probes with the engine's memory mapped once and never released (sleep level 0)
+  STEP_S=200 step e1_step_probe_first_level0 --probe-first --set engine.sleep_level=0 ;;
 esac
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[bcd]?.json' \) -delete
