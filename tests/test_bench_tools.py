@@ -21,7 +21,8 @@ CASES = {
     "bench_step": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2",
                     "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
     "bench_step:probe": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps",
-                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--model-dir", "model"],
+                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-release",
+                          "--probe-idle-s", "0", "--model-dir", "model"],
                          ["rollout_probe"]),
     "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
                     "--new-tokens", "4", "--steps", "2", "--warmup", "1"], ["lora_rank", "base_params"]),
@@ -76,6 +77,11 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert probe["engine_settings"]["eos"] == [2] and probe["bench_engine_here"]["engine_settings"]["eos"] == []
         assert probe["bench_engine_here"]["tokens_per_s"] > 0
         assert probe["bench_engine_before_steps"]["tokens_per_s"] > 0  # --probe-first: the same run before step 1
+        assert list(probe["bench_engine_after_step"]) == ["1"]  # --probe-after-steps 1: after the warm-up step only
+        # --probe-release: after empty_cache, after idling, after the controller's cleanup; no throughput test then
+        assert list(probe["bench_engine_released"]) == ["empty_cache", "idle_0s", "cleanup"]
+        assert all(r["tokens_per_s"] > 0 for r in probe["bench_engine_released"].values())
+        assert "trainer_throughput" not in out
         # device timestamps per launch exist only on CUDA: on CPU each run says so instead of reporting zeros
         assert probe["engine_direct_launches"] == [{"available": False}] * 2
         assert probe["bench_engine_here"]["launch_timing"] == {"available": False}

@@ -131,6 +131,16 @@ def main() -> None:
                     help="with --probe-rollout: bench_engine's GRPO run in this process before the first step too "
                          "(rollout_probe.bench_engine_before_steps): slow from what the process built, or from "
                          "the steps")
+    ap.add_argument("--probe-after-steps", type=int, nargs="*", default=[],
+                    help="with --probe-rollout: bench_engine's GRPO run also right after these steps (1-based, warm-up "
+                         "steps counted; rollout_probe.bench_engine_after_step): does the first update slow it, or "
+                         "does it grow with the steps")
+    ap.add_argument("--probe-release", action="store_true",
+                    help="with --probe-rollout, after the probe that follows the steps: the same run after "
+                         "torch.cuda.empty_cache() (the trainer's cached segments handed back), after --probe-idle-s "
+                         "seconds idle, and after the controller's cleanup (trainer, engine and groups freed); "
+                         "rollout_probe.bench_engine_released. Skips the trainer throughput test")
+    ap.add_argument("--probe-idle-s", type=float, default=30.0, help="--probe-release: seconds the device idles")
     ap.add_argument("--probe-rollout", action="store_true",
                     help="inline: in each timed step, after the step's own generate, generate the same prompts again "
                          "through the worker, then through the engine directly, then prefill only, and after the steps "
@@ -178,12 +188,14 @@ def main() -> None:
     probe = RolloutProbe(controller.group.worker, device, timing) if args.probe_rollout and args.workers == 1 else None
     # Before any step the process holds what it built (trainer, asleep engine, groups) but nothing the steps did.
     before = bench_engine_here(path, args, device) if probe is not None and args.probe_first else None
-    steps = []
+    steps, after_step = [], {}
     for step in range(1, args.warmup + args.steps + 1):
         timing["on"] = step > args.warmup
         metrics = controller.train_step(step)
         if step > args.warmup:  # warm-up: allocators, CUDA graphs, compiles, pinned offload buffers
             steps.append(metrics)
+        if probe is not None and step in args.probe_after_steps:
+            after_step[str(step)] = bench_engine_here(path, args, device)
     monitor.stop()
     times = {k: statistics.median(m[k] for m in steps) for k in steps[0] if k.startswith("time/")}
     total = times["time/step"]
@@ -219,9 +231,15 @@ def main() -> None:
                                    "bench_engine_here": bench_engine_here(path, args, device)}
         if before is not None:
             result["rollout_probe"]["bench_engine_before_steps"] = before
-    if args.workers == 1 and args.algorithm == "grpo":
+        if after_step:
+            result["rollout_probe"]["bench_engine_after_step"] = after_step
+    released = probe is not None and args.probe_release
+    if released:
+        result["rollout_probe"]["bench_engine_released"] = probe_released(controller, path, args, device)
+    elif args.workers == 1 and args.algorithm == "grpo":
         result["trainer_throughput"] = trainer_throughput(controller, args, path, device, vocab)
-    controller.cleanup()
+    if not released:  # probe_released cleaned up before its last run
+        controller.cleanup()
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
@@ -297,15 +315,50 @@ def engine_settings(engine) -> dict:
             "pdl": pdl.is_enabled(), "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None}
 
 
+def process_memory(device: torch.device) -> dict:
+    """What this process holds on the device as a probe starts: the caching allocator's allocated and reserved bytes,
+    its segments (each a separate mapping), and the device's free memory."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {"allocated_gb": torch.cuda.memory_allocated(device) / 2**30,
+            "reserved_gb": torch.cuda.memory_reserved(device) / 2**30,
+            "segments": stats.get("segment.all.current", 0),
+            "device_free_gb": torch.cuda.mem_get_info(device)[0] / 2**30}
+
+
+def probe_released(controller, path: str, args, device: torch.device) -> dict:
+    """--probe-release: bench_engine's GRPO run after the trainer's cached segments are handed back, after the
+    device idled --probe-idle-s seconds, and after the controller's cleanup (the process then holds no role).
+    Recovering at one of them places what slows a fresh engine after the steps."""
+    import gc
+    import time
+
+    out = {}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    out["empty_cache"] = bench_engine_here(path, args, device)
+    time.sleep(args.probe_idle_s)
+    out[f"idle_{args.probe_idle_s:g}s"] = bench_engine_here(path, args, device)
+    controller.cleanup()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    out["cleanup"] = bench_engine_here(path, args, device)
+    return out
+
+
 def bench_engine_here(path: str, args, device: torch.device) -> dict:
-    """tools/bench_engine.py's GRPO run in this process, after the steps: a fresh engine over the saved model's
-    weights. Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows
-    it, not the step's engine or its path."""
+    """tools/bench_engine.py's GRPO run in this process on a fresh engine over the saved model's weights: after the
+    steps, and with --probe-first before them, --probe-after-steps between them, --probe-release after freeing.
+    Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows it, not
+    the step's engine or its path."""
     import transformers
     from bench_engine import build_engine, run_generate, timed_launches
 
     from hybridrl.engines.base import SamplingParams
 
+    held = process_memory(device)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
                             no_skinny_gemm=False, no_rope_attention=False)
@@ -316,6 +369,7 @@ def bench_engine_here(path: str, args, device: torch.device) -> dict:
     params = SamplingParams(n=args.group, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
     out["launch_timing"] = timed_launches(engine, prompts, params, device, args.probe_profile)  # as bench_engine's grpo
     out["engine_settings"] = engine_settings(engine)
+    out["process_memory_before"] = held
     engine.shutdown()
     del model
     return out

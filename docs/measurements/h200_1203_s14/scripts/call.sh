@@ -1,0 +1,17 @@
+# Session 14 on one H200: when does a fresh engine in the step's process become slower (after the first update, or
+# growing with the steps), and does handing memory back, idling, or freeing every role give its speed back?
+# Call 1 (`a`): the bench alone; the step with bench_engine's run before step 1, after steps 1-4, after the steps,
+# after empty_cache, after 45 s idle, after the controller's cleanup; the bench alone again.
+source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
+O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
+run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
+G="python3 tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512"
+S="python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --probe-rollout --model-dir /tmp/m15"
+step() { local n=$1; shift; mkdir -p $O/$n; run $n ${STEP_S:-170} env OUT=$O/$n $S "$@"; }
+case ${1:-a} in
+a)
+  run a1_bench_plain 60 $G --out $O/a1.json
+  STEP_S=420 step a2_step_probes --probe-first --probe-after-steps 1 2 3 4 --probe-release --probe-idle-s 45
+  run a3_bench_plain 60 $G --out $O/a3.json ;;
+esac
+cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[a-z]?.json' \) -delete
