@@ -24,6 +24,8 @@ def _fail(rank: int, what: str, mode: str) -> None:
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "stop":
+        # The wall clock of the stop, straight to stderr: the forwarded log queue's feeder thread stops with us.
+        print(f"test fault: rank {rank} stops in {what!r} at {time.time():.3f}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
         return
     if mode == "hang":
