@@ -21,7 +21,7 @@ CASES = {
     "bench_step": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2",
                     "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
     "bench_step:probe": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps",
-                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-release",
+                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-after-phases", "sleep", "update", "--probe-release",
                           "--probe-idle-s", "0", "--model-dir", "model"],
                          ["rollout_probe"]),
     "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
@@ -78,6 +78,10 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert probe["bench_engine_here"]["tokens_per_s"] > 0
         assert probe["bench_engine_before_steps"]["tokens_per_s"] > 0  # --probe-first: the same run before step 1
         assert list(probe["bench_engine_after_step"]) == ["1"]  # --probe-after-steps 1: after the warm-up step only
+        # --probe-after-phases: inside step 1, in the order the step runs them
+        assert list(probe["bench_engine_after_phase"]) == ["sleep", "update"]
+        assert probe["bench_engine_after_phase"]["update"]["device_limits_before"]["threads"] >= 1
+        assert probe["device_state"] == {}  # no NVML on the CPU: nothing filed under the probes
         # --probe-release: after empty_cache, after idling, after the controller's cleanup; no throughput test then
         assert list(probe["bench_engine_released"]) == ["empty_cache", "idle_0s", "cleanup"]
         assert all(r["tokens_per_s"] > 0 for r in probe["bench_engine_released"].values())

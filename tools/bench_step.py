@@ -28,6 +28,7 @@ bf16 peak) and the ratio.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -135,6 +136,10 @@ def main() -> None:
                     help="with --probe-rollout: bench_engine's GRPO run also right after these steps (1-based, warm-up "
                          "steps counted; rollout_probe.bench_engine_after_step): does the first update slow it, or "
                          "does it grow with the steps")
+    ap.add_argument("--probe-after-phases", nargs="*", default=[], choices=[p.value for p in Phase],
+                    help="with --probe-rollout (one worker): bench_engine's GRPO run also inside step 1, right after "
+                         "each of these phase commands (rollout_probe.bench_engine_after_phase): which phase of the "
+                         "first step leaves the device slower")
     ap.add_argument("--probe-release", action="store_true",
                     help="with --probe-rollout, after the probe that follows the steps: the same run after "
                          "torch.cuda.empty_cache() (the trainer's cached segments handed back), after --probe-idle-s "
@@ -173,7 +178,9 @@ def main() -> None:
     prompts = [Prompt(ids, text, {"prompt": text}) for ids in random_prompts(args.prompts * 4, args.prompt_len, vocab)]
     controller = bench_controller(cfg, prompts)
     monitor = DeviceMonitor(device).start()
-    timing = {"on": False}
+    timing = {"on": False, "step": 0}
+    after_phase: dict[str, dict] = {}
+    here = functools.partial(bench_engine_here, path, args, device, monitor)
     if args.workers == 1:  # the inline worker: each phase command tags the monitor's readings while timed steps run
         worker = controller.group.worker
         for phase in Phase:
@@ -184,19 +191,21 @@ def main() -> None:
                         return _run(*a, **k)
                     finally:
                         monitor.tag = None
+                        if args.probe_rollout and timing["step"] == 1 and _name in args.probe_after_phases \
+                                and _name not in after_phase:
+                            after_phase[_name] = here(f"after_{_name}")
                 setattr(worker, phase.value, tagged)
     probe = RolloutProbe(controller.group.worker, device, timing) if args.probe_rollout and args.workers == 1 else None
     # Before any step the process holds what it built (trainer, asleep engine, groups) but nothing the steps did.
-    before = bench_engine_here(path, args, device) if probe is not None and args.probe_first else None
+    before = here("before_steps") if probe is not None and args.probe_first else None
     steps, after_step = [], {}
     for step in range(1, args.warmup + args.steps + 1):
-        timing["on"] = step > args.warmup
+        timing["on"], timing["step"] = step > args.warmup, step
         metrics = controller.train_step(step)
         if step > args.warmup:  # warm-up: allocators, CUDA graphs, compiles, pinned offload buffers
             steps.append(metrics)
         if probe is not None and step in args.probe_after_steps:
-            after_step[str(step)] = bench_engine_here(path, args, device)
-    monitor.stop()
+            after_step[str(step)] = here(f"after_step_{step}")
     times = {k: statistics.median(m[k] for m in steps) for k in steps[0] if k.startswith("time/")}
     total = times["time/step"]
     switching = statistics.median(switching_s(m) for m in steps)
@@ -224,22 +233,28 @@ def main() -> None:
         "memory_after_phase": {k: v for k, v in steps[-1].items() if k.startswith("memory/")},
         # SM clock, power and temperature per phase of the timed steps (one worker; NVML): a rollout slower here than
         # in bench_engine on the same machine may be a device running hotter or lower clocked after the update.
-        "device_state_per_phase": monitor.summary(),
+        "device_state_per_phase": {k: v for k, v in monitor.summary().items() if not k.startswith("probe/")},
     }
     if probe is not None:
         result["rollout_probe"] = {**probe.summary(args.prompts * args.group, args.new_tokens),
-                                   "bench_engine_here": bench_engine_here(path, args, device)}
+                                   "bench_engine_here": here("after_steps")}
         if before is not None:
             result["rollout_probe"]["bench_engine_before_steps"] = before
         if after_step:
             result["rollout_probe"]["bench_engine_after_step"] = after_step
+        if after_phase:
+            result["rollout_probe"]["bench_engine_after_phase"] = after_phase
     released = probe is not None and args.probe_release
     if released:
-        result["rollout_probe"]["bench_engine_released"] = probe_released(controller, path, args, device)
+        result["rollout_probe"]["bench_engine_released"] = probe_released(controller, here, args, device)
     elif args.workers == 1 and args.algorithm == "grpo":
         result["trainer_throughput"] = trainer_throughput(controller, args, path, device, vocab)
     if not released:  # probe_released cleaned up before its last run
         controller.cleanup()
+    monitor.stop()
+    if probe is not None:  # SM clock, power and temperature during each of bench_engine's runs in this process
+        result["rollout_probe"]["device_state"] = {k[len("probe/"):]: v for k, v in monitor.summary().items()
+                                                   if k.startswith("probe/")}
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
@@ -327,7 +342,27 @@ def process_memory(device: torch.device) -> dict:
             "device_free_gb": torch.cuda.mem_get_info(device)[0] / 2**30}
 
 
-def probe_released(controller, path: str, args, device: torch.device) -> dict:
+def device_limits(device: torch.device) -> dict:
+    """The CUDA context's limits as a probe starts (cudaDeviceGetLimit through the process's own libcudart): a
+    kernel of the trainer's that needs a larger stack grows the local memory the context reserves, and an L2
+    set-aside for persisting accesses shrinks the cache every later kernel shares. Also this process's threads."""
+    import ctypes
+
+    out: dict[str, int] = {"threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0}
+    if device.type != "cuda":
+        return out
+    lib = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None)
+    if lib is None:
+        return out
+    cudart, value = ctypes.CDLL(lib), ctypes.c_size_t()
+    for key, code in (("stack_bytes", 0x00), ("printf_fifo_bytes", 0x01), ("malloc_heap_bytes", 0x02),
+                      ("max_l2_fetch_granularity", 0x05), ("persisting_l2_bytes", 0x06)):
+        if cudart.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
+            out[key] = value.value
+    return out
+
+
+def probe_released(controller, here, args, device: torch.device) -> dict:
     """--probe-release: bench_engine's GRPO run after the trainer's cached segments are handed back, after the
     device idled --probe-idle-s seconds, and after the controller's cleanup (the process then holds no role).
     Recovering at one of them places what slows a fresh engine after the steps."""
@@ -337,39 +372,47 @@ def probe_released(controller, path: str, args, device: torch.device) -> dict:
     out = {}
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    out["empty_cache"] = bench_engine_here(path, args, device)
+    out["empty_cache"] = here("empty_cache")
     time.sleep(args.probe_idle_s)
-    out[f"idle_{args.probe_idle_s:g}s"] = bench_engine_here(path, args, device)
+    out[f"idle_{args.probe_idle_s:g}s"] = here(f"idle_{args.probe_idle_s:g}s")
     controller.cleanup()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    out["cleanup"] = bench_engine_here(path, args, device)
+    out["cleanup"] = here("cleanup")
     return out
 
 
-def bench_engine_here(path: str, args, device: torch.device) -> dict:
+def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMonitor | None = None,
+                      name: str = "") -> dict:
     """tools/bench_engine.py's GRPO run in this process on a fresh engine over the saved model's weights: after the
     steps, and with --probe-first before them, --probe-after-steps between them, --probe-release after freeing.
     Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows it, not
-    the step's engine or its path."""
+    the step's engine or its path. `monitor`'s readings during the run are filed under `probe/<name>`."""
     import transformers
     from bench_engine import build_engine, run_generate, timed_launches
 
     from hybridrl.engines.base import SamplingParams
 
-    held = process_memory(device)
+    held, limits = process_memory(device), device_limits(device)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
                             no_skinny_gemm=False, no_rope_attention=False)
     engine = build_engine(model, ns, args.prompts * args.group)
     prompts = random_prompts(args.prompts, args.prompt_len, model.config.vocab_size, seed=5)
-    res, _, _ = run_generate(engine, prompts, args.group, args.new_tokens, device)
+    if monitor is not None:
+        monitor.tag = f"probe/{name}"
+    try:
+        res, _, _ = run_generate(engine, prompts, args.group, args.new_tokens, device)
+    finally:
+        if monitor is not None:
+            monitor.tag = None
     out = {k: res[k] for k in ("tokens_per_s", "decode_step_ms", "seconds_warm_runs", "seconds_prefill")}
     params = SamplingParams(n=args.group, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
     out["launch_timing"] = timed_launches(engine, prompts, params, device, args.probe_profile)  # as bench_engine's grpo
     out["engine_settings"] = engine_settings(engine)
     out["process_memory_before"] = held
+    out["device_limits_before"] = limits
     engine.shutdown()
     del model
     return out

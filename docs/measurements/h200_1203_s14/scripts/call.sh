@@ -2,6 +2,9 @@
 # growing with the steps), and does handing memory back, idling, or freeing every role give its speed back?
 # Call 1 (`a`): the bench alone; the step with bench_engine's run before step 1, after steps 1-4, after the steps,
 # after empty_cache, after 45 s idle, after the controller's cleanup; the bench alone again.
+# Call 2 (`b`): the bench alone; the step (1 warm-up + 1 timed) with bench_engine's run before step 1 and after each
+# phase command of step 1 (which phase leaves the device slower), after step 2, with the context's limits and the
+# device's clocks during each run.
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
@@ -13,5 +16,8 @@ a)
   run a1_bench_plain 60 $G --out $O/a1.json
   STEP_S=420 step a2_step_probes --probe-first --probe-after-steps 1 2 3 4 --probe-release --probe-idle-s 45
   run a3_bench_plain 60 $G --out $O/a3.json ;;
+b)
+  run b1_bench_plain 60 $G --out $O/b1.json
+  STEP_S=480 step b2_step_phases --warmup 1 --steps 1 --probe-first --probe-after-phases wake generate sleep logprob update reshard ;;
 esac
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[a-z]?.json' \) -delete
