@@ -37,7 +37,7 @@ CASES = {
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
                            "0", "1", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
-                           "--process-state", "nccl", "compile"],
+                           "--process-state", "nccl", "compile", "pinned"],
                           ["grpo"]),
 }
 
@@ -68,7 +68,8 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert out["grpo"]["sleep_cycle"] == "none" and list(out["grpo"]["sleep_cycle_variants"]) == ["0.001x0.25"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
         assert out["grpo"]["launch_timing"] == {"available": False}
-        assert out["process_state"] == {"nccl": "gloo", "compile": False}  # the CPU's group; no compile off the GPU
+        # the CPU's group; no compile or pinned memory off the GPU
+        assert out["process_state"] == {"nccl": "gloo", "compile": False, "pinned_gb": 0.0}
         assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
     if "rollout_probe" in out:  # each timed step's generate, repeated three ways; bench_engine's run in the process
         probe = out["rollout_probe"]

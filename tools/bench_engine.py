@@ -196,11 +196,13 @@ def heat(device: torch.device, seconds: float) -> None:
         sync(device)
 
 
-def step_process_state(parts: list[str], model, device: torch.device) -> dict:
+def step_process_state(parts: list[str], model, device: torch.device, pinned_gb: float = 0.0) -> dict:
     """Give this process what a training step's process has and the bench's has not, before the engine is built:
     `nccl`, the workers' default group (one rank, as bench_step's inline worker joins it); `compile`, the trainer's
-    torch.compile of every decoder layer (GPU only, as `trainer.compile`), run forward and backward once. Which of
-    them makes the same decode graphs slower?"""
+    torch.compile of every decoder layer (GPU only, as `trainer.compile`), run forward and backward once; `pinned`,
+    `pinned_gb` GiB of page-locked host memory (mapped into the device's address space, as the offloaded state's
+    buffers are), copied to the device and back once in 1 GiB pieces and kept. Which of them makes the same decode
+    graphs slower?"""
     done: dict[str, object] = {}
     if "nccl" in parts:
         import torch.distributed as dist
@@ -220,7 +222,22 @@ def step_process_state(parts: list[str], model, device: torch.device) -> dict:
             model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
             model.zero_grad(set_to_none=True)
             model.eval()
+    if "pinned" in parts:
+        done["pinned_gb"] = pinned_gb if device.type == "cuda" else 0.0
+        if device.type == "cuda":
+            piece = 2**30
+            host = [torch.empty(piece, dtype=torch.uint8, pin_memory=True) for _ in range(int(pinned_gb))]
+            scratch = torch.empty(piece, dtype=torch.uint8, device=device)
+            for buf in host:
+                scratch.copy_(buf, non_blocking=True)
+                buf.copy_(scratch, non_blocking=True)
+            torch.cuda.synchronize(device)
+            del scratch
+            _HELD.append(host)  # the run's whole life, as the trainer keeps its buffers
     return done
+
+
+_HELD: list[object] = []
 
 
 # -- what a decode step must read -------------------------------------------------------------------------------
@@ -602,9 +619,13 @@ def main() -> None:
                          "compare an unfragmented engine in a process of its own")
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
-    ap.add_argument("--process-state", nargs="*", choices=("nccl", "compile"), default=[],
+    ap.add_argument("--process-state", nargs="*", choices=("nccl", "compile", "pinned"), default=[],
                     help="what a training step's process has, given to this one before the engine is built: the "
-                         "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only)")
+                         "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
+                         "--pinned-gb of page-locked host memory copied to the device and back once, held "
+                         "throughout (an offloading trainer's host buffers; GPU only)")
+    ap.add_argument("--pinned-gb", type=float, default=20.0,
+                    help="--process-state pinned: GiB (the 1.5B step's offloaded actor, Adam state and reference)")
     ap.add_argument("--live-gb", type=float, default=0.0,
                     help="GiB held on the device for the whole run, taken before the engine is built (a trainer's "
                          "resident state, in one piece): the footprint without the fragmentation of --sleep-cycle GxM")
@@ -643,7 +664,7 @@ def main() -> None:
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     live = torch.empty(int(args.live_gb * 2**30), dtype=torch.uint8, device=device) if args.live_gb else None
     model = build_model(args.shape, dtype, device, args.model_dir)
-    process_state = step_process_state(args.process_state, model, device)
+    process_state = step_process_state(args.process_state, model, device, args.pinned_gb)
     cases = ("single", "grpo", "multiturn") if args.case == "all" else (args.case,)
     rows = {"single": args.batch, "grpo": args.prompts * args.samples,
             "multiturn": min(args.max_rows or args.trajectories, args.trajectories)}

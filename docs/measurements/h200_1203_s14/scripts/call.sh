@@ -4,7 +4,7 @@
 # after empty_cache, after 45 s idle, after the controller's cleanup; the bench alone again.
 # Call 2 (`b`): the bench alone; the step (1 warm-up + 1 timed) with bench_engine's run before step 1 and after each
 # phase command of step 1 (which phase leaves the device slower), after step 2, with the context's limits and the
-# device's clocks during each run.
+# device's clocks during each run; the bench with 20 GiB of pinned host memory held (an offloading trainer's buffers).
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
@@ -18,6 +18,7 @@ a)
   run a3_bench_plain 60 $G --out $O/a3.json ;;
 b)
   run b1_bench_plain 60 $G --out $O/b1.json
-  STEP_S=480 step b2_step_phases --warmup 1 --steps 1 --probe-first --probe-after-phases wake generate sleep logprob update reshard ;;
+  run b3_bench_pinned 90 $G --process-state pinned --out $O/b3.json
+  STEP_S=400 step b2_step_phases --warmup 1 --steps 1 --probe-first --probe-after-phases wake generate sleep logprob update reshard ;;
 esac
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[a-z]?.json' \) -delete
