@@ -21,7 +21,8 @@ CASES = {
     "bench_step": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2",
                     "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
     "bench_step:probe": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps",
-                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-after-phases", "sleep", "update", "--probe-release",
+                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-after-phases", "sleep", "update", "--probe-l2-reset",
+                          "--l2-reset-after-update", "--probe-release",
                           "--probe-idle-s", "0", "--model-dir", "model"],
                          ["rollout_probe"]),
     "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
@@ -37,7 +38,7 @@ CASES = {
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
                            "0", "1", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
-                           "--process-state", "nccl", "compile", "pinned"],
+                           "--process-state", "nccl", "compile", "pinned", "backward", "adam", "--l2-reset"],
                           ["grpo"]),
 }
 
@@ -68,8 +69,11 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert out["grpo"]["sleep_cycle"] == "none" and list(out["grpo"]["sleep_cycle_variants"]) == ["0.001x0.25"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
         assert out["grpo"]["launch_timing"] == {"available": False}
-        # the CPU's group; no compile or pinned memory off the GPU
-        assert out["process_state"] == {"nccl": "gloo", "compile": False, "pinned_gb": 0.0}
+        # the CPU's group; no compile, pinned memory or L2 off the GPU; a backward and an AdamW step run anywhere
+        limits = out["process_state"].pop("device_limits")
+        assert out["process_state"] == {"nccl": "gloo", "compile": False, "pinned_gb": 0.0, "backward": True,
+                                        "adam": True, "l2_reset": False}
+        assert set(limits) == {"threads"} and limits["threads"] >= 1
         assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
     if "rollout_probe" in out:  # each timed step's generate, repeated three ways; bench_engine's run in the process
         probe = out["rollout_probe"]
@@ -83,6 +87,7 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert list(probe["bench_engine_after_phase"]) == ["sleep", "update"]
         assert probe["bench_engine_after_phase"]["update"]["device_limits_before"]["threads"] >= 1
         assert probe["device_state"] == {}  # no NVML on the CPU: nothing filed under the probes
+        assert probe["l2_reset"] is False and probe["bench_engine_after_l2_reset"]["tokens_per_s"] > 0  # no L2 here
         # --probe-release: after empty_cache, after idling, after the controller's cleanup; no throughput test then
         assert list(probe["bench_engine_released"]) == ["empty_cache", "idle_0s", "cleanup"]
         assert all(r["tokens_per_s"] > 0 for r in probe["bench_engine_released"].values())

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
+import os
 import statistics
 import sys
 import time
@@ -196,10 +198,47 @@ def heat(device: torch.device, seconds: float) -> None:
         sync(device)
 
 
+def _cudart():
+    """This process's own CUDA runtime library (the one torch loaded), through ctypes; None where none is loaded."""
+    lib = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None) \
+        if Path("/proc/self/maps").exists() else None
+    return ctypes.CDLL(lib) if lib else None
+
+
+def device_limits(device: torch.device) -> dict:
+    """The CUDA context's limits as a probe starts (cudaDeviceGetLimit through the process's own libcudart): a
+    kernel of the trainer's that needs a larger stack grows the local memory the context reserves, and an L2
+    set-aside for persisting accesses shrinks the cache every later kernel shares. Also this process's threads."""
+    out: dict[str, int] = {"threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0}
+    if device.type != "cuda":
+        return out
+    cudart, value = _cudart(), ctypes.c_size_t()
+    if cudart is None:
+        return out
+    for key, code in (("stack_bytes", 0x00), ("printf_fifo_bytes", 0x01), ("malloc_heap_bytes", 0x02),
+                      ("max_l2_fetch_granularity", 0x05), ("persisting_l2_bytes", 0x06)):
+        if cudart.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
+            out[key] = value.value
+    return out
+
+
+def reset_persisting_l2(device: torch.device) -> bool:
+    """cudaCtxResetPersistingL2Cache: every line in the device's L2 held as persisting (an access-policy window's,
+    or a kernel's `evict_last` hint) goes back to normal. Whether the trainer's kernels leave L2 partly held against
+    the next rollout. True where it ran."""
+    cudart = _cudart() if device.type == "cuda" else None
+    if cudart is None:
+        return False
+    torch.cuda.synchronize(device)
+    return cudart.cudaCtxResetPersistingL2Cache() == 0
+
+
 def step_process_state(parts: list[str], model, device: torch.device, pinned_gb: float = 0.0) -> dict:
     """Give this process what a training step's process has and the bench's has not, before the engine is built:
     `nccl`, the workers' default group (one rank, as bench_step's inline worker joins it); `compile`, the trainer's
-    torch.compile of every decoder layer (GPU only, as `trainer.compile`), run forward and backward once; `pinned`,
+    torch.compile of every decoder layer (GPU only, as `trainer.compile`), run forward and backward once; `backward`,
+    the model's eager forward and backward over 16 × 1024 tokens, as the update's micro-batch; `adam`, one fused
+    AdamW step over its parameters (random gradients; states freed after); `pinned`,
     `pinned_gb` GiB of page-locked host memory (mapped into the device's address space, as the offloaded state's
     buffers are), copied to the device and back once in 1 GiB pieces and kept. Which of them makes the same decode
     graphs slower?"""
@@ -222,6 +261,33 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
             model.zero_grad(set_to_none=True)
             model.eval()
+    if "backward" in parts or "adam" in parts:
+        trainable = [p for p in model.parameters()]
+        for p in trainable:
+            p.requires_grad_(True)
+        if "backward" in parts:
+            model.train()
+            ids = torch.randint(2, model.config.vocab_size, (16 if device.type == "cuda" else 2, 1024 if device.type
+                                                              == "cuda" else 16), device=device)
+            model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
+            model.eval()
+            done["backward"] = True
+        if "adam" in parts:
+            for p in trainable:
+                if p.grad is None:
+                    p.grad = torch.randn_like(p) * 1e-3
+            with torch.no_grad():
+                saved = [p.detach().clone() for p in trainable]
+                opt = torch.optim.AdamW(trainable, lr=1e-6, fused=device.type == "cuda")
+                opt.step()
+                for p, v in zip(trainable, saved):  # the engine runs the weights it would have: only the kernels ran
+                    p.copy_(v)
+                del opt, saved
+            done["adam"] = True
+        for p in trainable:
+            p.grad = None
+            p.requires_grad_(False)
+        sync(device)
     if "pinned" in parts:
         done["pinned_gb"] = pinned_gb if device.type == "cuda" else 0.0
         if device.type == "cuda":
@@ -619,11 +685,15 @@ def main() -> None:
                          "compare an unfragmented engine in a process of its own")
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
-    ap.add_argument("--process-state", nargs="*", choices=("nccl", "compile", "pinned"), default=[],
+    ap.add_argument("--process-state", nargs="*", choices=("nccl", "compile", "pinned", "backward", "adam"), default=[],
                     help="what a training step's process has, given to this one before the engine is built: the "
                          "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
                          "--pinned-gb of page-locked host memory copied to the device and back once, held "
-                         "throughout (an offloading trainer's host buffers; GPU only)")
+                         "throughout (an offloading trainer's host buffers; GPU only), a training forward and backward "
+                         "of the model (16 × 1024 tokens, eager), a fused AdamW step over it (states freed after); "
+                         "then --l2-reset")
+    ap.add_argument("--l2-reset", action="store_true",
+                    help="after --process-state: cudaCtxResetPersistingL2Cache (lines a kernel left persisting in L2)")
     ap.add_argument("--pinned-gb", type=float, default=20.0,
                     help="--process-state pinned: GiB (the 1.5B step's offloaded actor, Adam state and reference)")
     ap.add_argument("--live-gb", type=float, default=0.0,
@@ -665,6 +735,9 @@ def main() -> None:
     live = torch.empty(int(args.live_gb * 2**30), dtype=torch.uint8, device=device) if args.live_gb else None
     model = build_model(args.shape, dtype, device, args.model_dir)
     process_state = step_process_state(args.process_state, model, device, args.pinned_gb)
+    if args.l2_reset:
+        process_state["l2_reset"] = reset_persisting_l2(device)
+    process_state["device_limits"] = device_limits(device)
     cases = ("single", "grpo", "multiturn") if args.case == "all" else (args.case,)
     rows = {"single": args.batch, "grpo": args.prompts * args.samples,
             "multiturn": min(args.max_rows or args.trajectories, args.trajectories)}

@@ -43,6 +43,7 @@ import torch  # noqa: E402
 
 from bench_common import Timer, add_model_args, bench_config, bench_controller, gpu_peak_flops, make_model_dir, random_prompts  # noqa: E402
 from bench_trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
+from bench_engine import reset_persisting_l2  # noqa: E402
 from device_monitor import DeviceMonitor  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -140,6 +141,12 @@ def main() -> None:
                     help="with --probe-rollout (one worker): bench_engine's GRPO run also inside step 1, right after "
                          "each of these phase commands (rollout_probe.bench_engine_after_phase): which phase of the "
                          "first step leaves the device slower")
+    ap.add_argument("--l2-reset-after-update", action="store_true",
+                    help="one worker: cudaCtxResetPersistingL2Cache after every update phase command (lines the "
+                         "trainer's kernels left persisting in L2 handed back before the reshard and next rollout)")
+    ap.add_argument("--probe-l2-reset", action="store_true",
+                    help="with --probe-rollout: after the probe that follows the steps, the same run after "
+                         "cudaCtxResetPersistingL2Cache (rollout_probe.bench_engine_after_l2_reset)")
     ap.add_argument("--probe-release", action="store_true",
                     help="with --probe-rollout, after the probe that follows the steps: the same run after "
                          "torch.cuda.empty_cache() (the trainer's cached segments handed back), after --probe-idle-s "
@@ -191,6 +198,8 @@ def main() -> None:
                         return _run(*a, **k)
                     finally:
                         monitor.tag = None
+                        if _name == "update" and args.l2_reset_after_update:
+                            reset_persisting_l2(device)
                         if args.probe_rollout and timing["step"] == 1 and _name in args.probe_after_phases \
                                 and _name not in after_phase:
                             after_phase[_name] = here(f"after_{_name}")
@@ -212,6 +221,7 @@ def main() -> None:
     result = {
         "shape": args.shape, "device": str(device), "workers": args.workers, "engine_tp": args.tp,
         "trainer_offload": offload, "offload_lazy": not args.eager_offload, "micro_batch_size": args.micro,
+        "l2_reset_after_update": args.l2_reset_after_update,
         "overrides": args.set,
         "freed_gb_per_step": statistics.median(sum(v for k, v in m.items() if re.match(r"^offload/[^/]+/offload_gb$", k))
                                                for m in steps),
@@ -244,6 +254,9 @@ def main() -> None:
             result["rollout_probe"]["bench_engine_after_step"] = after_step
         if after_phase:
             result["rollout_probe"]["bench_engine_after_phase"] = after_phase
+        if args.probe_l2_reset:
+            result["rollout_probe"]["l2_reset"] = reset_persisting_l2(device)
+            result["rollout_probe"]["bench_engine_after_l2_reset"] = here("after_l2_reset")
     released = probe is not None and args.probe_release
     if released:
         result["rollout_probe"]["bench_engine_released"] = probe_released(controller, here, args, device)
@@ -342,26 +355,6 @@ def process_memory(device: torch.device) -> dict:
             "device_free_gb": torch.cuda.mem_get_info(device)[0] / 2**30}
 
 
-def device_limits(device: torch.device) -> dict:
-    """The CUDA context's limits as a probe starts (cudaDeviceGetLimit through the process's own libcudart): a
-    kernel of the trainer's that needs a larger stack grows the local memory the context reserves, and an L2
-    set-aside for persisting accesses shrinks the cache every later kernel shares. Also this process's threads."""
-    import ctypes
-
-    out: dict[str, int] = {"threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0}
-    if device.type != "cuda":
-        return out
-    lib = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None)
-    if lib is None:
-        return out
-    cudart, value = ctypes.CDLL(lib), ctypes.c_size_t()
-    for key, code in (("stack_bytes", 0x00), ("printf_fifo_bytes", 0x01), ("malloc_heap_bytes", 0x02),
-                      ("max_l2_fetch_granularity", 0x05), ("persisting_l2_bytes", 0x06)):
-        if cudart.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
-            out[key] = value.value
-    return out
-
-
 def probe_released(controller, here, args, device: torch.device) -> dict:
     """--probe-release: bench_engine's GRPO run after the trainer's cached segments are handed back, after the
     device idled --probe-idle-s seconds, and after the controller's cleanup (the process then holds no role).
@@ -393,6 +386,8 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     from bench_engine import build_engine, run_generate, timed_launches
 
     from hybridrl.engines.base import SamplingParams
+
+    from bench_engine import device_limits
 
     held, limits = process_memory(device), device_limits(device)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()

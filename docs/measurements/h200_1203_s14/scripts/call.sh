@@ -5,6 +5,9 @@
 # Call 2 (`b`): the bench alone; the step (1 warm-up + 1 timed) with bench_engine's run before step 1 and after each
 # phase command of step 1 (which phase leaves the device slower), after step 2, with the context's limits and the
 # device's clocks during each run; the bench with 20 GiB of pinned host memory held (an offloading trainer's buffers).
+# Call 3 (`c`): the update does it (call 2). The bench after a training forward/backward and a fused AdamW step of its
+# own model, without and with cudaCtxResetPersistingL2Cache after them; the step with bench_engine's run after the
+# steps and again after that reset; the step resetting L2 after every update.
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
@@ -20,5 +23,11 @@ b)
   run b1_bench_plain 60 $G --out $O/b1.json
   run b3_bench_pinned 90 $G --process-state pinned --out $O/b3.json
   STEP_S=400 step b2_step_phases --warmup 1 --steps 1 --probe-first --probe-after-phases wake generate sleep logprob update reshard ;;
+c)
+  run c1_bench_plain 60 $G --out $O/c1.json
+  run c2_bench_train 80 $G --process-state backward adam --out $O/c2.json
+  run c3_bench_train_l2reset 80 $G --process-state backward adam --l2-reset --out $O/c3.json
+  STEP_S=170 step c4_step_l2probe --warmup 1 --steps 1 --probe-l2-reset
+  STEP_S=160 step c5_step_l2reset --warmup 1 --steps 2 --l2-reset-after-update ;;
 esac
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[a-z]?.json' \) -delete
