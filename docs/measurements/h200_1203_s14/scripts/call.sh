@@ -25,9 +25,9 @@ b)
   STEP_S=400 step b2_step_phases --warmup 1 --steps 1 --probe-first --probe-after-phases wake generate sleep logprob update reshard ;;
 c)
   run c1_bench_plain 60 $G --out $O/c1.json
-  run c2_bench_train 80 $G --process-state backward adam --out $O/c2.json
-  run c3_bench_train_l2reset 80 $G --process-state backward adam --l2-reset --out $O/c3.json
   STEP_S=170 step c4_step_l2probe --warmup 1 --steps 1 --probe-l2-reset
-  STEP_S=160 step c5_step_l2reset --warmup 1 --steps 2 --l2-reset-after-update ;;
+  STEP_S=160 step c5_step_l2reset --warmup 1 --steps 2 --l2-reset-after-update
+  run c2_bench_train 80 $G --process-state backward adam --out $O/c2.json
+  run c3_bench_train_l2reset 80 $G --process-state backward adam --l2-reset --out $O/c3.json ;;
 esac
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[a-z]?.json' \) -delete
