@@ -8,6 +8,9 @@
 # Call 3 (`c`): the update does it (call 2). The bench after a training forward/backward and a fused AdamW step of its
 # own model, without and with cudaCtxResetPersistingL2Cache after them; the step with bench_engine's run after the
 # steps and again after that reset; the step resetting L2 after every update.
+# Call 4 (`d`, for the next session): which part of the update does it. The step (1 warm-up, 1 timed) with the probe
+# after step 1's logprob and after its update, one switch at a time; the switch that keeps "after update" at the
+# "after logprob" figure names the cause. (`e`: the remaining switches.)
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
@@ -29,5 +32,16 @@ c)
   STEP_S=160 step c5_step_l2reset --warmup 1 --steps 2 --l2-reset-after-update
   run c2_bench_train 80 $G --process-state backward adam --out $O/c2.json
   run c3_bench_train_l2reset 80 $G --process-state backward adam --l2-reset --out $O/c3.json ;;
+d)
+  P="--warmup 1 --steps 1 --probe-after-phases logprob update"
+  STEP_S=140 step d1_nocompile $P --set trainer.compile=false
+  STEP_S=140 step d2_unfused_adam $P --set trainer.fused_optimizer=false
+  STEP_S=140 step d3_unfused_logprobs $P --set trainer.fused_logprobs=false
+  STEP_S=140 step d4_no_offload $P --offload none ;;
+e)
+  P="--warmup 1 --steps 1 --probe-after-phases logprob update"
+  STEP_S=140 step e1_default $P
+  STEP_S=140 step e2_no_deferred_sync $P --set trainer.defer_grad_sync=false
+  STEP_S=140 step e3_no_grad_clip $P --set trainer.grad_clip=0 ;;
 esac
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[a-z]?.json' \) -delete
