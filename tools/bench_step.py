@@ -408,6 +408,9 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     out["engine_settings"] = engine_settings(engine)
     out["process_memory_before"] = held
     out["device_limits_before"] = limits
+    busy = out["launch_timing"].get("busy_ms_median")
+    print(f"probe {name or 'here'}: {out['tokens_per_s']:.0f} tok/s, decode launch "
+          f"{'-' if busy is None else f'{busy:.4f} ms'}", file=sys.stderr, flush=True)  # kept if a run is cut short
     engine.shutdown()
     del model
     return out
