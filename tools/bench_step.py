@@ -147,6 +147,9 @@ def main() -> None:
     ap.add_argument("--probe-l2-reset", action="store_true",
                     help="with --probe-rollout: after the probe that follows the steps, the same run after "
                          "cudaCtxResetPersistingL2Cache (rollout_probe.bench_engine_after_l2_reset)")
+    ap.add_argument("--probe-pdl-off", action="store_true",
+                    help="with --probe-rollout: each probe also times the run on an engine captured without PDL "
+                         "(launch_timing_pdl_off): where both launch alike, this process has lost PDL's overlap")
     ap.add_argument("--probe-release", action="store_true",
                     help="with --probe-rollout, after the probe that follows the steps: the same run after "
                          "torch.cuda.empty_cache() (the trainer's cached segments handed back), after --probe-idle-s "
@@ -383,11 +386,10 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows it, not
     the step's engine or its path. `monitor`'s readings during the run are filed under `probe/<name>`."""
     import transformers
-    from bench_engine import build_engine, run_generate, timed_launches
+    from bench_engine import build_engine, device_limits, run_generate, timed_launches
 
     from hybridrl.engines.base import SamplingParams
-
-    from bench_engine import device_limits
+    from hybridrl.engines.kernels import pdl
 
     held, limits = process_memory(device), device_limits(device)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
@@ -412,6 +414,19 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     print(f"probe {name or 'here'}: {out['tokens_per_s']:.0f} tok/s, decode launch "
           f"{'-' if busy is None else f'{busy:.4f} ms'}", file=sys.stderr, flush=True)  # kept if a run is cut short
     engine.shutdown()
+    if args.probe_pdl_off and pdl.is_enabled():
+        # The same run on an engine captured without PDL: equal figures mean this process has lost PDL's overlap.
+        pdl.set_enabled(False)
+        try:
+            engine = build_engine(model, ns, args.prompts * args.group)
+            run_generate(engine, prompts, args.group, args.new_tokens, device)
+            off = timed_launches(engine, prompts, params, device)
+            out["launch_timing_pdl_off"] = off
+            print(f"probe {name or 'here'} without PDL: decode launch {off.get('busy_ms_median', '-')} ms",
+                  file=sys.stderr, flush=True)
+            engine.shutdown()
+        finally:
+            pdl.set_enabled(True)
     del model
     return out
 

@@ -11,6 +11,8 @@
 # Call 4 (`d`, for the next session): which part of the update does it. The step (1 warm-up, 1 timed) with the probe
 # after step 1's logprob and after its update, one switch at a time; the switch that keeps "after update" at the
 # "after logprob" figure names the cause. (`e`: the remaining switches.)
+# Call `f` (for the next session, first): has the step's process lost PDL after the compiled update? Each probe also
+# on an engine captured without PDL (--probe-pdl-off), after logprob and after update, compiled and not.
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
@@ -43,5 +45,9 @@ e)
   STEP_S=140 step e1_default $P
   STEP_S=140 step e2_no_deferred_sync $P --set trainer.defer_grad_sync=false
   STEP_S=140 step e3_no_grad_clip $P --set trainer.grad_clip=0 ;;
+f)
+  P="--warmup 1 --steps 1 --probe-after-phases logprob update --probe-pdl-off"
+  STEP_S=220 step f1_default_pdl $P
+  STEP_S=220 step f2_nocompile_pdl $P --set trainer.compile=false ;;
 esac
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 \( -name '*.log' -o -name '[a-z]?.json' \) -delete
