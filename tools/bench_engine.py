@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import functools
 import json
 import os
 import statistics
@@ -198,8 +199,10 @@ def heat(device: torch.device, seconds: float) -> None:
         sync(device)
 
 
+@functools.cache
 def _cudart():
-    """This process's own CUDA runtime library (the one torch loaded), through ctypes; None where none is loaded."""
+    """This process's own CUDA runtime library (the one torch loaded), through ctypes; None where none is loaded.
+    Looked up once: every probe asks for it."""
     lib = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None) \
         if Path("/proc/self/maps").exists() else None
     return ctypes.CDLL(lib) if lib else None
@@ -233,6 +236,9 @@ def reset_persisting_l2(device: torch.device) -> bool:
     return cudart.cudaCtxResetPersistingL2Cache() == 0
 
 
+_HELD: list[object] = []  # what --process-state keeps alive for the whole run
+
+
 def step_process_state(parts: list[str], model, device: torch.device, pinned_gb: float = 0.0) -> dict:
     """Give this process what a training step's process has and the bench's has not, before the engine is built:
     `nccl`, the workers' default group (one rank, as bench_step's inline worker joins it); `compile`, the trainer's
@@ -262,13 +268,13 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             model.zero_grad(set_to_none=True)
             model.eval()
     if "backward" in parts or "adam" in parts:
-        trainable = [p for p in model.parameters()]
+        trainable = list(model.parameters())
         for p in trainable:
             p.requires_grad_(True)
         if "backward" in parts:
             model.train()
-            ids = torch.randint(2, model.config.vocab_size, (16 if device.type == "cuda" else 2, 1024 if device.type
-                                                              == "cuda" else 16), device=device)
+            shape = (16, 1024) if device.type == "cuda" else (2, 16)  # the CPU only checks the path runs
+            ids = torch.randint(2, model.config.vocab_size, shape, device=device)
             model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
             model.eval()
             done["backward"] = True
@@ -301,9 +307,6 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             del scratch
             _HELD.append(host)  # the run's whole life, as the trainer keeps its buffers
     return done
-
-
-_HELD: list[object] = []
 
 
 # -- what a decode step must read -------------------------------------------------------------------------------
