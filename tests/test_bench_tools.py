@@ -96,6 +96,7 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert probe["engine_direct_launches"] == [{"available": False}] * 2
         assert probe["bench_engine_here"]["launch_timing"] == {"available": False}
         assert probe["bench_engine_here"]["launch_timing_pdl_off"] == {"available": False}  # --probe-pdl-off ran
+        assert probe["bench_engine_here"]["pdl_off_engine_pdl"] is False  # on an engine without PDL, not a new default
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]
         assert sorted(variants) == [f"{kind}_join{wait}_ride{ride}" for kind in ("lockstep", "staggered")

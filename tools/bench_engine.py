@@ -211,7 +211,8 @@ def _cudart():
 def device_limits(device: torch.device) -> dict:
     """The CUDA context's limits as a probe starts (cudaDeviceGetLimit through the process's own libcudart): a
     kernel of the trainer's that needs a larger stack grows the local memory the context reserves, and an L2
-    set-aside for persisting accesses shrinks the cache every later kernel shares. Also this process's threads."""
+    set-aside for persisting accesses shrinks the cache every later kernel shares; the device-wide L1/shared-memory
+    preference; the processes with a context on the device (NVML). Also this process's threads."""
     out: dict[str, int] = {"threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0}
     if device.type != "cuda":
         return out
@@ -222,6 +223,13 @@ def device_limits(device: torch.device) -> dict:
                       ("max_l2_fetch_granularity", 0x05), ("persisting_l2_bytes", 0x06)):
         if cudart.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
             out[key] = value.value
+    config = ctypes.c_int()
+    if cudart.cudaDeviceGetCacheConfig(ctypes.byref(config)) == 0:  # a library's L1/shared preference, device-wide
+        out["cache_config"] = config.value
+    try:  # another context on the device (a spawned process's) would share its time
+        out["gpu_processes"] = torch.cuda.list_gpu_processes(device)
+    except Exception as e:  # noqa: BLE001 - no NVML binding here
+        out["gpu_processes"] = f"unavailable: {type(e).__name__}"
     return out
 
 

@@ -416,12 +416,15 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     engine.shutdown()
     if args.probe_pdl_off and pdl.is_enabled():
         # The same run on an engine captured without PDL: equal figures mean this process has lost PDL's overlap.
-        pdl.set_enabled(False)
+        # A new engine sets the process-wide switch from its options (on), so it is turned off on the engine's runner,
+        # before its first capture.
         try:
             engine = build_engine(model, ns, args.prompts * args.group)
+            engine.runner.pdl = False
             run_generate(engine, prompts, args.group, args.new_tokens, device)
             off = timed_launches(engine, prompts, params, device)
             out["launch_timing_pdl_off"] = off
+            out["pdl_off_engine_pdl"] = engine.runner.pdl  # False: its graphs were captured without PDL
             print(f"probe {name or 'here'} without PDL: decode launch {off.get('busy_ms_median', '-')} ms",
                   file=sys.stderr, flush=True)
             engine.shutdown()
