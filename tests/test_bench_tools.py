@@ -7,6 +7,7 @@ builder or the controller that breaks a benchmark must fail here, not on the nex
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,7 +39,8 @@ CASES = {
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
                            "0", "1", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
-                           "--process-state", "nccl", "compile", "pinned", "backward", "adam", "--l2-reset"],
+                           "--process-state", "nccl", "nccl-avg", "fsdp", "compile", "pinned", "backward", "adam",
+                           "--l2-reset"],
                           ["grpo"]),
 }
 
@@ -71,8 +73,11 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert out["grpo"]["launch_timing"] == {"available": False}
         # the CPU's group; no compile, pinned memory or L2 off the GPU; a backward and an AdamW step run anywhere
         limits = out["process_state"].pop("device_limits")
-        assert out["process_state"] == {"nccl": "gloo", "compile": False, "pinned_gb": 0.0, "backward": True,
-                                        "adam": True, "l2_reset": False}
+        norm = out["process_state"].pop("fsdp_grad_norm")  # the FSDP2 actor's update ran: a real gradient's norm
+        assert math.isfinite(norm) and norm > 0
+        assert out["process_state"] == {"nccl": "gloo", "group_for": ["fsdp", "nccl", "nccl-avg"], "nccl_avg": False,
+                                        "compile": False, "pinned_gb": 0.0, "backward": True, "adam": True,
+                                        "l2_reset": False}
         assert set(limits) == {"threads"} and limits["threads"] >= 1
         assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
     if "rollout_probe" in out:  # each timed step's generate, repeated three ways; bench_engine's run in the process

@@ -254,16 +254,28 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
     the model's eager forward and backward over 16 × 1024 tokens, as the update's micro-batch; `adam`, one fused
     AdamW step over its parameters (random gradients; states freed after); `pinned`,
     `pinned_gb` GiB of page-locked host memory (mapped into the device's address space, as the offloaded state's
-    buffers are), copied to the device and back once in 1 GiB pieces and kept. Which of them makes the same decode
-    graphs slower?"""
+    buffers are), copied to the device and back once in 1 GiB pieces and kept; `nccl-avg`, one one-rank all-reduce
+    that NCCL runs a kernel for; `fsdp`, the actor's update as the product runs it (`fsdp_update`), its state kept.
+    Which of them makes the same decode graphs slower?"""
     done: dict[str, object] = {}
-    if "nccl" in parts:
+    if parts_need_group := {"nccl", "nccl-avg", "fsdp"} & set(parts):
         import torch.distributed as dist
 
         from hybridrl.workers.dist import init_process_group
 
         init_process_group(0, 1, device, timeout_s=120)
         done["nccl"] = dist.get_backend()
+        done["group_for"] = sorted(parts_need_group)
+    if "nccl-avg" in parts:
+        # A one-rank all-reduce that must scale (AVG): NCCL runs its own kernel for it (a SUM in place runs none). The
+        # product's update is where the step's process first meets NCCL kernels of this kind, if anywhere.
+        done["nccl_avg"] = device.type == "cuda"
+        if done["nccl_avg"]:
+            t = torch.ones(1 << 20, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            sync(device)
+    if "fsdp" in parts:
+        done["fsdp_grad_norm"] = fsdp_update(model, device)
     if "compile" in parts:
         done["compile"] = device.type == "cuda"
         if done["compile"]:
@@ -315,6 +327,34 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             del scratch
             _HELD.append(host)  # the run's whole life, as the trainer keeps its buffers
     return done
+
+
+def fsdp_update(model, device: torch.device) -> float:
+    """One update of a float32 copy of `model` as the actor's runs (needs the default group): FSDP2 over a one-rank
+    mesh with the product's sharding and mixed precision (bfloat16 compute on GPU, float32 gradient reduction), a
+    training forward and backward over 16 × 1024 tokens, then the learner's own step (the DTensor gradient norm and
+    its collective, the clip, fused AdamW). The copy, its gradients' buffers and the Adam state stay for the run, as
+    the actor's do in the step's process. Returns the gradient norm."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridrl.training.config import TrainerConfig
+    from hybridrl.training.fsdp import Precision, shard_model
+    from hybridrl.training.learner import FSDPLearner
+
+    actor = copy.deepcopy(model).float().requires_grad_(True)
+    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
+    shard_model(actor, mesh, Precision.for_device("auto", device).policy)
+    learner = FSDPLearner(actor, TrainerConfig(), set(), device, total_optimizer_steps=10)
+    actor.train()
+    shape = (16, 1024) if device.type == "cuda" else (2, 16)  # the CPU only checks the path runs
+    ids = torch.randint(2, model.config.vocab_size, shape, device=device)
+    actor(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
+    norm = learner.optimizer_step()
+    sync(device)
+    _HELD.append(learner)
+    return norm
 
 
 # -- what a decode step must read -------------------------------------------------------------------------------
@@ -696,13 +736,15 @@ def main() -> None:
                          "compare an unfragmented engine in a process of its own")
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
-    ap.add_argument("--process-state", nargs="*", choices=("nccl", "compile", "pinned", "backward", "adam"), default=[],
+    ap.add_argument("--process-state", nargs="*", default=[],
+                    choices=("nccl", "nccl-avg", "fsdp", "compile", "pinned", "backward", "adam"),
                     help="what a training step's process has, given to this one before the engine is built: the "
                          "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
                          "--pinned-gb of page-locked host memory copied to the device and back once, held "
                          "throughout (an offloading trainer's host buffers; GPU only), a training forward and backward "
                          "of the model (16 × 1024 tokens, eager), a fused AdamW step over it (states freed after); "
-                         "then --l2-reset")
+                         "nccl-avg: a one-rank AVG all-reduce (a NCCL kernel); fsdp: the actor's update as the product "
+                         "runs it, FSDP2 at one rank on a float32 copy (state kept); then --l2-reset")
     ap.add_argument("--l2-reset", action="store_true",
                     help="after --process-state: cudaCtxResetPersistingL2Cache (lines a kernel left persisting in L2)")
     ap.add_argument("--pinned-gb", type=float, default=20.0,
