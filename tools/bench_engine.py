@@ -255,10 +255,11 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
     AdamW step over its parameters (random gradients; states freed after); `pinned`,
     `pinned_gb` GiB of page-locked host memory (mapped into the device's address space, as the offloaded state's
     buffers are), copied to the device and back once in 1 GiB pieces and kept; `nccl-avg`, one one-rank all-reduce
-    that NCCL runs a kernel for; `fsdp`, the actor's update as the product runs it (`fsdp_update`), its state kept.
+    that NCCL runs a kernel for; `fsdp`, the actor's update as the product runs it (`fsdp_update`), its state kept;
+    `fsdp-backward`, the same up to its backward.
     Which of them makes the same decode graphs slower?"""
     done: dict[str, object] = {}
-    if parts_need_group := {"nccl", "nccl-avg", "fsdp"} & set(parts):
+    if parts_need_group := {"nccl", "nccl-avg", "fsdp", "fsdp-backward"} & set(parts):
         import torch.distributed as dist
 
         from hybridrl.workers.dist import init_process_group
@@ -274,8 +275,8 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             t = torch.ones(1 << 20, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.AVG)
             sync(device)
-    if "fsdp" in parts:
-        done["fsdp_grad_norm"] = fsdp_update(model, device)
+    if "fsdp" in parts or "fsdp-backward" in parts:
+        done["fsdp_grad_norm"] = fsdp_update(model, device, step="fsdp" in parts)
     if "compile" in parts:
         done["compile"] = device.type == "cuda"
         if done["compile"]:
@@ -329,12 +330,13 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
     return done
 
 
-def fsdp_update(model, device: torch.device) -> float:
+def fsdp_update(model, device: torch.device, step: bool = True) -> float:
     """One update of a float32 copy of `model` as the actor's runs (needs the default group): FSDP2 over a one-rank
     mesh with the product's sharding and mixed precision (bfloat16 compute on GPU, float32 gradient reduction), a
-    training forward and backward over 16 × 1024 tokens, then the learner's own step (the DTensor gradient norm and
-    its collective, the clip, fused AdamW). The copy, its gradients' buffers and the Adam state stay for the run, as
-    the actor's do in the step's process. Returns the gradient norm."""
+    training forward and backward over 16 × 1024 tokens, then (`step`) the learner's own step (the DTensor gradient
+    norm and its collective, the clip, fused AdamW). The copy, its gradients and the Adam state stay for the run, as
+    the actor's do in the step's process. Returns the gradient norm (the learner's, or without `step` the plain
+    norm of the local gradients)."""
     import copy
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -351,7 +353,11 @@ def fsdp_update(model, device: torch.device) -> float:
     shape = (16, 1024) if device.type == "cuda" else (2, 16)  # the CPU only checks the path runs
     ids = torch.randint(2, model.config.vocab_size, shape, device=device)
     actor(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
-    norm = learner.optimizer_step()
+    if step:
+        norm = learner.optimizer_step()
+    else:  # no DTensor norm, no collective: the gradients' local shards, read directly
+        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in actor.parameters()]
+        norm = torch.stack([g.float().norm() for g in grads if g is not None]).norm().item()
     sync(device)
     _HELD.append(learner)
     return norm
@@ -737,14 +743,15 @@ def main() -> None:
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
     ap.add_argument("--process-state", nargs="*", default=[],
-                    choices=("nccl", "nccl-avg", "fsdp", "compile", "pinned", "backward", "adam"),
+                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", "compile", "pinned", "backward", "adam"),
                     help="what a training step's process has, given to this one before the engine is built: the "
                          "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
                          "--pinned-gb of page-locked host memory copied to the device and back once, held "
                          "throughout (an offloading trainer's host buffers; GPU only), a training forward and backward "
                          "of the model (16 × 1024 tokens, eager), a fused AdamW step over it (states freed after); "
                          "nccl-avg: a one-rank AVG all-reduce (a NCCL kernel); fsdp: the actor's update as the product "
-                         "runs it, FSDP2 at one rank on a float32 copy (state kept); then --l2-reset")
+                         "runs it, FSDP2 at one rank on a float32 copy (state kept); fsdp-backward: the same without its "
+                         "optimizer step; then --l2-reset")
     ap.add_argument("--l2-reset", action="store_true",
                     help="after --process-state: cudaCtxResetPersistingL2Cache (lines a kernel left persisting in L2)")
     ap.add_argument("--pinned-gb", type=float, default=20.0,
