@@ -544,9 +544,10 @@ def pdl_switch():
     """The process-wide PDL switch, restored after the test."""
     from hybridrl.engines.kernels import pdl
 
-    before = pdl.is_enabled()
+    before, early = pdl.is_enabled(), pdl.early_trigger()
     yield pdl
     pdl.set_enabled(before)
+    pdl.set_early_trigger(early)
 
 
 def test_pdl_is_off_where_it_cannot_run(pdl_switch):
@@ -554,7 +555,9 @@ def test_pdl_is_off_where_it_cannot_run(pdl_switch):
     turns it off everywhere."""
     x = torch.zeros(2)
     assert not pdl_switch.capable(x.device)
-    assert pdl_switch.launch(x) == {"PDL": False}
+    assert pdl_switch.launch(x) == {"PDL": 0}
+    pdl_switch.set_early_trigger(False)  # the trigger setting changes nothing where PDL is off
+    assert pdl_switch.launch(x) == {"PDL": 0} and not pdl_switch.early_trigger()
     pdl_switch.set_enabled(False)
     assert not pdl_switch.is_enabled()
     pdl_switch.set_enabled(True)
@@ -562,7 +565,8 @@ def test_pdl_is_off_where_it_cannot_run(pdl_switch):
 
 
 @pytest.mark.skipif(not CUDA, reason="programmatic dependent launch needs a GPU")
-def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch):
+@pytest.mark.parametrize("early", [True, False])
+def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch, early):
     """A CUDA graph of a long cuBLAS product whose output the norm kernel reads at once, then silu_mul on the norm's
     output and the norm again on that: with PDL every kernel starts before the one ahead has finished, so a missing
     wait would read the previous replay's values (each replay has new inputs) or the NaNs the outputs are filled
@@ -571,6 +575,7 @@ def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch):
     if not pdl_switch.capable(dev):
         pytest.skip("needs compute capability >= 9 and a Triton with grid dependency control")
     pdl_switch.set_enabled(True)
+    pdl_switch.set_early_trigger(early)  # trigger at each kernel's start, or leave it to its completion
     g = torch.Generator().manual_seed(0)
     n, h = 256, 1024
     a = torch.randn(n, 4096, generator=g).to(dev, torch.bfloat16)
@@ -590,7 +595,7 @@ def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch):
         act = norms.silu_mul_torch(normed)
         return s, norms.add_rms_norm_torch(act, act, nw2, 1e-6)[1]
 
-    assert pdl_switch.launch(x)["PDL"]
+    assert pdl_switch.launch(x)["PDL"] == (1 if early else 2)
     chain()  # compiles the kernels outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

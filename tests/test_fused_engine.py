@@ -386,8 +386,10 @@ def test_cuda_graphs_survive_sleep_at_fixed_addresses():
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
-def test_pdl_launches_sample_what_plain_launches_sample():
-    """engine.native.pdl on and off: the same tokens and log-probs, graphed and eager; off, no launch asks for it."""
+@pytest.mark.parametrize("trigger", ["start", "completion"])
+def test_pdl_launches_sample_what_plain_launches_sample(trigger):
+    """engine.native.pdl on and off: the same tokens and log-probs, graphed and eager, with either trigger; off, no
+    launch asks for it."""
     from hybridrl.engines.kernels import pdl
 
     model = tiny_model("qwen3").to(DEVICE)
@@ -398,7 +400,8 @@ def test_pdl_launches_sample_what_plain_launches_sample():
         want = plain.generate(PROMPTS, params)
         for graphs in (True, False):
             engine = fused_engine(model, pdl=True, cuda_graphs=graphs)
-            assert engine.runner.pdl
+            engine.runner.pdl_trigger = trigger
+            assert engine.runner.pdl and engine.runner.pdl_trigger == trigger
             got = engine.generate(PROMPTS, params)
             assert [o.token_ids for o in got] == [o.token_ids for o in want]
             for o, w in zip(got, want):
@@ -420,8 +423,18 @@ def test_pdl_option_sets_the_switch_and_a_change_drops_the_graphs():
         assert engine.runner.graphs
         engine.runner.pdl = True
         assert pdl.is_enabled() and not engine.runner.graphs
+        # The trigger (benchmarks' A/B) likewise; a new engine starts from the measured default.
+        engine.runner.graphs[("decode", 8)] = object()
+        engine.runner.pdl_trigger = "start"
+        assert engine.runner.graphs
+        engine.runner.pdl_trigger = "completion"
+        assert not pdl.early_trigger() and not engine.runner.graphs
+        with pytest.raises(ValueError, match="pdl_trigger"):
+            engine.runner.pdl_trigger = "end"
+        assert fused_engine(tiny_model("qwen2").to(DEVICE)).runner.pdl_trigger == "start" and pdl.early_trigger()
     finally:
         pdl.set_enabled(NativeOptions.pdl)
+        pdl.set_early_trigger(True)
 
 
 def test_resharder_fills_the_engine_from_fsdp(process_group):

@@ -552,6 +552,7 @@ def case_grpo(model, engine, args, device) -> dict:
     settings = {"shared_prefix_tokens": args.shared_prefix_tokens,
                 "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]],
                 "pdl": [bool(v) for v in args.pdl or [int(NativeOptions.pdl)]],
+                "pdl_trigger": args.pdl_trigger or ["start"],
                 "sleep_cycle": [None if v == "none" else v for v in args.sleep_cycle or ["none"]]}
     runs: dict[str, dict[str, list[dict]]] = {}
     for name, values in settings.items():
@@ -733,6 +734,10 @@ def main() -> None:
     ap.add_argument("--pdl", type=int, nargs="+", choices=(0, 1), default=None,
                     help="grpo: engine.native.pdl values to run (1: the Triton kernels launch with programmatic dependent "
                          "launch), the first reported in full, the others (repeats allowed) as pdl_variants")
+    ap.add_argument("--pdl-trigger", nargs="+", choices=("start", "completion"), default=None,
+                    help="grpo: where each PDL-launched kernel lets the next launch (the runner's pdl_trigger): at its "
+                         "start, or only at its completion; the first reported in full, the others (repeats allowed) "
+                         "as pdl_trigger_variants")
     ap.add_argument("--sleep-cycle", nargs="+", default=None,
                     help="grpo: before every run, sleep the engine, take memory as the trainer does, wake it, free the "
                          "memory: 'G' GiB in one piece, 'GxM' G GiB (all: the free memory less 2 GiB) in M MiB pieces "

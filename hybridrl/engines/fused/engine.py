@@ -67,6 +67,7 @@ class FusedEngine(NativeEngineBase):
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         pdl.set_enabled(self.options.pdl)
+        pdl.set_early_trigger(True)  # the measured default; a benchmark's A/B (`runner.pdl_trigger`) ends with the engine
         self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
                                    self.options.prefill_tokens, self.options.join_step_tokens,
                                    self.options.shared_prefix_tokens)

@@ -171,6 +171,20 @@ class DecodeRunner:
             pdl_switch.set_enabled(on)
             self.drop_graphs()
 
+    @property
+    def pdl_trigger(self) -> str:
+        """Where each PDL-launched kernel lets the next launch: "start" (the default) or "completion" (benchmarks'
+        A/B; `kernels/pdl.py`). Setting it drops the graphs."""
+        return "start" if pdl_switch.early_trigger() else "completion"
+
+    @pdl_trigger.setter
+    def pdl_trigger(self, where: str) -> None:
+        if where not in ("start", "completion"):
+            raise ValueError(f"pdl_trigger must be 'start' or 'completion', got {where!r}")
+        if (where == "start") != pdl_switch.early_trigger():
+            pdl_switch.set_early_trigger(where == "start")
+            self.drop_graphs()
+
     # -- buffers ------------------------------------------------------------------------------------------
     def bind(self, cache: PagedKVCache, width: int) -> None:
         """Fresh state buffers over `cache` with block tables `width` blocks wide (drops every graph)."""

@@ -17,6 +17,11 @@ in a kernel launched without the attribute. Captured into a CUDA graph, the laun
 the process-wide switch `set_enabled`, which `engine.native.pdl` sets); `launch(x)` gives the launch's keyword
 arguments, and each kernel takes a `PDL: tl.constexpr` and calls `await_inputs(PDL)` first.
 
+Where the next kernel may launch is a second process-wide setting, for benchmarks' A/B (`set_early_trigger`): at each
+kernel's start (the default, measured below), or only at its completion (no explicit trigger: the launch still
+carries the attribute and the wait, but fewer programs sit resident waiting for the kernels ahead). The sixteenth
+session found a rollout after the trainer's first update slower only with PDL (docs/measurements/h200_1203_s16).
+
 Measured on the H200 (docs/measurements/h200_1202_s9/): the 1.5B GRPO rollout, 256 rows × 512 new tokens, 86.3k →
 88.1k and 86.8k → 89.1k tok/s on two machines, the runs interleaved in one process. Tried beside it and not kept: the
 kernel ahead of a cuBLAS GEMM pulling that GEMM's weight into L2 before its wait (qkv's by the norm, then also
@@ -42,7 +47,7 @@ if HAS_TRITON:
 else:  # pragma: no cover - CPU wheels of torch carry no Triton
     HAS_GDC = False
 
-_SWITCH = {"on": True}
+_SWITCH = {"on": True, "early": True}
 _CAPABLE: dict[int, bool] = {}
 
 
@@ -54,6 +59,17 @@ def set_enabled(on: bool) -> None:
 def is_enabled() -> bool:
     """The process-wide switch (`set_enabled`)."""
     return _SWITCH["on"]
+
+
+def set_early_trigger(early: bool) -> None:
+    """Let the next kernel launch at each kernel's start (True, the default) or only at its completion (False), for
+    every later launch in this process (graphs captured before keep their launches)."""
+    _SWITCH["early"] = bool(early)
+
+
+def early_trigger() -> bool:
+    """The trigger setting (`set_early_trigger`)."""
+    return _SWITCH["early"]
 
 
 def capable(device: torch.device) -> bool:
@@ -74,16 +90,20 @@ def enabled(x: torch.Tensor) -> bool:
 
 def launch(x: torch.Tensor) -> dict:
     """Keyword arguments for launching a kernel (that takes `PDL: tl.constexpr`) on `x`'s device: the kernel's PDL
-    flag, and with it Triton's launch option. The option is left out when off, so a Triton without it is unaffected."""
-    return {"PDL": True, "launch_pdl": True} if enabled(x) else {"PDL": False}
+    mode (0 off; 1 trigger the next launch at the start, then wait; 2 only wait), and with it Triton's launch option.
+    The option is left out when off, so a Triton without it is unaffected."""
+    if not enabled(x):
+        return {"PDL": 0}
+    return {"PDL": 1 if _SWITCH["early"] else 2, "launch_pdl": True}
 
 
 if HAS_TRITON:
 
     @triton.jit
     def await_inputs(PDL: tl.constexpr):
-        """With PDL: let the next kernel launch, then wait until the kernel ahead has completed (its writes visible).
-        Call before the kernel's first load or store."""
+        """With PDL: let the next kernel launch (mode 1; mode 2 leaves that to this kernel's completion), then wait
+        until the kernel ahead has completed (its writes visible). Call before the kernel's first load or store."""
         if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
+            if PDL == 1:
+                tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()

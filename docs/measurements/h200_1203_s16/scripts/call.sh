@@ -17,8 +17,9 @@ step() { local n=$1; shift; mkdir -p $O/$n; run $n ${STEP_S:-170} env OUT=$O/$n 
 # Call `c` (for the next session, first): after the update only the engines launched with PDL are slower (call b). Does
 # the product's update reproduce that in the bench's own process (`--process-state fsdp`: FSDP2 at one rank, forward,
 # backward, the learner's clip and fused AdamW, state kept), the same without the optimizer step (`fsdp-backward`), or
-# a one-rank NCCL kernel alone (`nccl-avg`)? Each with PDL on and off, interleaved (--pdl 1 0 1 0). (A bare eager
-# backward + AdamW, `backward adam`, did not slow the PDL engine in session 15.)
+# a one-rank NCCL kernel alone (`nccl-avg`)? Each with PDL on and off, interleaved (--pdl 1 0 1 0); the plain and the
+# fsdp runs also with each kernel letting the next launch only at its completion (--pdl-trigger: fewer programs
+# resident and waiting). (A bare eager backward + AdamW, `backward adam`, did not slow the PDL engine in session 15.)
 case ${1:-a} in
 a)
   run a1_tests 90 env HYBRIDRL_TEST_DEVICE=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider \
@@ -37,8 +38,9 @@ b)
   STEP_S=150 step b2_unfused_logprobs $P --set trainer.fused_logprobs=false ;;
 c)
   B="$G --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 --pdl 1 0 1 0"
-  run c1_plain 100 $B --out $O/c1_plain.json
-  run c2_fsdp 170 $B --process-state fsdp --out $O/c2_fsdp.json
+  T="--pdl-trigger start completion start completion"
+  run c1_plain 110 $B $T --out $O/c1_plain.json
+  run c2_fsdp 180 $B $T --process-state fsdp --out $O/c2_fsdp.json
   run c3_fsdp_backward 150 $B --process-state fsdp-backward --out $O/c3_fsdp_backward.json
   run c4_nccl_avg 90 $B --process-state nccl-avg --out $O/c4_nccl_avg.json ;;
 esac
