@@ -161,8 +161,7 @@ class DecodeRunner:
 
     @property
     def pdl(self) -> bool:
-        """Whether the step's Triton kernels launch with programmatic dependent launch (`kernels/pdl.py`; the
-        process-wide switch). Setting it drops the graphs, which keep the launches they were captured with."""
+        """Whether the Triton kernels launch with PDL (`kernels/pdl.py`'s process-wide switch; drops the graphs)."""
         return pdl_switch.is_enabled()
 
     @pdl.setter
@@ -173,8 +172,7 @@ class DecodeRunner:
 
     @property
     def pdl_trigger(self) -> str:
-        """Where each PDL-launched kernel lets the next launch: "start" (the default) or "completion" (benchmarks'
-        A/B; `kernels/pdl.py`). Setting it drops the graphs."""
+        """Where a PDL kernel lets the next launch: "start" or "completion" (`kernels/pdl.py`; drops the graphs)."""
         return "start" if pdl_switch.early_trigger() else "completion"
 
     @pdl_trigger.setter
