@@ -23,7 +23,7 @@ CASES = {
                     "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
     "bench_step:probe": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps",
                           "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-after-phases", "sleep", "update", "--probe-l2-reset",
-                          "--l2-reset-after-update", "--probe-pdl-off", "--probe-release",
+                          "--l2-reset-after-update", "--probe-pdl-off", "--probe-pdl-completion", "--probe-release",
                           "--probe-idle-s", "0", "--model-dir", "model"],
                          ["rollout_probe"]),
     "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
@@ -102,7 +102,10 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert probe["engine_direct_launches"] == [{"available": False}] * 2
         assert probe["bench_engine_here"]["launch_timing"] == {"available": False}
         assert probe["bench_engine_here"]["launch_timing_pdl_off"] == {"available": False}  # --probe-pdl-off ran
-        assert probe["bench_engine_here"]["pdl_off_engine_pdl"] is False  # on an engine without PDL, not a new default
+        here = probe["bench_engine_here"]
+        assert here["pdl_off_engine_setting"] is False  # on an engine without PDL, not a new engine's default
+        assert here["launch_timing_pdl_completion"] == {"available": False}  # --probe-pdl-completion ran
+        assert here["pdl_completion_engine_setting"] == "completion"
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]
         assert sorted(variants) == [f"{kind}_join{wait}_ride{ride}" for kind in ("lockstep", "staggered")

@@ -150,6 +150,9 @@ def main() -> None:
     ap.add_argument("--probe-pdl-off", action="store_true",
                     help="with --probe-rollout: each probe also times the run on an engine captured without PDL "
                          "(launch_timing_pdl_off): where both launch alike, this process has lost PDL's overlap")
+    ap.add_argument("--probe-pdl-completion", action="store_true",
+                    help="with --probe-rollout: each probe also times the run on an engine whose kernels let the next "
+                         "launch only at their completion (launch_timing_pdl_completion; the runner's pdl_trigger)")
     ap.add_argument("--probe-release", action="store_true",
                     help="with --probe-rollout, after the probe that follows the steps: the same run after "
                          "torch.cuda.empty_cache() (the trainer's cached segments handed back), after --probe-idle-s "
@@ -414,22 +417,29 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     print(f"probe {name or 'here'}: {out['tokens_per_s']:.0f} tok/s, decode launch "
           f"{'-' if busy is None else f'{busy:.4f} ms'}", file=sys.stderr, flush=True)  # kept if a run is cut short
     engine.shutdown()
-    if args.probe_pdl_off and pdl.is_enabled():
-        # The same run on an engine captured without PDL: equal figures mean this process has lost PDL's overlap.
-        # A new engine sets the process-wide switch from its options (on), so it is turned off on the engine's runner,
-        # before its first capture.
+    # The same run on engines launched otherwise: without PDL (equal figures mean this process has lost PDL's
+    # overlap), and with each kernel letting the next launch only at its completion. A new engine sets the process-wide
+    # switches from its options, so each arm sets its own on the engine's runner, before its first capture.
+    arms = []
+    if args.probe_pdl_off:
+        arms.append(("pdl_off", "without PDL", lambda r: setattr(r, "pdl", False), lambda r: r.pdl))
+    if args.probe_pdl_completion:
+        arms.append(("pdl_completion", "PDL triggered at completion",
+                     lambda r: setattr(r, "pdl_trigger", "completion"), lambda r: r.pdl_trigger))
+    for key, label, switch, setting in arms if pdl.is_enabled() else []:
         try:
             engine = build_engine(model, ns, args.prompts * args.group)
-            engine.runner.pdl = False
+            switch(engine.runner)
             run_generate(engine, prompts, args.group, args.new_tokens, device)
-            off = timed_launches(engine, prompts, params, device)
-            out["launch_timing_pdl_off"] = off
-            out["pdl_off_engine_pdl"] = engine.runner.pdl  # False: its graphs were captured without PDL
-            print(f"probe {name or 'here'} without PDL: decode launch {off.get('busy_ms_median', '-')} ms",
+            timing = timed_launches(engine, prompts, params, device)
+            out[f"launch_timing_{key}"] = timing
+            out[f"{key}_engine_setting"] = setting(engine.runner)  # what its graphs were captured with
+            print(f"probe {name or 'here'} {label}: decode launch {timing.get('busy_ms_median', '-')} ms",
                   file=sys.stderr, flush=True)
             engine.shutdown()
         finally:
             pdl.set_enabled(True)
+            pdl.set_early_trigger(True)
     del model
     return out
 

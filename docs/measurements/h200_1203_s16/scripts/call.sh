@@ -20,6 +20,8 @@ step() { local n=$1; shift; mkdir -p $O/$n; run $n ${STEP_S:-170} env OUT=$O/$n 
 # a one-rank NCCL kernel alone (`nccl-avg`)? Each with PDL on and off, interleaved (--pdl 1 0 1 0); the plain and the
 # fsdp runs also with each kernel letting the next launch only at its completion (--pdl-trigger: fewer programs
 # resident and waiting). (A bare eager backward + AdamW, `backward adam`, did not slow the PDL engine in session 15.)
+# Call `d`: the step's probes after logprob and after the update on three engines: PDL as now, without PDL, and PDL
+# triggered at completion.
 case ${1:-a} in
 a)
   run a1_tests 90 env HYBRIDRL_TEST_DEVICE=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider \
@@ -43,6 +45,9 @@ c)
   run c2_fsdp 180 $B $T --process-state fsdp --out $O/c2_fsdp.json
   run c3_fsdp_backward 150 $B --process-state fsdp-backward --out $O/c3_fsdp_backward.json
   run c4_nccl_avg 90 $B --process-state nccl-avg --out $O/c4_nccl_avg.json ;;
+d)  # then: the three arms inside the step's process, before and after the first update
+  STEP_S=240 step d1_step_arms --warmup 1 --steps 1 --probe-after-phases logprob update --probe-pdl-off \
+    --probe-pdl-completion ;;
 esac
 grep -h "^probe" $O/*.log 2>/dev/null
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 -name '*.log' -delete
