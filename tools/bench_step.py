@@ -395,6 +395,7 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     from hybridrl.engines.kernels import pdl
 
     held, limits = process_memory(device), device_limits(device)
+    switches = pdl.is_enabled(), pdl.early_trigger()  # the step's engine's; a probe engine sets its own
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
                             no_skinny_gemm=False, no_rope_attention=False)
@@ -426,8 +427,8 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     if args.probe_pdl_completion:
         arms.append(("pdl_completion", "PDL triggered at completion",
                      lambda r: setattr(r, "pdl_trigger", "completion"), lambda r: r.pdl_trigger))
-    for key, label, switch, setting in arms if pdl.is_enabled() else []:
-        try:
+    try:
+        for key, label, switch, setting in arms if switches[0] else []:
             engine = build_engine(model, ns, args.prompts * args.group)
             switch(engine.runner)
             run_generate(engine, prompts, args.group, args.new_tokens, device)
@@ -437,9 +438,9 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
             print(f"probe {name or 'here'} {label}: decode launch {timing.get('busy_ms_median', '-')} ms",
                   file=sys.stderr, flush=True)
             engine.shutdown()
-        finally:
-            pdl.set_enabled(True)
-            pdl.set_early_trigger(True)
+    finally:  # the step's engine goes on with the switches it was built with
+        pdl.set_enabled(switches[0])
+        pdl.set_early_trigger(switches[1])
     del model
     return out
 
