@@ -1,0 +1,27 @@
+# Session 17 on one H200: is the completion trigger (kernels/pdl.py mode 2) the fix for the PDL engines' slowdown
+# after the first update (session 16, call b)? Helpers as in ../../h200_1203_s16/scripts/call.sh.
+# Call `a`: the GPU tests of the completion trigger; the step's probes after logprob and after the update on three
+# engines (PDL as now, without PDL, PDL triggered at completion) = session 16's `call.sh d`; the plain GRPO bench with
+# PDL on/off and start/completion triggers = session 16's `c1`.
+# Call `b`: the bench's own process given the product's FSDP2 update (session 16's `c2`, `c3`), then the step.
+source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
+O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
+run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; tail -3 $O/$n.log; }
+G="python3 tools/bench_engine.py --case grpo"
+B="$G --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 --pdl 1 0 1 0"
+T="--pdl-trigger start completion start completion"
+S="python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --model-dir /tmp/m15"
+step() { local n=$1 t=$2; shift 2; mkdir -p $O/$n; run $n $t env OUT=$O/$n $S "$@"; }
+case ${1:-a} in
+a)
+  run a1_tests 100 env HYBRIDRL_TEST_DEVICE=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider \
+    tests/test_engine_kernels.py tests/test_fused_engine.py -k pdl
+  step a2_step_arms 250 --probe-rollout --warmup 1 --steps 1 --probe-after-phases logprob update --probe-pdl-off \
+    --probe-pdl-completion
+  run a3_plain 120 $B $T --out $O/a3_plain.json ;;
+b)
+  run b1_fsdp 180 $B $T --process-state fsdp --out $O/b1_fsdp.json
+  step b2_step ${STEP_S:-200} ${STEP_ARGS:-} ;;
+esac
+grep -h "^probe" $O/*.log 2>/dev/null
+cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 -name '*.log' -delete
