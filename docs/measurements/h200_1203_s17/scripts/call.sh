@@ -3,7 +3,10 @@
 # Call `a`: the GPU tests of the completion trigger; the step's probes after logprob and after the update on three
 # engines (PDL as now, without PDL, PDL triggered at completion) = session 16's `call.sh d`; the plain GRPO bench with
 # PDL on/off and start/completion triggers = session 16's `c1`.
-# Call `b`: the bench's own process given the product's FSDP2 update (session 16's `c2`, `c3`), then the step.
+# Call `b` (as run, inline): the bench's own process given the product's FSDP2 update, the same without the optimizer
+# step, one one-rank NCCL AVG all-reduce (session 16's `c2`-`c4`), each with PDL on and off interleaved.
+# Call `c`: the step's probes (PDL on and off) after logprob and after the update, with the trainer's state kept on the
+# device (`--offload none`) and with the offloaded memory freed at once (`--eager-offload`).
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; tail -3 $O/$n.log; }
@@ -20,8 +23,11 @@ a)
     --probe-pdl-completion
   run a3_plain 120 $B $T --out $O/a3_plain.json ;;
 b)
-  run b1_fsdp 180 $B $T --process-state fsdp --out $O/b1_fsdp.json
-  step b2_step ${STEP_S:-200} ${STEP_ARGS:-} ;;
+  for s in fsdp nccl-avg fsdp-backward; do run b_$s 170 $B --process-state $s --out $O/b_$s.json; done ;;
+c)
+  P="--probe-rollout --warmup 1 --steps 1 --probe-after-phases logprob update --probe-pdl-off"
+  step c1_offload_none 215 $P --offload none
+  step c2_eager_offload 215 $P --eager-offload ;;
 esac
 grep -h "^probe" $O/*.log 2>/dev/null
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 -name '*.log' -delete
