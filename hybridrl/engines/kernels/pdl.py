@@ -20,7 +20,9 @@ arguments, and each kernel takes a `PDL: tl.constexpr` and calls `await_inputs(P
 Where the next kernel may launch is a second process-wide setting, for benchmarks' A/B (`set_early_trigger`): at each
 kernel's start (the default, measured below), or only at its completion (no explicit trigger: the launch still
 carries the attribute and the wait, but fewer programs sit resident waiting for the kernels ahead). The sixteenth
-session found a rollout after the trainer's first update slower only with PDL (docs/measurements/h200_1203_s16).
+session found a rollout after the trainer's first update slower only with PDL (docs/measurements/h200_1203_s16); the
+seventeenth found it as slow with the trigger at completion (h200_1203_s17), which is faster before the update by
+0.5%: not enough to change the default.
 
 Measured on the H200 (docs/measurements/h200_1202_s9/): the 1.5B GRPO rollout, 256 rows × 512 new tokens, 86.3k →
 88.1k and 86.8k → 89.1k tok/s on two machines, the runs interleaved in one process. Tried beside it and not kept: the

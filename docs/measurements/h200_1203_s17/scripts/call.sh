@@ -7,6 +7,9 @@
 # step, one one-rank NCCL AVG all-reduce (session 16's `c2`-`c4`), each with PDL on and off interleaved.
 # Call `c`: the step's probes (PDL on and off) after logprob and after the update, with the trainer's state kept on the
 # device (`--offload none`) and with the offloaded memory freed at once (`--eager-offload`).
+# Call `d` (for the next session; the overrides checked on the CPU with the tiny shape): the same probes with one part of
+# the actor's update changed at a time: no reference and no KL term (`algorithm.kl_coef=0`), four micro-batches of 64
+# instead of sixteen of 16, no gradient clip. Whichever keeps PDL's gain after the update names the part to look into.
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; tail -3 $O/$n.log; }
@@ -28,6 +31,11 @@ c)
   P="--probe-rollout --warmup 1 --steps 1 --probe-after-phases logprob update --probe-pdl-off"
   step c1_offload_none 215 $P --offload none
   step c2_eager_offload 215 $P --eager-offload ;;
+d)
+  P="--probe-rollout --warmup 1 --steps 1 --probe-after-phases logprob update --probe-pdl-off"
+  step d1_no_kl 190 $P --set algorithm.kl_coef=0
+  step d2_micro64 190 $P --set trainer.micro_batch_size=64
+  step d3_no_clip 190 $P --set trainer.grad_clip=0 ;;
 esac
 grep -h "^probe" $O/*.log 2>/dev/null
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 -name '*.log' -delete
