@@ -39,8 +39,8 @@ CASES = {
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
                            "0", "1", "--pdl-trigger", "completion", "start", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
-                           "--process-state", "nccl", "nccl-avg", "fsdp", "compile", "pinned", "backward", "adam",
-                           "--l2-reset"],
+                           "--process-state", "nccl", "nccl-avg", "fsdp", "actor", "compile", "pinned", "backward",
+                           "adam", "--l2-reset"],
                           ["grpo"]),
 }
 
@@ -76,9 +76,12 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         limits = out["process_state"].pop("device_limits")
         norm = out["process_state"].pop("fsdp_grad_norm")  # the FSDP2 actor's update ran: a real gradient's norm
         assert math.isfinite(norm) and norm > 0
-        assert out["process_state"] == {"nccl": "gloo", "group_for": ["fsdp", "nccl", "nccl-avg"], "nccl_avg": False,
-                                        "compile": False, "pinned_gb": 0.0, "backward": True, "adam": True,
-                                        "l2_reset": False}
+        actor = out["process_state"].pop("actor_update")  # the product's actor role ran its update phase
+        assert math.isfinite(actor["actor/grad_norm"]) and actor["actor/grad_norm"] > 0
+        assert actor["actor/nonfinite_steps"] == 0 and "actor/kl" in actor  # the KL to the reference was in the loss
+        assert out["process_state"] == {"nccl": "gloo", "group_for": ["actor", "fsdp", "nccl", "nccl-avg"],
+                                        "nccl_avg": False, "compile": False, "pinned_gb": 0.0, "backward": True,
+                                        "adam": True, "l2_reset": False}
         assert set(limits) == {"threads"} and limits["threads"] >= 1
         assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
     if "rollout_probe" in out:  # each timed step's generate, repeated three ways; bench_engine's run in the process

@@ -27,8 +27,8 @@ time per step ((total - prefill-only run) / (new tokens - 1)); on GPU also one g
 What a training step does around a rollout can be reproduced: `--model-dir` benches a saved model (the one
 `bench_step.py --model-dir` wrote, or a real one), `--sleep-cycle` sleeps and wakes the engine before each grpo run
 with the device's memory taken meanwhile, in one piece or fragmented; `--live-gb` keeps memory taken throughout;
-`--heat-s` runs full-power GEMMs right before the reported runs; `--process-state` gives this process the step's NCCL
-group or compiled layers. The grpo case's `launch_timing` times one more run on the device, launch by launch: whether
+`--heat-s` runs full-power GEMMs right before the reported runs; `--process-state` gives this process parts of the step's
+state (its NCCL group, compiled layers, pinned buffers, an FSDP2 update, the actor role's own update phase). The grpo case's `launch_timing` times one more run on the device, launch by launch: whether
 a slower run is the host falling behind (gaps) or slower launches.
 """
 
@@ -247,7 +247,8 @@ def reset_persisting_l2(device: torch.device) -> bool:
 _HELD: list[object] = []  # what --process-state keeps alive for the whole run
 
 
-def step_process_state(parts: list[str], model, device: torch.device, pinned_gb: float = 0.0) -> dict:
+def step_process_state(parts: list[str], model, device: torch.device, pinned_gb: float = 0.0,
+                       rollout: tuple[int, int, int, int] = (32, 8, 128, 512)) -> dict:
     """Give this process what a training step's process has and the bench's has not, before the engine is built:
     `nccl`, the workers' default group (one rank, as bench_step's inline worker joins it); `compile`, the trainer's
     torch.compile of every decoder layer (GPU only, as `trainer.compile`), run forward and backward once; `backward`,
@@ -256,10 +257,11 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
     `pinned_gb` GiB of page-locked host memory (mapped into the device's address space, as the offloaded state's
     buffers are), copied to the device and back once in 1 GiB pieces and kept; `nccl-avg`, one one-rank all-reduce
     that NCCL runs a kernel for; `fsdp`, the actor's update as the product runs it (`fsdp_update`), its state kept;
-    `fsdp-backward`, the same up to its backward.
+    `fsdp-backward`, the same up to its backward; `actor`, the product's actor role loaded from `model` and its update
+    over a synthetic rollout of `rollout` (prompts, samples, prompt length, new tokens; `actor_update`), kept.
     Which of them makes the same decode graphs slower?"""
     done: dict[str, object] = {}
-    if parts_need_group := {"nccl", "nccl-avg", "fsdp", "fsdp-backward"} & set(parts):
+    if parts_need_group := {"nccl", "nccl-avg", "fsdp", "fsdp-backward", "actor"} & set(parts):
         import torch.distributed as dist
 
         from hybridrl.workers.dist import init_process_group
@@ -277,6 +279,8 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             sync(device)
     if "fsdp" in parts or "fsdp-backward" in parts:
         done["fsdp_grad_norm"] = fsdp_update(model, device, step="fsdp" in parts)
+    if "actor" in parts:
+        done["actor_update"] = actor_update(model, device, *rollout)
     if "compile" in parts:
         done["compile"] = device.type == "cuda"
         if done["compile"]:
@@ -361,6 +365,51 @@ def fsdp_update(model, device: torch.device, step: bool = True) -> float:
     sync(device)
     _HELD.append(learner)
     return norm
+
+
+def actor_update(model, device: torch.device, prompts: int, samples: int, prompt_len: int, new_tokens: int) -> dict:
+    """One update of the product's own actor role (needs the default group), as the step runs it: a `Trainer` loaded
+    from a copy of `model` saved to a temporary folder (float32 master weights, compiled layers on GPU, FSDP2 at one
+    rank, the default TrainerConfig and AlgorithmConfig: GRPO, PPO-clip, the KL to the reference in the loss), its
+    no-grad log-prob pass over a synthetic rollout of the bench's GRPO shape (random responses of `new_tokens`, each
+    group of `samples` sharing a prompt), the advantages from random scores through `estimation.estimate`, then
+    `Trainer.update`: its micro-batches, the loss, the clip and fused AdamW. Where `fsdp_update` runs one plain
+    backward, this is the step's update phase itself; its state stays for the run. Returns the update's metrics."""
+    import shutil
+    import tempfile
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridrl.algorithms.config import AlgorithmConfig
+    from hybridrl.batch import Batch
+    from hybridrl.estimation import estimate
+    from hybridrl.models.config import ModelConfig
+    from hybridrl.training.config import TrainerConfig
+    from hybridrl.training.trainer import Trainer
+
+    folder = tempfile.mkdtemp(prefix="bench_actor_")
+    try:
+        model.save_pretrained(folder)
+        mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
+        algo = AlgorithmConfig(group_size=samples)
+        actor = Trainer(folder, ModelConfig(name="hf", path=folder), TrainerConfig(), algo, device, mesh,
+                        pad_token_id=0, temperature=1.0, total_optimizer_steps=10)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the weights are in memory now
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    heads = [torch.randint(2, vocab, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
+    rows = prompts * samples
+    batch = Batch([heads[i // samples] for i in range(rows)],
+                  {"responses": torch.randint(2, vocab, (rows, new_tokens), generator=g),
+                   "response_mask": torch.ones(rows, new_tokens, dtype=torch.long)})
+    old = actor.compute_logprobs(actor.micro_batches(batch))["old_logprobs"]
+    batch["old_logprobs"], batch["ref_logprobs"], batch["engine_logprobs"] = old, old.clone(), old.clone()
+    estimate(algo, batch, torch.rand(rows, generator=g).tolist(), {}, new_tokens)
+    out = actor.update(batch)
+    sync(device)
+    _HELD.append(actor)
+    return out
 
 
 # -- what a decode step must read -------------------------------------------------------------------------------
@@ -748,7 +797,8 @@ def main() -> None:
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
     ap.add_argument("--process-state", nargs="*", default=[],
-                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", "compile", "pinned", "backward", "adam"),
+                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", "actor", "compile", "pinned", "backward",
+                             "adam"),
                     help="what a training step's process has, given to this one before the engine is built: the "
                          "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
                          "--pinned-gb of page-locked host memory copied to the device and back once, held "
@@ -756,7 +806,8 @@ def main() -> None:
                          "of the model (16 × 1024 tokens, eager), a fused AdamW step over it (states freed after); "
                          "nccl-avg: a one-rank AVG all-reduce (a NCCL kernel); fsdp: the actor's update as the product "
                          "runs it, FSDP2 at one rank on a float32 copy (state kept); fsdp-backward: the same without its "
-                         "optimizer step; then --l2-reset")
+                         "optimizer step; actor: the product's actor role (Trainer) and its update over a synthetic "
+                         "rollout of the grpo case's shape (state kept); then --l2-reset")
     ap.add_argument("--l2-reset", action="store_true",
                     help="after --process-state: cudaCtxResetPersistingL2Cache (lines a kernel left persisting in L2)")
     ap.add_argument("--pinned-gb", type=float, default=20.0,
@@ -799,7 +850,8 @@ def main() -> None:
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     live = torch.empty(int(args.live_gb * 2**30), dtype=torch.uint8, device=device) if args.live_gb else None
     model = build_model(args.shape, dtype, device, args.model_dir)
-    process_state = step_process_state(args.process_state, model, device, args.pinned_gb)
+    process_state = step_process_state(args.process_state, model, device, args.pinned_gb,
+                                       (args.prompts, args.samples, args.prompt_len, args.new_tokens))
     if args.l2_reset:
         process_state["l2_reset"] = reset_persisting_l2(device)
     process_state["device_limits"] = device_limits(device)

@@ -36,6 +36,9 @@ d)
   step d1_no_kl 190 $P --set algorithm.kl_coef=0
   step d2_micro64 190 $P --set trainer.micro_batch_size=64
   step d3_no_clip 190 $P --set trainer.grad_clip=0 ;;
+e)
+  run e0_plain 110 $B --out $O/e0_plain.json
+  run e1_actor 260 $B --process-state actor --out $O/e1_actor.json ;;
 esac
 grep -h "^probe" $O/*.log 2>/dev/null
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 -name '*.log' -delete
