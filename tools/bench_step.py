@@ -422,13 +422,14 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     # overlap), and with each kernel letting the next launch only at its completion. A new engine sets the process-wide
     # switches from its options, so each arm sets its own on the engine's runner, before its first capture.
     arms = []
-    if args.probe_pdl_off:
-        arms.append(("pdl_off", "without PDL", lambda r: setattr(r, "pdl", False), lambda r: r.pdl))
-    if args.probe_pdl_completion:
-        arms.append(("pdl_completion", "PDL triggered at completion",
-                     lambda r: setattr(r, "pdl_trigger", "completion"), lambda r: r.pdl_trigger))
+    if switches[0]:  # a step that runs without PDL has nothing to compare these against
+        if args.probe_pdl_off:
+            arms.append(("pdl_off", "without PDL", lambda r: setattr(r, "pdl", False), lambda r: r.pdl))
+        if args.probe_pdl_completion:
+            arms.append(("pdl_completion", "PDL triggered at completion",
+                         lambda r: setattr(r, "pdl_trigger", "completion"), lambda r: r.pdl_trigger))
     try:
-        for key, label, switch, setting in arms if switches[0] else []:
+        for key, label, switch, setting in arms:
             engine = build_engine(model, ns, args.prompts * args.group)
             switch(engine.runner)
             run_generate(engine, prompts, args.group, args.new_tokens, device)
