@@ -21,7 +21,8 @@ step() { local n=$1; shift; mkdir -p $O/$n; run $n ${STEP_S:-170} env OUT=$O/$n 
 # fsdp runs also with each kernel letting the next launch only at its completion (--pdl-trigger: fewer programs
 # resident and waiting). (A bare eager backward + AdamW, `backward adam`, did not slow the PDL engine in session 15.)
 # Call `d`: the step's probes after logprob and after the update on three engines: PDL as now, without PDL, and PDL
-# triggered at completion. (Both ran in the seventeenth session as ../../h200_1203_s17/scripts/call.sh a and b.)
+# triggered at completion.
+# (Run in the seventeenth session, ../../h200_1203_s17/scripts/call.sh: `d` and `c1` as its call `a`, `c2`-`c4` as `b`.)
 case ${1:-a} in
 a)
   run a1_tests 90 env HYBRIDRL_TEST_DEVICE=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider \
