@@ -23,7 +23,7 @@ CASES = {
                     "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
     "bench_step:probe": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps",
                           "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-after-phases", "sleep", "update", "--probe-l2-reset",
-                          "--l2-reset-after-update", "--probe-pdl-off", "--probe-pdl-completion", "--probe-release",
+                          "--l2-reset-after-update", "--probe-pdl-off", "--probe-pdl-completion", "--probe-release", "--probe-subprocess",
                           "--probe-idle-s", "0", "--model-dir", "model"],
                          ["rollout_probe"]),
     "bench_lora": ([*SMALL, "--rank", "4", "--alpha", "8", "--prompts", "2", "--group", "2", "--prompt-len", "8",
@@ -109,6 +109,12 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert here["pdl_off_engine_setting"] is False  # on an engine without PDL, not a new engine's default
         assert here["launch_timing_pdl_completion"] == {"available": False}  # --probe-pdl-completion ran
         assert here["pdl_completion_engine_setting"] == "completion"
+        # --probe-subprocess: bench_engine in a process of its own before step 1 and after the steps, PDL on then off
+        child = probe["bench_engine_child"]
+        assert list(child) == ["before_steps", "after_steps"], child
+        for run in child.values():
+            assert run["pdl"] is True and run["tokens_per_s"] > 0 and run["pdl_off"]["tokens_per_s"] > 0, run
+            assert run["launch_busy_ms_median"] is None  # no device timestamps on the CPU
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]
         assert sorted(variants) == [f"{kind}_join{wait}_ride{ride}" for kind in ("lockstep", "staggered")

@@ -166,6 +166,11 @@ def main() -> None:
                          "time/generate then includes the repeats): tells a rollout slowed by the state the update "
                          "leaves (first slower than the repeats), by the worker's path (direct faster), or by the "
                          "process (bench_engine slower here than in its own process)")
+    ap.add_argument("--probe-subprocess", action="store_true",
+                    help="with --probe-rollout: bench_engine's GRPO run (PDL on, then off) also in a process of its "
+                         "own, started before step 1 and after the steps while this process holds what it holds "
+                         "(rollout_probe.bench_engine_child): slow there after the steps too, the device carries the "
+                         "slowdown; fast there, this process's state does")
     ap.add_argument("--probe-profile",
                     help="with --probe-rollout, GPU: a profiler table of one more run of bench_engine's GRPO case in "
                          "this process, to this file (bench_engine.py --profile: its own process's)")
@@ -213,6 +218,7 @@ def main() -> None:
     probe = RolloutProbe(controller.group.worker, device, timing) if args.probe_rollout and args.workers == 1 else None
     # Before any step the process holds what it built (trainer, asleep engine, groups) but nothing the steps did.
     before = here("before_steps") if probe is not None and args.probe_first else None
+    child = {"before_steps": bench_engine_child(path, args)} if probe is not None and args.probe_subprocess else {}
     steps, after_step = [], {}
     for step in range(1, args.warmup + args.steps + 1):
         timing["on"], timing["step"] = step > args.warmup, step
@@ -254,6 +260,9 @@ def main() -> None:
     if probe is not None:
         result["rollout_probe"] = {**probe.summary(args.prompts * args.group, args.new_tokens),
                                    "bench_engine_here": here("after_steps")}
+        if child:
+            child["after_steps"] = bench_engine_child(path, args)
+            result["rollout_probe"]["bench_engine_child"] = child
         if before is not None:
             result["rollout_probe"]["bench_engine_before_steps"] = before
         if after_step:
@@ -444,6 +453,33 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
         pdl.set_early_trigger(switches[1])
     del model
     return out
+
+
+def bench_engine_child(path: str, args) -> dict:
+    """--probe-subprocess: tools/bench_engine.py's GRPO run over the saved model, PDL on and then off, in a child
+    process started while this one holds its roles and what the steps left. The child shares only the device with
+    this process: a child as slow after the steps as this process's own probe puts the slowdown in the device, a
+    child as fast as before step 1 puts it in this process's state (its CUDA context, allocator, loaded modules)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_child_") as tmp:
+        out = Path(tmp, "bench_engine.json")
+        cmd = [sys.executable, str(Path(__file__).with_name("bench_engine.py")), "--case", "grpo", "--shape", args.shape,
+               "--device", args.device, "--model-dir", path, "--prompts", str(args.prompts), "--samples",
+               str(args.group), "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
+               "--pdl", "1", "0", "--out", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        if r.returncode != 0 or not out.exists():  # the step's figures are still worth having: say why, go on
+            return {"error": f"bench_engine exited {r.returncode}", "stderr_tail": r.stderr[-2000:]}
+        grpo = json.loads(out.read_text())["grpo"]
+    res = {k: grpo[k] for k in ("tokens_per_s", "decode_step_ms", "pdl")}
+    res["launch_busy_ms_median"] = grpo["launch_timing"].get("busy_ms_median")
+    res["pdl_off"] = grpo["pdl_variants"]["False"]
+    res["device_state"] = grpo["device_state"]
+    print(f"probe child: {res['tokens_per_s']:.0f} tok/s with PDL, {res['pdl_off']['tokens_per_s']:.0f} without",
+          file=sys.stderr, flush=True)
+    return res
 
 
 def n_params(model_dir: str) -> int:

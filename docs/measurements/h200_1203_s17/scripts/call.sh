@@ -10,6 +10,11 @@
 # Call `d` (for the next session; the overrides checked on the CPU with the tiny shape): the same probes with one part of
 # the actor's update changed at a time: no reference and no KL term (`algorithm.kl_coef=0`), four micro-batches of 64
 # instead of sixteen of 16, no gradient clip. Whichever keeps PDL's gain after the update names the part to look into.
+# Call `f` (written in session 18, which had no device time; checked on the CPU with the tiny shape): the step's probes
+# with bench_engine also run in a process of its own, PDL on and off, before step 1 and after the steps while the step's
+# process holds its roles (`--probe-subprocess`). A child as slow after the steps as the in-process probe puts the
+# slowdown in the device; a child as fast as before step 1 puts it in the step's process. One run answers what `d` and
+# `e` narrow down, so run it first (~6 minutes).
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; tail -3 $O/$n.log; }
@@ -39,6 +44,8 @@ d)
 e)
   run e0_plain 110 $B --out $O/e0_plain.json
   run e1_actor 260 $B --process-state actor --out $O/e1_actor.json ;;
+f)
+  step f1_child 480 --probe-rollout --warmup 1 --steps 1 --probe-first --probe-pdl-off --probe-subprocess ;;
 esac
 grep -h "^probe" $O/*.log 2>/dev/null
 cd $O && tar czf /tmp/all.tgz . && mv /tmp/all.tgz $O/all.tgz && find . -mindepth 1 -name '*.log' -delete
