@@ -469,8 +469,9 @@ def bench_engine_child(path: str, args) -> dict:
                "--device", args.device, "--model-dir", path, "--prompts", str(args.prompts), "--samples",
                str(args.group), "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
                "--pdl", "1", "0", "--out", str(out)]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not out.exists():  # the step's figures are still worth having: say why, go on
+            print(f"probe child: bench_engine exited {r.returncode}", file=sys.stderr, flush=True)
             return {"error": f"bench_engine exited {r.returncode}", "stderr_tail": r.stderr[-2000:]}
         grpo = json.loads(out.read_text())["grpo"]
     res = {k: grpo[k] for k in ("tokens_per_s", "decode_step_ms", "pdl")}
