@@ -42,6 +42,9 @@ CASES = {
                            "--process-state", "nccl", "nccl-avg", "fsdp", "actor", "compile", "pinned", "backward",
                            "adam", "--l2-reset"],
                           ["grpo"]),
+    "bench_engine:grpo-actor-parts": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len",
+                                       "8", "--new-tokens", "4", "--process-state", "actor-logprob", "--stack-reset",
+                                       "--release-state"], ["grpo"]),
 }
 
 
@@ -64,6 +67,11 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
     assert out["shape"] == "tiny" and out["device"] == "cpu", out
     for key in keys:
         assert key in out, (key, sorted(out))
+    if tool == "bench_engine:grpo-actor-parts":  # the role up to its log-prob pass (no update metrics), then dropped
+        assert out["process_state"]["actor_update"] == {} and out["process_state"]["group_for"] == ["actor-logprob"]
+        assert out["process_state"]["released"] is True and out["process_state"]["stack_reset"] is False  # no CUDA
+        assert out["grpo"]["tokens"] == 2 * 2 * 4
+        return
     if "grpo" in out:  # the A/Bs of grouped attention and long-context splits: the first value in full, others beside
         assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_tokens_variants"]) == ["8"]
         assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]

@@ -28,8 +28,10 @@ What a training step does around a rollout can be reproduced: `--model-dir` benc
 `bench_step.py --model-dir` wrote, or a real one), `--sleep-cycle` sleeps and wakes the engine before each grpo run
 with the device's memory taken meanwhile, in one piece or fragmented; `--live-gb` keeps memory taken throughout;
 `--heat-s` runs full-power GEMMs right before the reported runs; `--process-state` gives this process parts of the step's
-state (its NCCL group, compiled layers, pinned buffers, an FSDP2 update, the actor role's own update phase). The grpo case's `launch_timing` times one more run on the device, launch by launch: whether
-a slower run is the host falling behind (gaps) or slower launches.
+state (its NCCL group, compiled layers, pinned buffers, an FSDP2 update, the actor role's own update phase or part of
+it), and `--release-state` / `--stack-reset` / `--l2-reset` undo parts of it again. The grpo case's `launch_timing`
+times one more run on the device, launch by launch: whether a slower run is the host falling behind (gaps) or slower
+launches.
 """
 
 from __future__ import annotations
@@ -244,6 +246,34 @@ def reset_persisting_l2(device: torch.device) -> bool:
     return cudart.cudaCtxResetPersistingL2Cache() == 0
 
 
+def reset_stack_limit(device: torch.device) -> bool:
+    """cudaDeviceSetLimit(cudaLimitStackSize) up by 1 KiB and back: the driver resizes the local memory it reserves
+    for the context, which a kernel needing more of it (spilled registers) grew and which stays grown otherwise.
+    True where both calls ran."""
+    cudart = _cudart() if device.type == "cuda" else None
+    if cudart is None:
+        return False
+    torch.cuda.synchronize(device)
+    value = ctypes.c_size_t()
+    if cudart.cudaDeviceGetLimit(ctypes.byref(value), 0x00) != 0:
+        return False
+    return (cudart.cudaDeviceSetLimit(0x00, ctypes.c_size_t(value.value + 1024)) == 0
+            and cudart.cudaDeviceSetLimit(0x00, ctypes.c_size_t(value.value)) == 0)
+
+
+def release_process_state(device: torch.device) -> bool:
+    """Drop what --process-state kept (the roles, their compiled code through torch.compiler.reset), collect, and
+    give the freed device memory back: whether holding it, rather than having run it, slows the engine."""
+    import gc
+
+    _HELD.clear()
+    torch.compiler.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return True
+
+
 _HELD: list[object] = []  # what --process-state keeps alive for the whole run
 
 
@@ -258,10 +288,12 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
     buffers are), copied to the device and back once in 1 GiB pieces and kept; `nccl-avg`, one one-rank all-reduce
     that NCCL runs a kernel for; `fsdp`, the actor's update as the product runs it (`fsdp_update`), its state kept;
     `fsdp-backward`, the same up to its backward; `actor`, the product's actor role loaded from `model` and its update
-    over a synthetic rollout of `rollout` (prompts, samples, prompt length, new tokens; `actor_update`), kept.
-    Which of them makes the same decode graphs slower?"""
+    over a synthetic rollout of `rollout` (prompts, samples, prompt length, new tokens; `actor_update`), kept;
+    `actor-eager` the same without compiled layers, `actor-logprob` only up to its log-prob pass, `actor-init` only
+    the role loaded. Which of them makes the same decode graphs slower?"""
     done: dict[str, object] = {}
-    if parts_need_group := {"nccl", "nccl-avg", "fsdp", "fsdp-backward", "actor"} & set(parts):
+    actor_arms = {"actor": "update", "actor-eager": "update", "actor-logprob": "logprob", "actor-init": "init"}
+    if parts_need_group := {"nccl", "nccl-avg", "fsdp", "fsdp-backward", *actor_arms} & set(parts):
         import torch.distributed as dist
 
         from hybridrl.workers.dist import init_process_group
@@ -279,8 +311,9 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             sync(device)
     if "fsdp" in parts or "fsdp-backward" in parts:
         done["fsdp_grad_norm"] = fsdp_update(model, device, step="fsdp" in parts)
-    if "actor" in parts:
-        done["actor_update"] = actor_update(model, device, *rollout)
+    if arm := next((a for a in actor_arms if a in parts), None):
+        done["actor_update"] = actor_update(model, device, *rollout, until=actor_arms[arm],
+                                            compile_layers=arm != "actor-eager")
     if "compile" in parts:
         done["compile"] = device.type == "cuda"
         if done["compile"]:
@@ -367,14 +400,17 @@ def fsdp_update(model, device: torch.device, step: bool = True) -> float:
     return norm
 
 
-def actor_update(model, device: torch.device, prompts: int, samples: int, prompt_len: int, new_tokens: int) -> dict:
+def actor_update(model, device: torch.device, prompts: int, samples: int, prompt_len: int, new_tokens: int,
+                 until: str = "update", compile_layers: bool = True) -> dict:
     """One update of the product's own actor role (needs the default group), as the step runs it: a `Trainer` loaded
     from a copy of `model` saved to a temporary folder (float32 master weights, compiled layers on GPU, FSDP2 at one
     rank, the default TrainerConfig and AlgorithmConfig: GRPO, PPO-clip, the KL to the reference in the loss), its
     no-grad log-prob pass over a synthetic rollout of the bench's GRPO shape (random responses of `new_tokens`, each
     group of `samples` sharing a prompt), the advantages from random scores through `estimation.estimate`, then
     `Trainer.update`: its micro-batches, the loss, the clip and fused AdamW. Where `fsdp_update` runs one plain
-    backward, this is the step's update phase itself; its state stays for the run. Returns the update's metrics."""
+    backward, this is the step's update phase itself; its state stays for the run. `until` stops after the role is
+    loaded (`init`) or after its log-prob pass (`logprob`); `compile_layers=False` runs the role eager. Returns the
+    update's metrics (empty when it stopped before the update)."""
     import shutil
     import tempfile
 
@@ -392,8 +428,8 @@ def actor_update(model, device: torch.device, prompts: int, samples: int, prompt
         model.save_pretrained(folder)
         mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
         algo = AlgorithmConfig(group_size=samples)
-        actor = Trainer(folder, ModelConfig(name="hf", path=folder), TrainerConfig(), algo, device, mesh,
-                        pad_token_id=0, temperature=1.0, total_optimizer_steps=10)
+        actor = Trainer(folder, ModelConfig(name="hf", path=folder), TrainerConfig(compile=compile_layers), algo,
+                        device, mesh, pad_token_id=0, temperature=1.0, total_optimizer_steps=10)
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # the weights are in memory now
     g = torch.Generator().manual_seed(0)
@@ -403,12 +439,17 @@ def actor_update(model, device: torch.device, prompts: int, samples: int, prompt
     batch = Batch([heads[i // samples] for i in range(rows)],
                   {"responses": torch.randint(2, vocab, (rows, new_tokens), generator=g),
                    "response_mask": torch.ones(rows, new_tokens, dtype=torch.long)})
+    _HELD.append(actor)
+    if until == "init":
+        return {}
     old = actor.compute_logprobs(actor.micro_batches(batch))["old_logprobs"]
+    sync(device)
+    if until == "logprob":
+        return {}
     batch["old_logprobs"], batch["ref_logprobs"], batch["engine_logprobs"] = old, old.clone(), old.clone()
     estimate(algo, batch, torch.rand(rows, generator=g).tolist(), {}, new_tokens)
     out = actor.update(batch)
     sync(device)
-    _HELD.append(actor)
     return out
 
 
@@ -797,7 +838,8 @@ def main() -> None:
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
     ap.add_argument("--process-state", nargs="*", default=[],
-                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", "actor", "compile", "pinned", "backward",
+                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", "actor", "actor-eager", "actor-logprob",
+                             "actor-init", "compile", "pinned", "backward",
                              "adam"),
                     help="what a training step's process has, given to this one before the engine is built: the "
                          "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
@@ -807,7 +849,12 @@ def main() -> None:
                          "nccl-avg: a one-rank AVG all-reduce (a NCCL kernel); fsdp: the actor's update as the product "
                          "runs it, FSDP2 at one rank on a float32 copy (state kept); fsdp-backward: the same without its "
                          "optimizer step; actor: the product's actor role (Trainer) and its update over a synthetic "
-                         "rollout of the grpo case's shape (state kept); then --l2-reset")
+                         "rollout of the grpo case's shape (state kept); actor-eager: the same with compile off; "
+                         "actor-logprob / actor-init: the role only up to its log-prob pass / only loaded; then --l2-reset")
+    ap.add_argument("--stack-reset", action="store_true",
+                    help="after --process-state: the stack limit set up and back (the context's local memory resized)")
+    ap.add_argument("--release-state", action="store_true",
+                    help="after --process-state: drop what it kept (torch.compiler.reset, gc, empty_cache)")
     ap.add_argument("--l2-reset", action="store_true",
                     help="after --process-state: cudaCtxResetPersistingL2Cache (lines a kernel left persisting in L2)")
     ap.add_argument("--pinned-gb", type=float, default=20.0,
@@ -852,6 +899,10 @@ def main() -> None:
     model = build_model(args.shape, dtype, device, args.model_dir)
     process_state = step_process_state(args.process_state, model, device, args.pinned_gb,
                                        (args.prompts, args.samples, args.prompt_len, args.new_tokens))
+    if args.release_state:
+        process_state["released"] = release_process_state(device)
+    if args.stack_reset:
+        process_state["stack_reset"] = reset_stack_limit(device)
     if args.l2_reset:
         process_state["l2_reset"] = reset_persisting_l2(device)
     process_state["device_limits"] = device_limits(device)
