@@ -10,9 +10,13 @@
 # bench's own `compile` state (compiled layers' forward and backward without FSDP or the role: measured in session 13
 # before PDL was on/off interleaved), and the role with inductor's Triton kernels launched through Triton's own
 # launcher instead of torch's static one, and with inductor's split reductions off (the backward's reductions).
+# Call `g VAR=VALUE` (for the next session): the step with an inductor setting from the environment against the step
+# as it is (its own generate, and the probe after the steps with PDL on and off).
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
+S="python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --model-dir /tmp/m15"
+step() { local n=$1 t=$2; shift 2; mkdir -p $O/$n; run $n $t env OUT=$O/$n "$@"; }
 B="python3 tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 --pdl 1 0 1 0"
 case ${1:-a} in
 a)
@@ -27,7 +31,13 @@ c)
   run c2_compile 110 $B --process-state compile --out $O/c2_compile.json
   run c3_launcher 120 env TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0 $B --process-state actor --out $O/c3_launcher.json
   run c4_no_split 120 env TORCHINDUCTOR_SPLIT_REDUCTIONS=0 $B --process-state actor --out $O/c4_no_split.json ;;
+g)
+  # `call.sh g VAR=VALUE`: the step (1 timed step) with that inductor setting, its probe PDL on and off after the
+  # steps, e.g. the setting whose `c` arm kept PDL's gain; then the step as it is, for the same machine's figure.
+  step g1_setting 260 env "$2" $S --probe-rollout --warmup 1 --steps 1 --probe-pdl-off
+  step g2_default 260 $S --probe-rollout --warmup 1 --steps 1 --probe-pdl-off ;;
 esac
+grep -h "^probe" $O/*.log 2>/dev/null
 for f in $O/*.json; do python3 -c "
 import json,sys; d=json.load(open(sys.argv[1]))['grpo']['pdl_variants']
 print(sys.argv[1].split('/')[-1], {k: round(v['tokens_per_s']) for k, v in d.items()})" $f; done
