@@ -6,10 +6,12 @@
 # whole role with the context's local memory resized after it (`--stack-reset`), then the eager role again (is call
 # a's split repeatable?); two arms only, as the device minutes left allowed.
 # Call `c` (for the next session; each arm run on the CPU with the tiny shape): the whole role again (this machine's
-# figure), the role with all it kept dropped after its update (`--release-state`: holding or having run?), the
-# bench's own `compile` state (compiled layers' forward and backward without FSDP or the role: measured in session 13
-# before PDL was on/off interleaved), and the role with inductor's Triton kernels launched through Triton's own
-# launcher instead of torch's static one, and with inductor's split reductions off (the backward's reductions).
+# figure), the role with all it kept dropped after its update (`--release-state`: holding or having run?), and the
+# role with one inductor setting changed: its mix-order reductions off (a backward-only fusion, the norms' row and
+# column reductions in one persistent kernel with a workspace), its Triton kernels launched through Triton's own
+# launcher instead of torch's static one, its split reductions off. Call `h`: the bench's own `compile` state
+# (compiled layers' forward and backward without FSDP or the role: measured in session 13 before PDL was on/off
+# interleaved), and the role with persistent reductions off.
 # Call `g VAR=VALUE` (for the next session): the step with an inductor setting from the environment against the step
 # as it is (its own generate, and the probe after the steps with PDL on and off).
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
@@ -28,9 +30,13 @@ b)
 c)
   run c0_actor 120 $B --process-state actor --out $O/c0_actor.json
   run c1_released 120 $B --process-state actor --release-state --out $O/c1_released.json
-  run c2_compile 110 $B --process-state compile --out $O/c2_compile.json
+  run c2_no_mix_order 120 env TORCHINDUCTOR_MIX_ORDER_REDUCTION=0 $B --process-state actor --out $O/c2_no_mix_order.json
   run c3_launcher 120 env TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0 $B --process-state actor --out $O/c3_launcher.json
   run c4_no_split 120 env TORCHINDUCTOR_SPLIT_REDUCTIONS=0 $B --process-state actor --out $O/c4_no_split.json ;;
+h)
+  run h1_compile 110 $B --process-state compile --out $O/h1_compile.json
+  run h2_no_persistent 120 env TORCHINDUCTOR_PERSISTENT_REDUCTIONS=0 $B --process-state actor \
+    --out $O/h2_no_persistent.json ;;
 g)
   # `call.sh g VAR=VALUE`: the step (1 timed step) with that inductor setting, its probe PDL on and off after the
   # steps, e.g. the setting whose `c` arm kept PDL's gain; then the step as it is, for the same machine's figure.
