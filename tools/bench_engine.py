@@ -887,6 +887,8 @@ def main() -> None:
                                         "tools/bench_step.py --model-dir wrote, to bench the step's own weights)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
+    if len({"actor", "actor-eager", "actor-logprob", "actor-init"} & set(args.process_state)) > 1:
+        ap.error("--process-state: give one of actor, actor-eager, actor-logprob, actor-init (one role per process)")
 
     device = torch.device(args.device)
     if args.attention_tile_keys:
