@@ -261,6 +261,11 @@ def reset_stack_limit(device: torch.device) -> bool:
             and cudart.cudaDeviceSetLimit(0x00, ctypes.c_size_t(value.value)) == 0)
 
 
+_HELD: list[object] = []  # what --process-state keeps alive for the whole run
+ACTOR_ARMS = {"actor": "update", "actor-eager": "update", "actor-logprob": "logprob", "actor-init": "init"}
+"""--process-state's actor arms and how far each runs the role (`actor_update`'s `until`); one per process."""
+
+
 def release_process_state(device: torch.device) -> bool:
     """Drop what --process-state kept (the roles, their compiled code through torch.compiler.reset), collect, and
     give the freed device memory back: whether holding it, rather than having run it, slows the engine."""
@@ -272,9 +277,6 @@ def release_process_state(device: torch.device) -> bool:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return True
-
-
-_HELD: list[object] = []  # what --process-state keeps alive for the whole run
 
 
 def step_process_state(parts: list[str], model, device: torch.device, pinned_gb: float = 0.0,
@@ -292,8 +294,7 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
     `actor-eager` the same without compiled layers, `actor-logprob` only up to its log-prob pass, `actor-init` only
     the role loaded. Which of them makes the same decode graphs slower?"""
     done: dict[str, object] = {}
-    actor_arms = {"actor": "update", "actor-eager": "update", "actor-logprob": "logprob", "actor-init": "init"}
-    if parts_need_group := {"nccl", "nccl-avg", "fsdp", "fsdp-backward", *actor_arms} & set(parts):
+    if parts_need_group := {"nccl", "nccl-avg", "fsdp", "fsdp-backward", *ACTOR_ARMS} & set(parts):
         import torch.distributed as dist
 
         from hybridrl.workers.dist import init_process_group
@@ -311,8 +312,8 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
             sync(device)
     if "fsdp" in parts or "fsdp-backward" in parts:
         done["fsdp_grad_norm"] = fsdp_update(model, device, step="fsdp" in parts)
-    if arm := next((a for a in actor_arms if a in parts), None):
-        done["actor_update"] = actor_update(model, device, *rollout, until=actor_arms[arm],
+    if arm := next((a for a in ACTOR_ARMS if a in parts), None):
+        done["actor_update"] = actor_update(model, device, *rollout, until=ACTOR_ARMS[arm],
                                             compile_layers=arm != "actor-eager")
     if "compile" in parts:
         done["compile"] = device.type == "cuda"
@@ -838,9 +839,8 @@ def main() -> None:
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
     ap.add_argument("--process-state", nargs="*", default=[],
-                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", "actor", "actor-eager", "actor-logprob",
-                             "actor-init", "compile", "pinned", "backward",
-                             "adam"),
+                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", *ACTOR_ARMS, "compile", "pinned",
+                             "backward", "adam"),
                     help="what a training step's process has, given to this one before the engine is built: the "
                          "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
                          "--pinned-gb of page-locked host memory copied to the device and back once, held "
@@ -887,8 +887,8 @@ def main() -> None:
                                         "tools/bench_step.py --model-dir wrote, to bench the step's own weights)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
-    if len({"actor", "actor-eager", "actor-logprob", "actor-init"} & set(args.process_state)) > 1:
-        ap.error("--process-state: give one of actor, actor-eager, actor-logprob, actor-init (one role per process)")
+    if len(set(ACTOR_ARMS) & set(args.process_state)) > 1:
+        ap.error(f"--process-state: give one of {', '.join(ACTOR_ARMS)} (one role per process)")
 
     device = torch.device(args.device)
     if args.attention_tile_keys:
