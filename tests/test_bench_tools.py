@@ -22,7 +22,8 @@ CASES = {
     "bench_step": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2",
                     "--warmup", "1"], ["rollout", "trainer_offload", "device_state_per_phase"]),
     "bench_step:probe": ([*SMALL, "--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps",
-                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1", "--probe-after-phases", "sleep", "update", "--probe-l2-reset",
+                          "2", "--warmup", "1", "--probe-rollout", "--probe-first", "--probe-after-steps", "1",
+                          "--probe-after-phases", "sleep", "update", "--probe-phases-step", "2", "--probe-l2-reset",
                           "--l2-reset-after-update", "--probe-pdl-off", "--probe-pdl-completion", "--probe-release", "--probe-subprocess",
                           "--probe-idle-s", "0", "--model-dir", "model"],
                          ["rollout_probe"]),
@@ -100,8 +101,9 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert probe["bench_engine_here"]["tokens_per_s"] > 0
         assert probe["bench_engine_before_steps"]["tokens_per_s"] > 0  # --probe-first: the same run before step 1
         assert list(probe["bench_engine_after_step"]) == ["1"]  # --probe-after-steps 1: after the warm-up step only
-        # --probe-after-phases: inside step 1, in the order the step runs them
+        # --probe-after-phases: inside step 2 (--probe-phases-step; the first timed one), in the order it runs them
         assert list(probe["bench_engine_after_phase"]) == ["sleep", "update"]
+        assert {v["step"] for v in probe["bench_engine_after_phase"].values()} == {2}
         assert probe["bench_engine_after_phase"]["update"]["device_limits_before"]["threads"] >= 1
         assert probe["device_state"] == {}  # no NVML on the CPU: nothing filed under the probes
         assert probe["l2_reset"] is False and probe["bench_engine_after_l2_reset"]["tokens_per_s"] > 0  # no L2 here

@@ -138,9 +138,11 @@ def main() -> None:
                          "steps counted; rollout_probe.bench_engine_after_step): does the first update slow it, or "
                          "does it grow with the steps")
     ap.add_argument("--probe-after-phases", nargs="*", default=[], choices=[p.value for p in Phase],
-                    help="with --probe-rollout (one worker): bench_engine's GRPO run also inside step 1, right after "
-                         "each of these phase commands (rollout_probe.bench_engine_after_phase): which phase of the "
-                         "first step leaves the device slower")
+                    help="with --probe-rollout (one worker): bench_engine's GRPO run also inside one step (see "
+                         "--probe-phases-step), right after each of these phase commands "
+                         "(rollout_probe.bench_engine_after_phase): which phase leaves the device slower")
+    ap.add_argument("--probe-phases-step", type=int, default=1,
+                    help="the step (1-based, warm-up steps counted) whose phases --probe-after-phases probes")
     ap.add_argument("--l2-reset-after-update", action="store_true",
                     help="one worker: cudaCtxResetPersistingL2Cache after every update phase command (lines the "
                          "trainer's kernels left persisting in L2 handed back before the reshard and next rollout)")
@@ -175,6 +177,9 @@ def main() -> None:
                     help="with --probe-rollout, GPU: a profiler table of one more run of bench_engine's GRPO case in "
                          "this process, to this file (bench_engine.py --profile: its own process's)")
     args = ap.parse_args()
+    if args.probe_after_phases and not 1 <= args.probe_phases_step <= args.warmup + args.steps:
+        ap.error(f"--probe-phases-step {args.probe_phases_step}: the run has steps 1..{args.warmup + args.steps} "
+                 "(warm-up steps counted)")
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     path = make_model_dir(args.shape, device, args.model_dir)
@@ -211,9 +216,9 @@ def main() -> None:
                         monitor.tag = None
                         if _name == "update" and args.l2_reset_after_update:
                             reset_persisting_l2(device)
-                        if args.probe_rollout and timing["step"] == 1 and _name in args.probe_after_phases \
-                                and _name not in after_phase:
-                            after_phase[_name] = here(f"after_{_name}")
+                        if args.probe_rollout and timing["step"] == args.probe_phases_step \
+                                and _name in args.probe_after_phases and _name not in after_phase:
+                            after_phase[_name] = {**here(f"after_{_name}"), "step": timing["step"]}
                 setattr(worker, phase.value, tagged)
     probe = RolloutProbe(controller.group.worker, device, timing) if args.probe_rollout and args.workers == 1 else None
     # Before any step the process holds what it built (trainer, asleep engine, groups) but nothing the steps did.
