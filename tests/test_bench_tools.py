@@ -155,3 +155,34 @@ def test_device_monitor_files_readings_by_phase():
     plain.tag = "generate"
     plain.stop()
     assert plain.summary() == {"available": False}
+
+
+@pytest.mark.parametrize("group,prompt_len,new_tokens", [(3, 8, 6), (1, 6, 9)])
+def test_the_kernel_bench_times_attention_on_the_engines_block_tables(group, prompt_len, new_tokens):
+    """`bench_decode_kernels.engine_tables` is the layout the fused engine's scheduler gives a batch admitted at once
+    (a group's prompt blocks shared, each row's own blocks in one run): read off the engine's runner in its first
+    decode step, for GRPO groups and for distinct prompts with a partial last prompt block."""
+    sys.path.insert(0, str(TOOLS))
+    from bench_decode_kernels import engine_tables
+
+    import torch
+
+    from hybridrl.engines.base import SamplingParams
+    from hybridrl.engines.config import NativeOptions
+    from hybridrl.engines.fused.engine import FusedEngine
+    from hybridrl.reshard import ReshardConfig, Resharder
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model("qwen2")
+    rows, bs = 6, 4
+    engine = FusedEngine(model.config, [0], 1, device="cpu", dtype=torch.float32, seed=0,
+                         options=NativeOptions(max_batch_size=rows, kv_block_size=bs, kv_blocks=64))
+    Resharder(ReshardConfig(), engine, model.config).sync(model)
+    prompts = [[5 + 7 * i + j for j in range(prompt_len)] for i in range(rows // group)]
+    seen = []
+    launch = engine.runner.launch
+    engine.runner.launch = lambda n, *a, **k: seen.append(engine.runner.table[:n].clone()) or launch(n, *a, **k)
+    engine.generate(prompts, SamplingParams(n=group, max_new_tokens=new_tokens, seed=0))
+    want = engine_tables(rows, group, prompt_len, new_tokens, bs)
+    assert torch.equal(seen[0][:, : want.shape[1]], want), (seen[0], want)
+    assert not seen[0][:, want.shape[1]:].any()

@@ -6,8 +6,9 @@ graph, the median of replays, side by side in one process. Prints JSON.
              difference from cuBLAS
   pairs      each skinny projection with the kernel that consumes it (qkv → rope_write, o_proj and down_proj →
              add_rms_norm), over K splits and the consumer's warps, against cuBLAS + the consumer
-  attention  paged decode attention over key splits, keys per tile, warps and pipeline stages; the engine's current
-             choice beside the best, and the K/V-read bound
+  attention  paged decode attention over key splits, keys per tile, warps and pipeline stages, on the block tables the
+             engine's scheduler hands out (`engine_tables`); the engine's current choice beside the best, and the
+             K/V-read bound
   batched    the batched cuBLAS split (`linear.linear_batched`: float32 K slices) against F.linear, each alone and
              with the `add_rms_norm` that consumes it, for the row-parallel projections at 128 and 256 rows
   rope       `rope_write` over heads per program and warps, with --rope-baseline FILE another module's timed beside
@@ -43,8 +44,9 @@ SHAPES = {
     "1.5b": [("qkv", 256, 2048, 1536, True), ("o", 256, 1536, 1536, False), ("gate_up", 256, 17920, 1536, False),
              ("down", 256, 1536, 8960, False)],
 }
-# (rows, q heads, kv heads, head dim, shortest and longest context): the benchmarks' decode batches.
-ATTENTION = {"0.5b": (64, 14, 2, 64, 128, 384), "1.5b": (256, 12, 2, 128, 128, 640)}
+# (rows, q heads, kv heads, head dim, shortest and longest context, rows per prompt): the benchmarks' decode batches,
+# the 0.5B's 64 distinct prompts and the 1.5B's GRPO groups of 8, all with 128-token prompts.
+ATTENTION = {"0.5b": (64, 14, 2, 64, 128, 384, 1), "1.5b": (256, 12, 2, 128, 128, 640, 8)}
 HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
 
 
@@ -157,16 +159,38 @@ def bench_pairs(shape: str) -> list[dict]:
     return out
 
 
+def engine_tables(rows: int, group: int, prompt_len: int, new_tokens: int, block_size: int) -> torch.Tensor:
+    """Block tables [rows, blocks a row can write] as the fused engine's scheduler gives them to `rows` sequences
+    admitted at once (`Scheduler._give_blocks`), `group` consecutive rows per prompt: a group's first row takes the
+    prompt's full blocks (then shared by the group) and each row its own blocks (a partial prompt block, and every block
+    its new tokens will fill) in one run, with ids ascending from 1 as the allocator's free list hands them out. Decode
+    attention's speed depends on this layout (docs/measurements/README.md, twenty-first session): a shuffled table or
+    rows interleaved block by block time the kernels on memory the engine never reads."""
+    full = prompt_len // block_size
+    total = -(-(prompt_len + new_tokens - 1) // block_size)
+    table = torch.zeros(rows, total, dtype=torch.int32)
+    next_id = 1
+    for r in range(rows):
+        if r % group == 0:
+            shared = torch.arange(next_id, next_id + full, dtype=torch.int32)
+            next_id += full
+        table[r, :full] = shared
+        table[r, full:] = torch.arange(next_id, next_id + total - full, dtype=torch.int32)
+        next_id += total - full
+    return table
+
+
 def bench_attention(shape: str, block_size: int = 16) -> dict:
-    rows, hq, hkv, d, shortest, longest = ATTENTION[shape]
+    """The split kernel over its launch settings at the shape's decode batch, on the engine's block tables
+    (`engine_tables`) with each row at a random context between the shortest and the longest."""
+    rows, hq, hkv, d, shortest, longest, group = ATTENTION[shape]
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(shortest, longest + 1, (rows,), generator=gen)
-    width = -(-longest // block_size)
-    blocks = 1 + rows * width
-    k = torch.randn(blocks, hkv, block_size, d, device=dev, dtype=torch.bfloat16)
+    table = engine_tables(rows, group, shortest, longest - shortest + 1, block_size).to(dev)
+    width = table.shape[1]
+    k = torch.randn(int(table.max()) + 1, hkv, block_size, d, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    table = (1 + torch.randperm(blocks - 1, generator=gen)[: rows * width].view(rows, width)).int().to(dev)
     q = torch.randn(rows, hq, d, device=dev, dtype=torch.bfloat16)
     seq_lens = lens.to(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
