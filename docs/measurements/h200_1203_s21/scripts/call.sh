@@ -3,9 +3,10 @@
 # 32 × 8 × 512 rollout), the step as issue 21 measures it (bench_step's defaults: 2 warm-up and 3 timed steps,
 # offload params,optimizer), then the bench again on the same machine. Calls 4 and 5 ran `attn_heads.py` (the second
 # with its sweep widened inline: tiles of 64/128 keys per head, 8/16 warps). Call 6, `e`: the row attention kernel as
-# built (`row_attention_not_kept.diff` applied; reverted after): its CUDA tests, the kernel sweep over batch sizes,
-# the GRPO bench with and without it (A B A), the step. Call 7 ran `attn_rotated.py`; call 8, with the diff applied
-# again, the GRPO bench `--pdl 0 1` with the row kernel and then with `--no-row-attention`.
+# built (`git apply row_attention_not_kept.diff` on the commit that added the diff; reverted after): its CUDA tests,
+# the kernel sweep over batch sizes, the GRPO bench with and without it (A B A), the step. Call 7 ran
+# `attn_rotated.py`; call 8, with the diff applied again, the GRPO bench `--pdl 0 1` with the row kernel and then with
+# `--no-row-attention`.
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
