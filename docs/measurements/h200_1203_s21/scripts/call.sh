@@ -6,7 +6,7 @@
 # built (`git apply row_attention_not_kept.diff` on the commit that added the diff; reverted after): its CUDA tests,
 # the kernel sweep over batch sizes, the GRPO bench with and without it (A B A), the step. Call 7 ran
 # `attn_rotated.py`; call 8, with the diff applied again, the GRPO bench `--pdl 0 1` with the row kernel and then with
-# `--no-row-attention`.
+# `--no-row-attention`. `n` is for the next session (see the README's section).
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 run() { local n=$1 t=$2; shift 2; echo "== $n"; local t0=$SECONDS; timeout $t "$@" > $O/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0))s"; }
@@ -27,6 +27,11 @@ run e4_grpo_no_rows 100 $G --no-row-attention --out $O/e4_grpo_no_rows.json
 run e5_grpo_rows 100 $G --out $O/e5_grpo_rows.json
 mkdir -p $O/e6_step
 run e6_step 200 env OUT=$O/e6_step python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --model-dir /tmp/m15
+;;
+n)  # for the next session (not yet run): attention timed on the engine's block tables
+run n1_attn_engine_tables 200 python3 docs/measurements/h200_1203_s21/scripts/attn_engine_tables.py
+run n2_attention 300 python3 tools/bench_decode_kernels.py --what attention --shapes 1.5b 0.5b --out $O/n2_attention.json
+run n3_grpo 100 $G --out $O/n3_grpo.json
 ;;
 esac
 tail -3 $O/e1_tests.log 2>/dev/null
