@@ -1,56 +1,13 @@
-"""Scratch of session 21, kept as run (call 7; from the repo root on the device: PYTHONPATH=. python3 <this file>).
+"""Scratch of session 21, kept as run (call 7; its copy of the row kernel since imported from attn_heads.py, the
+same text; from the repo root on the device: PYTHONPATH=. python3 <this file>).
 Split kernel vs row kernel at 1.5B shapes, timed over 4 KV caches in turn (no L2 reuse between calls)
 against the same cache every call."""
 import json, os, sys, statistics
 sys.path.insert(0, "tools")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
-import triton, triton.language as tl
+from attn_heads import row_attention  # session 21's row kernel, as run
 from hybridrl.engines.kernels.attention import decode_attention_triton
-
-@triton.jit
-def _row_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, scale, stride_table, stride_blk,
-                HKV: tl.constexpr, G: tl.constexpr, QP: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
-                TK: tl.constexpr):
-    seq = tl.program_id(0).to(tl.int64)
-    n_keys = tl.load(lens_ptr + seq)
-    d = tl.arange(0, D)
-    qh = tl.arange(0, QP)                        # query heads (padded)
-    q_in = qh < HKV * G
-    q = tl.load(q_ptr + (seq * HKV * G + qh)[:, None] * D + d[None, :], mask=q_in[:, None], other=0.0)
-    r = tl.arange(0, HKV * TK)                    # tile rows: (kv head, key)
-    head = r // TK
-    key = r % TK
-    mine = (qh // G)[:, None] == head[None, :]    # a query head scores only its kv head's keys
-    m_i = tl.full([QP], float("-inf"), tl.float32)
-    l_i = tl.zeros([QP], tl.float32)
-    acc = tl.zeros([QP, D], tl.float32)
-    for start in range(0, n_keys, TK):
-        pos = start + key
-        blk = pos // BS
-        valid = pos < n_keys
-        phys = tl.load(table_ptr + seq * stride_table + blk, mask=valid, other=0).to(tl.int64)
-        off = phys * stride_blk + head * (BS * D) + (pos % BS) * D
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k))
-        s = tl.where(mine & valid[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + (seq * HKV * G + qh)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=q_in[:, None])
-
-def row_attention(q, k, v, table, lens, scale, tk, warps, stages):
-    b, hq, d = q.shape
-    _, hkv, bs, _ = k.shape
-    out = torch.empty_like(q)
-    _row_kernel[(b,)](q, k, v, table, lens, out, scale, table.stride(0), k.stride(0), HKV=hkv, G=hq // hkv,
-                      QP=max(16, triton.next_power_of_2(hq)), BS=bs, D=d, TK=tk, num_warps=warps, num_stages=stages)
-    return out
 
 
 def timed(fn, calls=20, replays=30):
