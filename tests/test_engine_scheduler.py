@@ -35,8 +35,8 @@ def model():
     return tiny_model("qwen3").to(DEVICE)  # GQA, q/k norm, head_dim 16
 
 
-def fused(model, **options) -> FusedEngine:
-    engine = FusedEngine(model.config, [EOS], PAD, device=DEVICE, dtype=torch.float32,
+def fused(model, eos: tuple[int, ...] = (EOS,), **options) -> FusedEngine:
+    engine = FusedEngine(model.config, list(eos), PAD, device=DEVICE, dtype=torch.float32,
                          options=NativeOptions(**{"max_batch_size": 8, **options}), seed=0)
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     return engine
@@ -166,8 +166,9 @@ def test_the_runner_hears_of_tables_only_where_rows_may_share_blocks(model, monk
 @pytest.mark.interpreted
 def test_block_accounting_of_a_group(model):
     """9-token prompt, 4-token blocks, 3 samples of ≤ 4 new tokens: positions 0..11 are ever written (the last
-    token is never fed back), so each sample spans 3 blocks: 2 shared full prompt blocks + 1 of its own."""
-    engine = fused(model, kv_block_size=4)
+    token is never fed back), so each sample spans 3 blocks: 2 shared full prompt blocks + 1 of its own. No EOS: a
+    sample that drew it first would leave after one step."""
+    engine = fused(model, eos=(), kv_block_size=4)
     for j in range(3):
         engine.submit(GenerationRequest(PROMPTS[2], 0, j), SamplingParams(max_new_tokens=4, seed=0))
     engine.step()

@@ -1,4 +1,4 @@
-"""The fused Triton sampler against the torch path it replaces: same noise, same draws.
+"""The fused Triton sampler against the torch path it replaces: same uniform, same inverse CDF, same draws.
 
 Runs on CUDA, or on CPU under Triton's interpreter with `TRITON_INTERPRET=1 HYBRIDRL_KERNELS_ON_CPU=1` (smaller
 batches there: the interpreter is slow).
@@ -6,13 +6,15 @@ batches there: the interpreter is slow).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
 from hybridrl.engines import sampling_triton
 from hybridrl.engines.kernels import ON_CPU
-from hybridrl.engines.sampling import row_keys, sample_tokens, step_key
+from hybridrl.engines.sampling import counter_uniform, row_keys, sample_tokens, step_key
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [
@@ -43,23 +45,46 @@ def test_kernel_draws_what_the_torch_path_draws(vocab, temperature):
         assert torch.allclose(lk[agree], lt[agree], atol=1e-4), (lk - lt).abs().max()
         assert tk.dtype == torch.int64 and lk.dtype == torch.float32
         assert int(tk.max()) < vocab
-    # Float rounding (log, exp) may differ in the last bit between the two; a different draw needs a near-tie.
+    # The two sum in different orders; a different draw needs u within float rounding of an interval's end.
     assert same / total >= 0.995, same / total
 
 
 def test_launch_tuning_leaves_the_draws_unchanged():
-    """Segments per row and entries per step only split the work: each entry's score is the same number however the
-    row is cut, so the same tokens; the log-probs equal the torch path's to rounding."""
+    """Segments per row and blocks per step only split the work: each block's max and sum are the same numbers however
+    the row is cut, so the same tokens; the log-probs equal the torch path's to rounding."""
     g = torch.Generator(device=DEVICE).manual_seed(3)
     logits = torch.randn(ROWS, 5003, device=DEVICE, generator=g) * 2
     keys = keys_for(ROWS)
-    ref_tok, _ = sampling_triton.sample_counter(logits, 0.8, keys, step_key(4), segments=1, block=1024)
+    ref_tok, _ = sampling_triton.sample_counter(logits, 0.8, keys, step_key(4), segments=1, sub=1)
     torch_tok, torch_lp = sample_tokens(logits, 0.8, keys=keys, step=4, kernel=False)
-    assert torch.equal(ref_tok, torch_tok)  # no near-tie among these rows' best scores
-    for segments, block in [(8, 1024), (16, 256), (32, 2048)]:
-        tok, lp = sampling_triton.sample_counter(logits, 0.8, keys, step_key(4), segments=segments, block=block)
-        assert torch.equal(tok, ref_tok), (segments, block)
-        assert torch.allclose(lp, torch_lp, atol=1e-5), (segments, block)
+    assert torch.equal(ref_tok, torch_tok)  # no u near an interval's end among these rows
+    for segments, sub in [(8, 1), (2, 2), (4, 4)]:
+        tok, lp = sampling_triton.sample_counter(logits, 0.8, keys, step_key(4), segments=segments, sub=sub)
+        assert torch.equal(tok, ref_tok), (segments, sub)
+        assert torch.allclose(lp, torch_lp, atol=1e-5), (segments, sub)
+
+
+def test_kernel_draws_the_entry_at_its_uniform_times_v_from_a_flat_row():
+    """Flat logits over 4096 entries (four blocks): entry k holds [k / V, (k + 1) / V), so the kernel's draw is
+    floor(u · V) for u = `counter_uniform` of the row's key and step: the kernel's uniform is the torch path's."""
+    rows, vocab = 16, 4096
+    keys = keys_for(rows)
+    tok, lp = sampling_triton.sample_counter(torch.zeros(rows, vocab, device=DEVICE), 1.0, keys, step_key(7))
+    want = (counter_uniform(keys, 7) * vocab).floor().long()
+    assert torch.equal(tok, want)
+    assert torch.allclose(lp, torch.full_like(lp, -math.log(vocab)), atol=1e-6)
+
+
+def test_kernel_never_draws_what_is_minus_infinity():
+    """Mass 1/4, 1/4, 1/2 at entries 5, 2100 and 2999 of 3000 (block 1 holds only -inf); the rest -inf."""
+    rows = 64 if DEVICE == "cuda" else 12
+    logits = torch.full((rows, 3000), float("-inf"), device=DEVICE)
+    logits[:, [5, 2100, 2999]] = torch.tensor([0.25, 0.25, 0.5], device=DEVICE).log()
+    keys = keys_for(rows)
+    tok, lp = sampling_triton.sample_counter(logits, 1.0, keys, step_key(0))
+    assert set(tok.tolist()) <= {5, 2100, 2999} and len(set(tok.tolist())) == 3
+    assert torch.equal(tok, sample_tokens(logits, 1.0, keys=keys, step=0, kernel=False)[0])
+    assert torch.allclose(lp, logits[torch.arange(rows), tok], atol=1e-6)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="40,000 rows: too slow for the interpreter")
@@ -94,35 +119,3 @@ def test_kernel_takes_one_step_per_row():
     for r in range(16):
         t1, l1 = sample_tokens(logits[r : r + 1], 0.9, keys=keys[r : r + 1], step=int(steps[r]))
         assert tok[r] == t1[0] and torch.allclose(lp[r], l1[0])
-
-
-if sampling_triton.triton is not None:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _noise_kernel(h_ptr, out_ptr, n, FAST: tl.constexpr, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        h = tl.load(h_ptr + i, mask=i < n, other=0)
-        tl.store(out_ptr + i, sampling_triton._exponential(h, FAST), mask=i < n)
-
-
-def test_kernel_noise_is_exp_of_the_exact_uniform_at_both_ends():
-    """The kernel's Exp(1) from the top 24 bits k of a hash (made without an integer-to-float conversion) against
-    -log(u), u = (k + 0.5) / 2^24, in float64: at k = 0, 1, around 2^23 and at the top values, and at random k, with
-    random low bits under them that must not matter. Within 4e-6 relative (the approximate log on CUDA; float32
-    rounding of 1 - w); at the top k, where the old noise gave E = 0, E is about 2^-25."""
-    g = torch.Generator().manual_seed(3)
-    ks = torch.cat([torch.tensor([0, 1, 2, (1 << 23) - 2, (1 << 23) - 1, 1 << 23, (1 << 23) + 1, (1 << 24) - 2 ** 18,
-                                  (1 << 24) - 3, (1 << 24) - 2, (1 << 24) - 1]),
-                    torch.randint(0, 1 << 24, (4000,), generator=g)]).to(torch.int64)
-    low = torch.randint(0, 1 << 40, ks.shape, generator=g, dtype=torch.int64)
-    h = ((ks - ((ks >> 23) << 24)) << 40) | low  # k in bits 40..63 of an int64 (two's complement: top bit = sign)
-    assert torch.equal((h >> 40) & 0xFFFFFF, ks)
-    out = torch.empty(len(ks), dtype=torch.float32, device=DEVICE)
-    _noise_kernel[(triton.cdiv(len(ks), 256),)](h.to(DEVICE), out, len(ks), FAST=sampling_triton.fast_log(out.device),
-                                              BLOCK=256)
-    want = -torch.log((ks.double() + 0.5) / 2**24)
-    rel = ((out.double().cpu() - want) / want).abs()
-    assert rel.max().item() < 4e-6, (rel.max().item(), ks[rel.argmax()].item())
-    assert 2.9e-8 < out[10].item() < 3.0e-8  # k = 2^24 - 1: -log(1 - 2^-25)

@@ -13,7 +13,7 @@ graph, the median of replays, side by side in one process. Prints JSON.
              with the `add_rms_norm` that consumes it, for the row-parallel projections at 128 and 256 rows
   rope       `rope_write` over heads per program and warps, with --rope-baseline FILE another module's timed beside
   blas       each projection (and the lm_head) in F.linear under each of torch's BLAS backends (cuBLAS, cuBLASLt)
-  sampler    the fused sampler (`sampling_triton.sample_counter`) over segments per row, entries per step and warps,
+  sampler    the fused sampler (`sampling_triton.sample_counter`) over segments per row, blocks per step and warps,
              beside the torch path and, with --sampler-baseline FILE, another module's `sample_counter` (an A/B of
              a kernel change in one process)
 
@@ -345,15 +345,18 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
                            "same_tokens_as_current": float((tok == mine).float().mean()),
                            "logprob_max_diff_to_current": float((base_lp - mine_lp).abs().max())}
     res = []
-    for segments, block, warps in itertools.product([8, 16, 32], [1024, 2048, 4096], [4, 8]):
-        kw = dict(segments=segments, block=block, warps=warps)
+    for segments, sub, warps in itertools.product([4, 8, 16, 32], [1, 2, 4], [4, 8]):
+        kw = dict(segments=segments, sub=sub, warps=warps)
         tok, _ = sampling_triton.sample_counter(logits, 1.0, keys, key, **kw)
         res.append({**kw, "us": graph_time_us(lambda kw=kw: sampling_triton.sample_counter(logits, 1.0, keys, key,
                                                                                            **kw)),
                     "same_tokens_as_torch": float((tok == torch_tok).float().mean())})
-    row["current"] = next(r for r in res if (r["segments"], r["block"], r["warps"]) ==
-                          (sampling_triton.segments_for(rows), sampling_triton.block_for(rows),
-                           sampling_triton._WARPS))
+    row["current"] = next(r for r in res if (r["segments"], r["sub"], r["warps"]) ==
+                          (sampling_triton.segments_for(rows), sampling_triton._SUB, sampling_triton._WARPS))
+    # How often the kernel's draw is the torch path's over 16 steps (they round differently: see sampling_triton).
+    same = [(sample_tokens(logits, 1.0, keys=keys, step=s)[0] == sample_tokens(logits, 1.0, keys=keys, step=s,
+                                                                               kernel=False)[0]) for s in range(16)]
+    row["same_tokens_as_torch_16_steps"] = float(torch.stack(same).float().mean())
     row["best"] = min(res, key=lambda r: r["us"])
     row["all"] = res
     return row

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from hybridrl.engines import sampling_triton
+from hybridrl.engines.sampling_triton import PICK_BLOCK
 
 _M1 = 0xBF58476D1CE4E5B9 - 2**64  # splitmix64 constants as signed int64
 _M2 = 0x94D049BB133111EB - 2**64
@@ -52,33 +54,50 @@ def row_keys(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     return keys ^ (step_key(step) if isinstance(step, int) else step_keys(step))
 
 
-def counter_exponential(keys: torch.Tensor, step: int | torch.Tensor, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [len(keys), vocab] that is a pure function of (key, step, token id); `step` an int or one
-    index per row.
+def counter_uniform(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """One uniform draw per row in (0, 1), float64, that is a pure function of (key, step): u = (k + 0.5) / 2^52 for
+    k the top 52 bits of splitmix64 of the row's key for this step (`row_keys`); `step` an int or one index per row.
 
-    Counter-based, like Philox: a row's noise never depends on which other rows share the batch,
-    so sampling is reproducible across worker counts, chunking and finished-row removal.
-    `sampling_triton` computes the same bits inside its kernel.
-    """
-    cols = torch.arange(vocab, device=keys.device, dtype=torch.int64)
-    x = _mix(row_keys(keys, step)[:, None]) + cols[None, :] * _GOLDEN
-    return exponential_from_bits((_mix(x) >> 40) & ((1 << 24) - 1))
+    Counter-based, like Philox: a row's draw never depends on which other rows share the batch, so sampling is
+    reproducible across worker counts, chunking and finished-row removal. `sampling_triton` makes the same bits
+    inside its kernel."""
+    bits = (_mix(row_keys(keys, step)) >> 12) & ((1 << 52) - 1)
+    return (bits.to(torch.float64) + 0.5) / float(1 << 52)
 
 
-_HALF = 1 << 23
+def inverse_cdf(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token [B] (int64) whose interval of the row's cumulative distribution holds u [B] (float64 in [0, 1)), over
+    the softmax of `scaled` [B, V] (float32; -inf entries are never drawn): inverse-transform sampling, as FlashInfer's
+    samplers do, in two levels so that one uniform per row suffices and the fused kernel reads the logits once.
 
-
-def exponential_from_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Exp(1) noise in float32 from 24 uniform bits k: -log(u) at u = (k + 0.5) / 2^24, every value in (0, 17.33].
-
-    u itself is exact in float32 only below 1/2: (k + 0.5) needs 25 significant bits from k = 2^23, and rounded there
-    the top k gave u = 1 and E = 0, a score of +inf, so one token in 2^24 won whatever its probability (0.9% of
-    draws at Qwen's 151,936 entries). From 1/2 up the noise is -log1p(-w) of the exact w = 1 - u instead. The fused
-    kernel computes the same numbers (`sampling_triton`)."""
-    upper = bits >= _HALF
-    u = (bits.to(torch.float32) + 0.5) / float(1 << 24)
-    w = (((1 << 24) - 1 - bits).to(torch.float32) + 0.5) / float(1 << 24)
-    return torch.where(upper, -torch.log1p(-w), -torch.log(u))
+    The row is cut into blocks of `PICK_BLOCK` entries; each block's weight is its max m_b and sum s_b of exp(x - m_b)
+    (float32), rescaled to the row's max; u · (sum of the weights) picks a block in float64, and the fraction of that
+    block's weight left over picks the entry by a float64 running sum of the block's float32 exp(x - m_b). Entry i of
+    block b is drawn with probability w_b / W · e_i / Σe = softmax_i up to float32 rounding of the terms (relative
+    1e-7). The two levels keep a 152k-entry running sum out of the search (in float32, a flat row's would be spaced
+    ~1.5% of one entry's weight), and the fused kernel, whose block sums add the same terms in another order, draws
+    the same entry unless u falls within that rounding of an interval's end."""
+    rows, vocab = scaled.shape
+    nb = -(-vocab // PICK_BLOCK)
+    x = F.pad(scaled, (0, nb * PICK_BLOCK - vocab), value=float("-inf")).view(rows, nb, PICK_BLOCK)
+    m = x.amax(-1)
+    s = torch.exp(x - torch.where(m == float("-inf"), 0.0, m)[..., None]).sum(-1)
+    w = (s * torch.exp(m - m.amax(-1, keepdim=True))).double()  # a block of -inf only: 0 · 0
+    c = w.cumsum(-1)
+    target = u * c[:, -1]
+    blocks = torch.arange(nb, device=x.device)
+    # The first block whose running total passes the target; rounding can leave none (target ≈ total): the last
+    # block of any weight then.
+    j = torch.minimum((c <= target[:, None]).sum(-1), torch.where(w > 0, blocks, -1).amax(-1))
+    wj = w.gather(1, j[:, None]).squeeze(1)
+    frac = (target - (c.gather(1, j[:, None]).squeeze(1) - wj)) / wj
+    xb = x[torch.arange(rows, device=x.device), j]
+    e = torch.exp(xb - m.gather(1, j[:, None]))
+    cum = e.double().cumsum(-1)
+    rem = frac * cum[:, -1]
+    lanes = torch.arange(PICK_BLOCK, device=x.device)
+    i = torch.minimum((cum <= rem[:, None]).sum(-1), torch.where(e > 0, lanes, -1).amax(-1))
+    return j * PICK_BLOCK + i
 
 
 def sample_tokens(
@@ -96,8 +115,8 @@ def sample_tokens(
     The log-prob is log_softmax(logits / temperature) at the sampled token, taken before
     top-k/top-p filtering, so it equals what the trainer computes for the same token.
     temperature == 0 is greedy, with the log-prob at temperature 1. With `keys` (one int64 stream
-    key per row) the noise comes from `counter_exponential(keys, step, V)` (`step` one index, or one per row),
-    else from `generator`;
+    key per row) the row's uniform comes from `counter_uniform(keys, step)` (`step` one index, or one per row),
+    else from `generator`; the draw is `inverse_cdf` of the (top-k/top-p filtered) softmax;
     `kernel` lets such rows go to the fused GPU kernel (`sampling_triton`) when top-k/top-p are off.
     """
     if temperature == 0:
@@ -121,11 +140,9 @@ def sample_tokens(
         # Drop a token when the mass before it already reaches top_p (the top token always stays).
         drop = (probs.cumsum(-1) - probs) >= top_p
         filtered = filtered.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, without a CDF search; in logs,
-    # argmax(filtered - log E) (the softmax's normalizer is the same for every column of a row).
     if keys is not None:
-        noise = counter_exponential(keys, step, filtered.shape[-1])
+        u = counter_uniform(keys, step)
     else:
-        noise = torch.empty_like(filtered).exponential_(1.0, generator=generator)
-    tokens = (filtered - noise.log()).argmax(dim=-1)
+        u = torch.rand(scaled.shape[0], dtype=torch.float64, device=scaled.device, generator=generator)
+    tokens = inverse_cdf(filtered, u)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

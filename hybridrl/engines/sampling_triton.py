@@ -1,18 +1,24 @@
-"""Temperature sampling with counter noise as two Triton kernels (GPU): one read of the logits per step.
+"""Temperature sampling by one counter uniform per row as two Triton kernels (GPU): one read of the logits per step.
 
-`sample_tokens` on the torch path makes the float32 logits, a log-softmax, a softmax and the [B, V]
-int64 noise tensor with some thirty elementwise kernels; at Qwen's 152k vocabulary that was the largest
-cost of a decode step. Here each program takes one (row, vocab segment): it hashes the same counter
-noise as `counter_exponential` (splitmix64 on int64, bit for bit), keeps a running log-sum-exp (rescaled
-once per step of entries, one `exp` per entry) and the running best Gumbel score ``x - log(E)``, and
-writes those four numbers; a second kernel combines the segments of each row into the token and its
-log-prob. Plain temperature sampling only: top-k/top-p and greedy stay on the torch path.
+The draw is `sampling.inverse_cdf` of the row's softmax at `sampling.counter_uniform(keys, step)`, the torch path's
+definition, in two launches:
 
-The loop is issue-bound (every entry's hash, noise and log-sum-exp term; ~60 instructions an entry in the sm_90 SASS),
-so instructions are what it saves: the uniform is made from the hash's bits without an integer-to-float conversion,
-and the logs and the exponential are the GPU's approximate ones without the subnormal fix-ups, where no input or kept
-result is subnormal (`_ln`, `_exp`, `_exponential`). On the H200 at 256 rows: 154 → 115 (approximate logs) → 97.4 µs
-(docs/measurements/h200_1202_s9/d_sampler.json: the same tokens and log-probs as the previous kernel, bit for bit).
+    stats: one program per (row, vocab segment): for each block of `PICK_BLOCK` entries of its segment, the block's
+           max and its sum of exp(x - max) (one exp per entry: the pass is a read of the logits)
+    pick:  one program per row: the row's uniform (splitmix64 of its key, bit for bit the torch path's), the blocks'
+           weights and their float64 running sum, the block holding u · total; then that block's entries and their
+           float32 running sum, the entry holding what is left; the log-prob from the same sums
+
+Plain temperature sampling only: top-k/top-p and greedy stay on the torch path. The two paths round differently (the
+kernel's exp is the GPU's approximate one, its sums go in another order), so a draw can differ where u falls within
+that rounding of an interval's end: emulated on CPU (exp as 2^(x·log2 e), sums reversed) over 8192 rows of randn·3
+logits at 152k entries, 4 draws differed, each to a neighbouring entry, all of probability under 1e-6. Error in the
+block weights (relative ~1e-6) moves the point within the block by that much of the whole row's mass.
+
+Why not the exponential race (argmax of x - log E, E ~ Exp(1) per entry), which the sampler drew with until session 22:
+it hashes and takes two logs per entry, ~60 instructions an entry, and was issue-bound at 97.4 µs for 256 rows of
+Qwen's 152k entries on the H200 (docs/measurements/h200_1202_s9/d_sampler.json), where reading the bf16 logits takes
+~16 µs. Measured against it in docs/measurements/h200_1204_s22/.
 """
 
 from __future__ import annotations
@@ -29,28 +35,25 @@ try:  # Triton ships with CUDA builds of torch; CPU wheels have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-# Launch tuning from tools/bench_decode_kernels.py --what sampler (H200, Qwen's 151,936 entries, the fastest of
-# 8/16/32 segments × 1024/2048/4096-entry steps × 4/8 warps). 256 rows: 8 × 1024 (97.4 µs, against 103.4 at 8 × 2048;
-# docs/measurements/h200_1202_s9/d_sampler.json). 64 rows: 8 × 2048 since the kernel lost its integer-to-float
-# conversions (28.7 µs, against 38.5 at 8 × 1024; the same run); 8 × 1024 before it (h200_1201/r_kernels.json).
-# Below 64 rows, 16 segments keep more programs in flight (not measured there; the earlier default).
-_BLOCK = 1024
+# Entries per block of the two-level CDF search (`sampling.inverse_cdf`): the kernels and the torch path cut each row
+# the same way.
+PICK_BLOCK = 1024
+
+# Launch tuning from tools/bench_decode_kernels.py --what sampler (H200, Qwen's 151,936 entries, bf16 logits; the
+# fastest of 4/8/16/32 segments × 1/2/4 blocks per step × 4/8 warps; docs/measurements/h200_1204_s22/a_sampler.json):
+# 256 rows, 16 × 2 × 4: 27.6 µs (the exponential race: 96.9); 64 rows, 32 × 2 × 4: 11.2 µs (the race: 28.4).
+_SUB = 2
 _WARPS = 4
 
 
 def segments_for(rows: int) -> int:
-    """Vocabulary segments per row (one program each) for a batch of `rows`."""
-    return 8 if rows >= 64 else 16
-
-
-def block_for(rows: int) -> int:
-    """Entries per step of a program's loop for a batch of `rows`: 2048 where measured faster (64 rows), else 1024."""
-    return 2048 if 64 <= rows < 128 else _BLOCK
+    """Vocabulary segments per row (one stats program each) for a batch of `rows`: 16 from 128 rows, else 32."""
+    return 16 if rows >= 128 else 32
 
 
 def fast_log(device: torch.device) -> bool:
-    """Whether the kernel takes the GPU's approximate log (PTX: NVIDIA CUDA); the interpreter (tests on CPU) and ROCm
-    run no PTX."""
+    """Whether the kernel takes the GPU's approximate exp without subnormal fix-ups (PTX: NVIDIA CUDA); the
+    interpreter (tests on CPU) and ROCm run no PTX."""
     return device.type == "cuda" and torch.version.hip is None
 
 
@@ -64,31 +67,13 @@ def available(logits: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _mix_head(x):
-        # splitmix64's finalizer on int64 up to its last xor-shift; `>>` is arithmetic, so the masks make the shifts
-        # logical. That last step (x ^ x >> 31) leaves bits 31..63 as they are.
+    def _mix(x):
+        # splitmix64's finalizer on int64; `>>` is arithmetic, so the masks make the shifts logical.
         x = x ^ ((x >> 30) & 0x3FFFFFFFF)
         x = x * -4658895280553007687  # 0xBF58476D1CE4E5B9 as int64
         x = x ^ ((x >> 27) & 0x1FFFFFFFFF)
-        return x * -7723592293110705685  # 0x94D049BB133111EB as int64
-
-    @triton.jit
-    def _mix(x):
-        # splitmix64's finalizer on int64.
-        x = _mix_head(x)
+        x = x * -7723592293110705685  # 0x94D049BB133111EB as int64
         return x ^ ((x >> 31) & 0x1FFFFFFFF)
-
-    @triton.jit
-    def _ln(x, FAST: tl.constexpr):
-        # log(x) by the GPU's lg2.approx (one instruction; absolute error ~2^-22 in log2 units, about float32's own
-        # rounding of a log near 1), or libdevice's exact logf (~20 instructions) where inline PTX cannot run. `.ftz`
-        # drops the subnormal-input fix-up (three instructions): every input here is a normal float.
-        if FAST:
-            y = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
-                                          pack=1)
-            return y * 0.6931471805599453
-        else:
-            return tl.log(x)
 
     @triton.jit
     def _exp(x, FAST: tl.constexpr):
@@ -101,120 +86,90 @@ if triton is not None:
             return tl.exp(x)
 
     @triton.jit
-    def _exponential(h, FAST: tl.constexpr):
-        # `sampling.exponential_from_bits` of k = the top 24 bits of h: E = -log(u), u = (k + 0.5) / 2^24, with u
-        # below 1/2 and w = 1 - u above it (each exact in float32). Near u = 1, E is tiny and the approximate log's
-        # absolute error of 2^-22 would be a large relative one: the winning draws come from exactly there (E small,
-        # score x - log(E) large), and that log alone biased them. So where w < 2^-6, -log(1 - w) = w + w²/2 + ... in
-        # five terms (the next is under w · 2^-32); above, 1 - w rounds by at most 2^-25, under 2e-6 of E there.
-        # No integer-to-float conversion (a 64-bit one is several slow instructions): k's low 23 bits m go under
-        # float32 1.0's exponent, f = 1 + m / 2^23 exactly, and t = (f - 1) / 2 + 2^-25 = (m + 0.5) / 2^24 is exact
-        # (an odd multiple of 2^-25 below 1/2: 24 significant bits). Below 1/2, u = t; above, u = 1/2 + t, so
-        # w = 1/2 - t (exact) and 1 - w = t + 1/2 rounded once: the same values as before.
-        hi = (h >> 32).to(tl.int32)
-        upper = hi < 0  # k's top bit: k >= 2^23
-        t = ((((hi >> 8) & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0) * 0.5 + 2.98023223876953125e-08
-        w = 0.5 - t
-        series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * (0.25 + w * 0.20000000298023224))))
-        return tl.where(upper & (w < 0.015625), series, -_ln(t + tl.where(upper, 0.5, 0.0), FAST))
-
-    @triton.jit
-    def _segment_kernel(logits_ptr, stride, keys_ptr, steps_ptr, step_key, vocab, seg_len, temperature,
-                        best_ptr, idx_ptr, max_ptr, sum_ptr, SEGMENTS: tl.constexpr, BLOCK: tl.constexpr,
-                        SCALED: tl.constexpr, ROW_STEPS: tl.constexpr, FAST_LOG: tl.constexpr,
-                        PDL: tl.constexpr):
+    def _stats_kernel(logits_ptr, stride, vocab, n_blocks, seg_blocks, temperature, max_ptr, sum_ptr,
+                      PICK: tl.constexpr, SUB: tl.constexpr, SCALED: tl.constexpr, FAST: tl.constexpr,
+                      PDL: tl.constexpr):
         await_inputs(PDL)
-        row = tl.program_id(0)
-        seg = tl.program_id(1)
-        if ROW_STEPS:  # `sampling.step_keys` of this row's own step, as `row_keys` makes it (products wrap)
-            step_key = _mix((tl.load(steps_ptr + row) + 1) * -7046029254386353131)
-        base = _mix(tl.load(keys_ptr + row) ^ step_key)
-        lo = seg * seg_len
-        hi = tl.minimum(lo + seg_len, vocab)
-        lanes = tl.arange(0, BLOCK)
-        # The counter's column term, cols · golden, as this block's start · golden plus a lane term fixed before the
-        # loop (equal modulo 2^64): one int64 multiply per block instead of one per entry.
-        lane_term = lanes.to(tl.int64) * -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
-        col_term = lo.to(tl.int64) * -7046029254386353131
-        block_term = tl.full((), BLOCK, tl.int64) * -7046029254386353131  # wraps, as the torch path's product does
-        run_max = tl.full((), float("-inf"), tl.float32)
-        run_sum = tl.zeros((), tl.float32)
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_idx = tl.zeros([BLOCK], tl.int32)
-        for start in range(lo, hi, BLOCK):
-            cols = start + lanes
-            inside = cols < hi
-            x = tl.load(logits_ptr + row * stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
+        row = tl.program_id(0).to(tl.int64)
+        first = tl.program_id(1) * seg_blocks
+        last = tl.minimum(first + seg_blocks, n_blocks)
+        sub = tl.arange(0, SUB)
+        lanes = tl.arange(0, PICK)
+        for start in range(first, last, SUB):
+            blk = start + sub
+            mine = blk < last
+            cols = blk[:, None] * PICK + lanes[None, :]
+            x = tl.load(logits_ptr + row * stride + cols, mask=mine[:, None] & (cols < vocab),
+                        other=float("-inf")).to(tl.float32)
             if SCALED:  # temperature 1 divides by nothing: x / 1.0 is x, bit for bit
                 x = x / temperature
-            # Log-sum-exp rescaled once per block (one exp per entry, not two: the per-lane running form
-            # needs a second to rescale every lane).
-            new_max = tl.maximum(run_max, tl.max(x, axis=0))
-            safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(_exp(x - safe, FAST_LOG), axis=0)
-            run_max = new_max
-            # The noise of `counter_exponential`: Exp(1) from the top 24 bits of splitmix64; score = x - log(E).
-            # Only bits 40..63 are kept, which splitmix64's last step leaves unchanged: `_mix_head` suffices.
-            h = _mix_head(base + col_term + lane_term)
-            col_term += block_term
-            score = tl.where(inside, x - _ln(_exponential(h, FAST_LOG), FAST_LOG), float("-inf"))
-            better = score > best  # strict: the first (lowest) column wins a tie, like argmax
-            best = tl.where(better, score, best)
-            best_idx = tl.where(better, cols, best_idx)
-        seg_best = tl.max(best, axis=0)
-        # Lowest column among lanes holding the segment's best score.
-        seg_idx = tl.min(tl.where(best == seg_best, best_idx, vocab), axis=0)
-        out = row * SEGMENTS + seg
-        tl.store(best_ptr + out, seg_best)
-        tl.store(idx_ptr + out, seg_idx.to(tl.int64))
-        tl.store(max_ptr + out, run_max)
-        tl.store(sum_ptr + out, run_sum)
+            m = tl.max(x, axis=1)
+            s = tl.sum(_exp(x - tl.where(m == float("-inf"), 0.0, m)[:, None], FAST), axis=1)
+            tl.store(max_ptr + row * n_blocks + blk, m, mask=mine)
+            tl.store(sum_ptr + row * n_blocks + blk, s, mask=mine)
 
     @triton.jit
-    def _combine_kernel(logits_ptr, stride, temperature, best_ptr, idx_ptr, max_ptr, sum_ptr,
-                        tok_ptr, lp_ptr, SEGMENTS: tl.constexpr, PDL: tl.constexpr):
+    def _pick_kernel(logits_ptr, stride, vocab, n_blocks, temperature, max_ptr, sum_ptr, keys_ptr, steps_ptr,
+                     step_key, tok_ptr, lp_ptr, PICK: tl.constexpr, NBP: tl.constexpr, SCALED: tl.constexpr,
+                     ROW_STEPS: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr):
         await_inputs(PDL)
-        row = tl.program_id(0)
-        offs = row * SEGMENTS + tl.arange(0, SEGMENTS)
-        best = tl.load(best_ptr + offs)
-        idx = tl.load(idx_ptr + offs)
-        m = tl.load(max_ptr + offs)
-        s = tl.load(sum_ptr + offs)
-        top = tl.max(best, axis=0)
-        tok = tl.min(tl.where(best == top, idx, 2**62), axis=0)
-        gmax = tl.max(m, axis=0)
-        lse = gmax + tl.log(tl.sum(s * tl.exp(m - gmax), axis=0))
-        x = tl.load(logits_ptr + row * stride + tok).to(tl.float32) / temperature
-        tl.store(tok_ptr + row, tok)
-        tl.store(lp_ptr + row, x - lse)
+        row = tl.program_id(0).to(tl.int64)
+        if ROW_STEPS:  # `sampling.step_keys` of this row's own step, as `row_keys` makes it (products wrap)
+            step_key = _mix((tl.load(steps_ptr + row) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15 as int64
+        bits = (_mix(tl.load(keys_ptr + row) ^ step_key) >> 12) & 0xFFFFFFFFFFFFF  # `counter_uniform`'s 52 bits
+        u = (bits.to(tl.float64) + 0.5) * 2.220446049250313e-16  # / 2^52
+        # `sampling.inverse_cdf`, step by step.
+        b = tl.arange(0, NBP)
+        m = tl.load(max_ptr + row * n_blocks + b, mask=b < n_blocks, other=float("-inf"))
+        s = tl.load(sum_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0)
+        top = tl.max(m, axis=0)
+        w = (s * tl.exp(m - top)).to(tl.float64)
+        c = tl.cumsum(w, axis=0)
+        total = tl.max(c, axis=0)
+        target = u * total
+        j = tl.minimum(tl.sum((c <= target).to(tl.int32), axis=0), tl.max(tl.where(w > 0, b, -1), axis=0))
+        wj = tl.sum(tl.where(b == j, w, 0.0), axis=0)
+        frac = (target - (tl.sum(tl.where(b == j, c, 0.0), axis=0) - wj)) / wj
+        mj = tl.max(tl.where(b == j, m, float("-inf")), axis=0)
+        lanes = tl.arange(0, PICK)
+        cols = j * PICK + lanes
+        x = tl.load(logits_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        if SCALED:
+            x = x / temperature
+        e = _exp(x - mj, FAST)
+        cum = tl.cumsum(e.to(tl.float64), axis=0)
+        rem = frac * tl.max(cum, axis=0)
+        i = tl.minimum(tl.sum((cum <= rem).to(tl.int32), axis=0), tl.max(tl.where(e > 0, lanes, -1), axis=0))
+        lse = top + tl.log(total).to(tl.float32)
+        tl.store(tok_ptr + row, (j * PICK + i).to(tl.int64))
+        tl.store(lp_ptr + row, tl.sum(tl.where(lanes == i, x, 0.0), axis=0) - lse)
 
 
 def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor, step_key: int,
-                   segments: int | None = None, block: int | None = None, warps: int = _WARPS,
+                   segments: int | None = None, sub: int | None = None, warps: int = _WARPS,
                    steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens [B] (int64) and their log-probs [B] (float32) for `logits` [B, V] (any float dtype; rows
-    may be a strided view), drawn with the counter noise of (keys, step_key); with `steps` [B] (int64), of
-    `row_keys(keys, steps)` instead, each row's step key made inside the kernel (`step_key` is then ignored).
-    See the module doc. `segments` per row (a power of two; default `segments_for`), `block` entries per step (default
-    `block_for`) and `warps` per program: launch tuning only."""
+    """Tokens [B] (int64) and their log-probs [B] (float32) for `logits` [B, V] (any float dtype; rows may be a strided
+    view), drawn at the counter uniform of (keys, step_key); with `steps` [B] (int64), of `row_keys(keys, steps)`
+    instead, each row's step key made inside the kernel (`step_key` is then ignored). See the module doc. `segments`
+    per row (default `segments_for`), `sub` blocks per step of a stats program's loop (a power of two; default 1) and
+    `warps` per stats program: launch tuning only, the same sums."""
     rows, vocab = logits.shape
     segments = segments or segments_for(rows)
-    block = block or block_for(rows)
+    sub = sub or _SUB
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device
-    seg_len = -(-vocab // segments)
-    parts = torch.empty(4, rows, segments, dtype=torch.float32, device=dev)
-    idx = torch.empty(rows, segments, dtype=torch.int64, device=dev)
+    n_blocks = -(-vocab // PICK_BLOCK)
+    stats = torch.empty(2, rows, n_blocks, dtype=torch.float32, device=dev)
+    scaled, fast = temperature != 1.0, fast_log(dev)
+    _stats_kernel[(rows, segments)](logits, logits.stride(0), vocab, n_blocks, -(-n_blocks // segments),
+                                    float(temperature), stats[0], stats[1], PICK=PICK_BLOCK, SUB=sub, SCALED=scaled,
+                                    FAST=fast, num_warps=warps, **pdl.launch(logits))
     row_steps = steps is not None
-    _segment_kernel[(rows, segments)](
-        logits, logits.stride(0), keys, steps.to(torch.int64).contiguous() if row_steps else keys, 0 if row_steps else step_key,
-        vocab, seg_len, float(temperature), parts[0], idx, parts[1], parts[2], SEGMENTS=segments, BLOCK=block,
-        SCALED=temperature != 1.0, ROW_STEPS=row_steps, FAST_LOG=fast_log(dev), num_warps=warps,
-        **pdl.launch(logits),
-    )
     tokens = torch.empty(rows, dtype=torch.int64, device=dev)
     logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
-    _combine_kernel[(rows,)](logits, logits.stride(0), float(temperature), parts[0], idx, parts[1], parts[2],
-                             tokens, logprobs, SEGMENTS=segments, **pdl.launch(logits))
+    _pick_kernel[(rows,)](logits, logits.stride(0), vocab, n_blocks, float(temperature), stats[0], stats[1], keys,
+                          steps.to(torch.int64).contiguous() if row_steps else keys, 0 if row_steps else step_key,
+                          tokens, logprobs, PICK=PICK_BLOCK, NBP=max(2, triton.next_power_of_2(n_blocks)),
+                          SCALED=scaled, ROW_STEPS=row_steps, FAST=fast, num_warps=4, **pdl.launch(logits))
     return tokens, logprobs
