@@ -167,6 +167,21 @@ def test_triton_decode_attention_matches_torch(dtype, hq, hkv, d, block_size, sp
 
 
 @needs_triton
+@pytest.mark.parametrize("stages", [2, 3])
+def test_triton_decode_attention_pipeline_depth_is_launch_tuning_only(stages):
+    """Both depths `pipeline_stages` picks (2 where rows × kv heads outnumber the SMs) give the torch path's answer
+    (the 1.5B's heads: 12 query heads on 2 kv heads of 128)."""
+    dtype = DTYPES[-1]  # bfloat16 on CUDA; the interpreter has no bfloat16
+    lens = [1, 17, 40, 5, 130]
+    q, _, _, kc, vc, table, seq_lens = attention_case(lens, 12, 2, 128, 16, seed=4)
+    dev = TRITON_DEVICE
+    q, kc, vc, table, seq_lens = (t.to(dev) for t in (q.to(dtype), kc.to(dtype), vc.to(dtype), table, seq_lens))
+    want = attention.decode_attention_torch(q, kc, vc, table, seq_lens, table.shape[1] * 16, 128**-0.5)
+    got = attention.decode_attention_triton(q, kc, vc, table, seq_lens, 128**-0.5, 1, stages=stages)
+    assert (got.float() - want.float()).abs().max().item() < _tol(dtype)
+
+
+@needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_norms_match_torch(dtype):
     gen = torch.Generator().manual_seed(0)

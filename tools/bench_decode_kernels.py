@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.engines import sampling_triton
-from hybridrl.engines.kernels.attention import decode_attention_triton, split_count, tile_keys
+from hybridrl.engines.kernels.attention import decode_attention_triton, pipeline_stages, split_count, tile_keys
 from hybridrl.engines.kernels.linear import batched_splits, linear_batched, linear_triton, skinny_plan
 from hybridrl.engines.kernels.norms import add_rms_norm_triton
 from hybridrl.engines.kernels.rope_cache import rope_write_triton
@@ -199,7 +199,8 @@ def bench_attention(shape: str, block_size: int = 16) -> dict:
     mean_len = lens.float().mean().item()
     row = {"shape": shape, "rows": rows, "q_heads": hq, "kv_heads": hkv, "head_dim": d, "mean_len": mean_len,
            "bound_us": rows * mean_len * hkv * d * 2 * 2 / HBM_BYTES_PER_S * 1e6,
-           "current": {"splits": current, "tile_keys": tile_keys(d), "warps": 4}}
+           "current": {"splits": current, "tile_keys": tile_keys(d), "warps": 4,
+                       "stages": pipeline_stages(rows * hkv, sms)}}
     results = []
     # Splits only help when rows × kv heads leave SMs idle; at more rows the sweep tries pipeline depths instead.
     few = rows * hkv < sms
@@ -216,7 +217,8 @@ def bench_attention(shape: str, block_size: int = 16) -> dict:
         results.append({**kw, "us": us, "max_abs_diff": err.item()})
     ok = [r for r in results if "us" in r]
     row["current"]["us"] = next(r["us"] for r in ok
-                                if (r["n_splits"], r["keys"], r["warps"], r["stages"]) == (current, tile_keys(d), 4, 3))
+                                if (r["n_splits"], r["keys"], r["warps"], r["stages"]) ==
+                                (current, tile_keys(d), 4, row["current"]["stages"]))
     row["best"] = min(ok, key=lambda r: r["us"])
     row["speedup"] = row["current"]["us"] / row["best"]["us"]
     row["top8"] = sorted(ok, key=lambda r: r["us"])[:8]

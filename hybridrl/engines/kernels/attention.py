@@ -15,6 +15,7 @@ into a padded [B, kv_heads, L, d] view and runs SDPA with a length mask: the ref
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -194,8 +195,25 @@ def tile_keys(head_dim: int) -> int:
     return max(16, min(128, 8192 // head_dim))
 
 
+def pipeline_stages(programs: int, sms: int) -> int:
+    """Stages of a split program's software pipeline: 2 where `programs` (rows × kv heads, before any key split)
+    outnumber the SMs, else 3.
+
+    Graph-timed on the H200 over the engine's tables (docs/measurements/h200_1204_s22/e_attention.json: the 1.5B's
+    256 rows, 128–640 keys, one split, 512 programs on 132 SMs): 30.4 µs at 2 stages against 31.0 at 3 and 4; the
+    1.5B GRPO rollout (32 × 8 × 512) made 91.89k and 91.89k tok/s with 2 against 91.17k and 91.06k with 3, the four
+    runs interleaved in separate processes. Fewer programs than SMs (the 0.5B's 64 rows, split) keep the 3 that
+    earlier sweeps chose there, with or without their splits."""
+    return 2 if programs > sms else 3
+
+
 def _tile_blocks(block_size: int, keys: int) -> int:
     return max(1, keys // block_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def split_outputs(b: int, q_heads: int, d: int, n_splits: int, dtype: torch.dtype,
@@ -220,12 +238,14 @@ def reduce_splits(parts: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, n_s
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, n_splits: int,
                             table_rows: torch.Tensor | None = None, keys: int | None = None,
-                            warps: int = 4, stages: int = 3) -> torch.Tensor:
+                            warps: int = 4, stages: int | None = None) -> torch.Tensor:
     """The Triton form of `decode_attention_torch` (head_dim a power of two ≥ 16; block_table int32 or int64).
     `keys` per step of a program's loop (whole blocks; default `tile_keys`), `warps` per program and `stages` of
-    its software pipeline: launch tuning only."""
+    its software pipeline (default `pipeline_stages`): launch tuning only."""
     b, hq, d = q.shape
     _, hkv, bs, _ = k_cache.shape
+    if stages is None:
+        stages = pipeline_stages(b * hkv, _sm_count(q.device))
     group = hq // hkv
     q = q.contiguous()
     out, parts, lse = split_outputs(b, hq, d, n_splits, q.dtype, q.device)

@@ -35,5 +35,31 @@ run d2_grpo_profile 150 $G --profile $O/d2_profile_grpo_1.5b.txt --out $O/d2_grp
 run d3_step 300 env OUT=$O/d3_step python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --model-dir /tmp/m15
 run d4_attn_engine_tables 100 env OUT=$O python3 docs/measurements/h200_1203_s21/scripts/attn_engine_tables.py
 (cd $O && tar czf d_all.tgz --exclude=d_all.tgz .) ;;
+e)  # call 4: the sampler's CUDA tests again (the kernel as committed), the split attention kernel's launch sweep on
+    # the engine's tables (1.5B, 256 rows), then the engine A/B of its best unsplit launch (cand) against the defaults
+    # (base), C B C B in separate processes: two scratch copies of this commit, the candidate's with an env override
+run e1_tests 170 env HYBRIDRL_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+  tests/test_sampling_kernel.py tests/test_engine_sampling.py tests/test_fused_engine.py -k "sampl or draw or uniform"
+run e2_attention 240 python3 tools/bench_decode_kernels.py --what attention --shapes 1.5b --out $O/e2_attention.json
+L=$(python3 -c "import json; a=json.load(open('$O/e2_attention.json'))['attention']['1.5b']; \
+b=min((r for r in a['all'] if r['n_splits']==1), key=lambda r: r['us']); print(f\"{b['keys']},{b['warps']},{b['stages']}\")")
+echo "candidate launch (keys,warps,stages): $L" | tee $O/e_candidate.txt
+C=scratch_dev/cand_tree; B=scratch_dev/old_tree
+for n in 3 4 5 6; do
+  if [ $((n % 2)) = 1 ]; then T=$C; tag=cand; else T=$B; tag=base; fi
+  run e${n}_grpo_$tag 100 env HYBRIDRL_ATTN_LAUNCH=$L PYTHONPATH=$T:$PYTHONPATH ${G/tools/$T\/tools} --out $O/e${n}_grpo_$tag.json
+done
+(cd $O && tar czf e_all.tgz --exclude=e_all.tgz *.log *.json *.txt) ;;
+f)  # call 5, with `attention.pipeline_stages` committed: the kernels' CUDA tests, then the step twice with the GRPO
+    # bench between; packed into one file
+run f1_tests 150 env HYBRIDRL_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+  tests/test_engine_kernels.py tests/test_sampling_kernel.py
+mkdir -p $O/f2_step $O/f4_step
+run f2_step 200 env OUT=$O/f2_step python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --model-dir /tmp/m15
+run f3_grpo 100 $G --out $O/f3_grpo.json
+run f4_step 200 env OUT=$O/f4_step python3 tools/bench_step.py --shape 1.5b --device cuda --tp-iters 1 --model-dir /tmp/m15
+tail -3 $O/f1_tests.log
+(cd $O && tar czf f_all.tgz --exclude=f_all.tgz f1_tests.log f2_step f2_step.log f3_grpo.json f3_grpo.log f4_step \
+  f4_step.log && rm -rf f1_tests.log f2_step f2_step.log f3_grpo.log f4_step f4_step.log) ;;
 esac
 grep -h "tokens_per_s\"\|tok/s\|rollout_tokens_per_s\|step_s_median" $O/*.log | head -20
