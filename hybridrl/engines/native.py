@@ -5,8 +5,8 @@ llama/qwen2/qwen3) or this one, the fallback for every other architecture. This 
 requests of one `generate_requests` call are cut into chunks of ≤ max_batch_size rows, and one chunk runs as::
 
     prefill each run of equal adjacent prompts once  →  repeat its KV cache for the run's samples
-    loop: sample (temperature/top-k/top-p, counter noise keyed per request) → drop finished rows from the batch
-          and the cache → decode one step for the rows still running
+    loop: sample (temperature/top-k/top-p, one counter uniform per row keyed per request) → drop finished rows
+          from the batch and the cache → decode one step for the rows still running
 
 It has no continuous batching: `AsyncEngine` serves it by collecting the requests that arrive together into one call.
 """

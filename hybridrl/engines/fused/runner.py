@@ -89,7 +89,7 @@ class SamplerMode:
 
     @property
     def in_graph(self) -> bool:
-        """Whether the sampler can run inside a CUDA graph (counter noise, or greedy: no generator state)."""
+        """Whether the sampler can run inside a CUDA graph (counter uniforms, or greedy: no generator state)."""
         return self.seeded or self.temperature == 0
 
 
