@@ -129,7 +129,10 @@ class AppRun:
         return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_same_metrics(rows: list[dict], ref: list[dict]) -> None:
+def assert_same_metrics(rows: list[dict], ref: list[dict], model_rewards: bool = False) -> None:
+    """Same steps, the same sampled tokens (response statistics exact), rewards exact, the rest close. With
+    `model_rewards` a reward model scores the rollouts: its outputs round differently when the batch is split over
+    other ranks (the GEMMs see other shapes), so the reward statistics are close to float32 rounding, not exact."""
     assert [r["step"] for r in rows] == [r["step"] for r in ref]
     for row, want in zip(rows, ref):
         for key, value in want.items():
@@ -137,7 +140,9 @@ def assert_same_metrics(rows: list[dict], ref: list[dict]) -> None:
                 continue
             assert key in row, key
             # The same tokens were sampled: their scores are exact (the reward's KL comes from log-probs: close).
-            if key.startswith(("reward/", "response/")) and key != "reward/kl_penalty_mean":
+            if key.startswith("reward/") and key != "reward/kl_penalty_mean" and model_rewards:
+                assert math.isclose(row[key], value, rel_tol=1e-5, abs_tol=1e-6), (row["step"], key, row[key], value)
+            elif key.startswith(("reward/", "response/")) and key != "reward/kl_penalty_mean":
                 assert row[key] == value, (row["step"], key, row[key], value)
             else:
                 assert math.isclose(row[key], value, rel_tol=REL_TOL, abs_tol=ABS_TOL), (row["step"], key, row[key], value)
@@ -187,7 +192,7 @@ def test_two_local_workers_match_one_with_a_critic(tmp_path):
     assert two.wait() == 0, two.output[-3000:]
     ref = one.metrics()
     assert {"critic/value_loss", "critic/grad_norm", "critic/explained_var", "reward/tiny_rm"} <= set(ref[-1])
-    assert_same_metrics(two.metrics(), ref)
+    assert_same_metrics(two.metrics(), ref, model_rewards=True)
     assert_all_gone(two.seen)
 
 
