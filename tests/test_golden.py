@@ -40,7 +40,10 @@ def test_default_run_matches_the_golden_metrics(tmp_path):
     for want, got in zip(golden, rows):
         for key, value in want.items():
             assert key in got, f"step {want['step']}: {key} missing"
-            assert same(key, value, got[key]), f"step {want['step']}: {key} = {got[key]!r}, golden {value!r}"
+            assert same(key, value, got[key]), (
+                f"step {want['step']}: {key} = {got[key]!r}, golden {value!r} (if a change meant to alter the run, "
+                "e.g. the sampler's draws, re-record as tests/data/golden/README.md says, after checking that "
+                "nothing else moved)")
 
 
 def same(key: str, want: object, got: object) -> bool:
