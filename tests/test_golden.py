@@ -1,8 +1,9 @@
-"""A default run writes the same metrics as the golden run recorded before the worker was rebuilt from roles.
+"""A default run writes the same metrics as the golden run (first recorded before the worker was rebuilt from roles).
 
-tests/data/golden/README.md says how the golden file was made. Every key it holds must be present and equal in a
-new run with the same seed; timing and memory figures (`time/*`, `perf/*`, `memory/*`, seconds under `reshard/`)
-are not part of a run's meaning and are not recorded. Keys added since may appear: they are listed, not compared.
+tests/data/golden/README.md says how the golden file was made, and when and why it was re-recorded. Every key it
+holds must be present and equal in a new run with the same seed; timing and memory figures (`time/*`, `perf/*`,
+`memory/*`, seconds under `reshard/`) are not part of a run's meaning and are not recorded. Keys added since may
+appear: they are listed, not compared.
 
 Equal means: the same integers, strings and sampled tokens' rewards, and floats within float32 rounding. On the CPU
 model that recorded the file the run is bit for bit the same; on another (an AMD EPYC, where torch's BLAS kernels
