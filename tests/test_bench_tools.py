@@ -39,7 +39,7 @@ CASES = {
                                 "--join-step-tokens", "0", "512"], ["multiturn"]),
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
-                           "0", "1", "--pdl-trigger", "completion", "start", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
+                           "off", "auto", "--pdl-trial-pairs", "2", "--pdl-trigger", "completion", "start", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
                            "--process-state", "nccl", "nccl-avg", "fsdp", "actor", "compile", "pinned", "backward",
                            "adam", "--l2-reset"],
                           ["grpo"]),
@@ -76,7 +76,7 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
     if "grpo" in out:  # the A/Bs of grouped attention and long-context splits: the first value in full, others beside
         assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_tokens_variants"]) == ["8"]
         assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]
-        assert out["grpo"]["pdl"] is False and list(out["grpo"]["pdl_variants"]) == ["True"]
+        assert out["grpo"]["pdl_mode"] == "off" and list(out["grpo"]["pdl_mode_variants"]) == ["auto"]
         assert out["grpo"]["pdl_trigger"] == "completion" and list(out["grpo"]["pdl_trigger_variants"]) == ["start"]
         assert out["grpo"]["sleep_cycle"] == "none" and list(out["grpo"]["sleep_cycle_variants"]) == ["0.001x0.25"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4
@@ -123,7 +123,7 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         child = probe["bench_engine_child"]
         assert list(child) == ["before_steps", "after_steps"], child
         for run in child.values():
-            assert run["pdl"] is True and run["tokens_per_s"] > 0 and run["pdl_off"]["tokens_per_s"] > 0, run
+            assert run["pdl_mode"] == "on" and run["tokens_per_s"] > 0 and run["pdl_off"]["tokens_per_s"] > 0, run
             assert run["launch_busy_ms_median"] is None  # no device timestamps on the CPU
     if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
         variants = out["multiturn"]["variants"]

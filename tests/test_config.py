@@ -101,11 +101,18 @@ def test_unknown_group_option_fails():
         ("cluster.workers_per_node=2", "cluster=inline"),
         ("reward.fn=not-a-path", "reward.fn"),
         ("cluster=local engine.tp_size=3", "engine.tp_size"),
+        ("engine.native.pdl=sometimes", "engine.native.pdl"),
     ],
 )
 def test_bad_values_fail_validation_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(composed(*override.split()))
+
+
+def test_engine_native_pdl_takes_a_boolean_from_the_command_line():
+    assert validate(composed("engine.native.pdl=true")).engine.native.pdl == "on"
+    assert validate(composed("engine.native.pdl=off")).engine.native.pdl == "off"
+    assert validate(composed()).engine.native.pdl == "auto"
 
 
 def test_missing_model_path_is_reported():

@@ -19,6 +19,7 @@ from hybridrl.engines.config import EngineConfig, NativeOptions
 import hybridrl.engines.fused.engine as fused_engine_module
 from hybridrl.engines.fused.engine import FusedEngine
 from hybridrl.engines.fused.groups import TensorParallel
+from hybridrl.engines.fused.launch_choice import PdlChoice
 from hybridrl.engines.fused.model import FusedDecoder
 from hybridrl.engines.native import HFEngine, native_impl
 from hybridrl.errors import ConfigError, HybridRLError
@@ -139,8 +140,8 @@ def _emulate_graphs(run) -> None:
     """Steps through `_Replay` stand-ins, with the GPU's buckets and full-width attention."""
     run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
     run._extend_buckets = []  # packed prompts run eagerly: their graphs are real captures (CUDA only)
-    run._capture = lambda b, eb, mode, prefix, splits: run.graphs.setdefault(
-        (b, eb, mode if mode.in_graph else None, prefix is not None, splits), _Replay(run, b, eb, mode, prefix, splits))
+    run._capture = lambda key, b, eb, mode, prefix, splits: run.graphs.setdefault(
+        key, _Replay(run, b, eb, mode, prefix, splits))
 
 
 @pytest.mark.parametrize("seed", [6, pytest.param(None, marks=pytest.mark.interpreted)])
@@ -162,6 +163,42 @@ def test_the_graphed_step_gives_the_same_samples(seed):
         assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
 
 
+def test_pdl_auto_alternates_graph_kinds_then_keeps_the_faster(monkeypatch):
+    """engine.native.pdl=auto through the runner (graphs emulated, events on a fake clock): the first steps alternate
+    between a PDL graph and a plain one of each key, the faster kind serves after the verdict, the samples are the
+    eager step's; a wake-up starts the choice again."""
+    from tests.test_launch_choice import Clock
+
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=3, max_new_tokens=30, seed=6)
+    want = fused_engine(model, max_batch_size=16).generate(PROMPTS, params)
+    engine = fused_engine(model, max_batch_size=16)
+    run = engine.runner
+    _emulate_graphs(run)
+    clock = Clock()
+    run.pdl_choice = PdlChoice(clock.event, pairs=4)
+    kinds = []
+    replay = _Replay.replay
+
+    def timed_replay(graph):  # plain graphs 1% faster: this process has lost PDL's overlap
+        kind = next(k[-1] for k, g in run.graphs.items() if g is graph)
+        kinds.append(kind)
+        clock.now += 2.80 if kind else 2.772
+        replay(graph)
+
+    monkeypatch.setattr(_Replay, "replay", timed_replay)
+    got = engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for o, w in zip(got, want):
+        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+    assert kinds[:10] == [True, False, False, True, True, False, False, True, True, False]
+    assert set(kinds[10:]) == {False} and len(kinds) == params.max_new_tokens - 1
+    assert not run.pdl_choice.verdict.pdl and engine.take_stats()["engine/pdl"] == 0.0
+    engine.sleep(1)
+    engine.wake_up()
+    assert run.pdl_choice.deciding
+
+
 def test_long_contexts_step_through_their_own_split_graphs():
     """A batch that fills the SMs splits its attention in two once its longest row attends `long_keys` keys: one graph
     per split count, the same samples as the eager step (on CPU the torch attention path ignores the split; under the
@@ -177,7 +214,7 @@ def test_long_contexts_step_through_their_own_split_graphs():
     run.sms = 1  # the rows alone are never split (on CUDA they would be: a few rows on many SMs)
     run.long_keys = max(len(p) for p in PROMPTS) + 6  # reached partway through the rollout
     got = engine.generate(PROMPTS, params)
-    assert sorted({key[-1] for key in run.graphs}) == [1, 2]
+    assert sorted({key[4] for key in run.graphs}) == [1, 2]  # (rows, riding tokens, sampler, grouped, splits, kind)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     for o, w in zip(got, want):
         assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
@@ -407,7 +444,40 @@ def test_pdl_launches_sample_what_plain_launches_sample(trigger):
             for o, w in zip(got, want):
                 assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
     finally:
-        pdl.set_enabled(NativeOptions.pdl)
+        pdl.set_enabled(True)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_pdl_auto_times_both_kinds_of_graph_and_samples_what_plain_launches_sample():
+    """engine.native.pdl=auto: the first decode steps alternate between PDL and plain graphs (both captured), a verdict
+    follows, the tokens and log-probs are the plain engine's; a wake-up starts a new choice."""
+    from hybridrl.engines.kernels import pdl
+
+    model = tiny_model("qwen3").to(DEVICE)
+    params = SamplingParams(n=4, max_new_tokens=40, seed=4)  # no stop tokens: 39 graphed decode steps
+    try:
+        want = fused_engine(model, pdl="off").generate(PROMPTS, params)
+        engine = fused_engine(model, pdl="auto")
+        if not pdl.capable(DEVICE):
+            assert engine.runner.pdl_choice is None and engine.runner.pdl_mode == "on"
+            return
+        assert engine.runner.pdl_mode == "auto"
+        got = engine.generate(PROMPTS, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        for o, w in zip(got, want):
+            assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
+        assert {key[-1] for key in engine.runner.graphs if key[0] != "extend"} == {True, False}
+        choice = engine.runner.pdl_choice
+        assert choice.verdict is not None and not choice.deciding
+        stats = engine.take_stats()
+        assert stats["engine/pdl"] == float(choice.verdict.pdl) and stats["engine/pdl_gain"] == choice.verdict.gain
+        engine.sleep(1)
+        engine.wake_up()
+        assert choice.deciding
+        engine.runner.pdl_mode = "on"  # a fixed kind ends the choice and its graphs
+        assert engine.runner.pdl_choice is None and not engine.runner.graphs
+    finally:
+        pdl.set_enabled(True)
 
 
 def test_pdl_option_sets_the_switch_and_a_change_drops_the_graphs():
@@ -433,7 +503,7 @@ def test_pdl_option_sets_the_switch_and_a_change_drops_the_graphs():
             engine.runner.pdl_trigger = "end"
         assert fused_engine(tiny_model("qwen2").to(DEVICE)).runner.pdl_trigger == "start" and pdl.early_trigger()
     finally:
-        pdl.set_enabled(NativeOptions.pdl)
+        pdl.set_enabled(True)
         pdl.set_early_trigger(True)
 
 

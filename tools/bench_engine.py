@@ -642,10 +642,13 @@ def case_grpo(model, engine, args, device) -> dict:
     # A value may come again (A B A B ...): each variant reports the median of its runs, interleaved with the others.
     settings = {"shared_prefix_tokens": args.shared_prefix_tokens,
                 "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]],
-                "pdl": [bool(v) for v in args.pdl or [int(NativeOptions.pdl)]],
+                "pdl_mode": args.pdl or [NativeOptions.pdl],
                 "pdl_trigger": args.pdl_trigger or ["start"],
                 "sleep_cycle": [None if v == "none" else v for v in args.sleep_cycle or ["none"]]}
     runs: dict[str, dict[str, list[dict]]] = {}
+    if args.pdl_trial_pairs:
+        engine.runner.pdl_trial_pairs = args.pdl_trial_pairs
+        engine.runner.pdl_auto = False  # made again, with these pairs, where `auto` is set below
     for name, values in settings.items():
         for value in values[1:]:
             if name == "sleep_cycle":  # not a runner setting: what happens between the runs
@@ -676,6 +679,11 @@ def case_grpo(model, engine, args, device) -> dict:
     res["roofline"] = roofline(engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half,
                                res["decode_step_ms"] / 1e3)
     res["parity"] = parity(model, prompts, outs, args.parity_rows)
+    choice = engine.runner.pdl_choice
+    if choice is not None and choice.verdict is not None:  # `pdl auto`'s verdict, from the engine's first rollout
+        v = choice.verdict
+        res["pdl_verdict"] = {"pdl": v.pdl, "on_ms": v.on_ms, "off_ms": v.off_ms, "gain": v.gain,
+                              "choices": choice.choices}
     return res
 
 
@@ -822,9 +830,13 @@ def main() -> None:
                     help="grpo: context lengths from which decode attention splits in two where the batch alone would "
                          "not ('auto': the engine's measured rule, the default; 0: never), the first reported in full, "
                          "the others (repeats allowed, run in this order) as long_keys_variants")
-    ap.add_argument("--pdl", type=int, nargs="+", choices=(0, 1), default=None,
-                    help="grpo: engine.native.pdl values to run (1: the Triton kernels launch with programmatic dependent "
-                         "launch), the first reported in full, the others (repeats allowed) as pdl_variants")
+    ap.add_argument("--pdl", nargs="+", choices=("on", "off", "auto"), default=None,
+                    help="grpo: engine.native.pdl values to run (on: the Triton kernels launch with programmatic dependent "
+                         "launch; auto: the decode graphs' kind chosen by timing both at the first rollout), the first "
+                         "reported in full, the others (repeats allowed) as pdl_mode_variants")
+    ap.add_argument("--pdl-trial-pairs", type=int, default=0,
+                    help="grpo: with --pdl auto, the pairs of decode steps timed before the choice (0: the engine's "
+                         "default; 254 times a whole rollout of 512 new tokens, one pair at each length)")
     ap.add_argument("--pdl-trigger", nargs="+", choices=("start", "completion"), default=None,
                     help="grpo: where each PDL-launched kernel lets the next launch (the runner's pdl_trigger): at its "
                          "start, or only at its completion; the first reported in full, the others (repeats allowed) "

@@ -360,7 +360,7 @@ def engine_settings(engine) -> dict:
     return {"options": dataclasses.asdict(engine.options), "eos": sorted(engine.scheduler.eos),
             "runner": {k: getattr(r, k, None) for k in runner_keys},
             "model": {k: getattr(m, k, None) for k in ("gemm_sms", "rope_attention", "kernels")},
-            "pdl": pdl.is_enabled(), "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None}
+            "pdl": pdl.is_enabled(), "pdl_mode": r.pdl_mode, "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None}
 
 
 def process_memory(device: torch.device) -> dict:
@@ -414,6 +414,7 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
                             no_skinny_gemm=False, no_rope_attention=False)
     engine = build_engine(model, ns, args.prompts * args.group)
+    engine.runner.pdl = switches[0]  # this probe times one fixed kind of launch (`--probe-pdl-off` the other)
     prompts = random_prompts(args.prompts, args.prompt_len, model.config.vocab_size, seed=5)
     if monitor is not None:
         monitor.tag = f"probe/{name}"
@@ -473,15 +474,15 @@ def bench_engine_child(path: str, args) -> dict:
         cmd = [sys.executable, str(Path(__file__).with_name("bench_engine.py")), "--case", "grpo", "--shape", args.shape,
                "--device", args.device, "--model-dir", path, "--prompts", str(args.prompts), "--samples",
                str(args.group), "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
-               "--pdl", "1", "0", "--out", str(out)]
+               "--pdl", "on", "off", "--out", str(out)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not out.exists():  # the step's figures are still worth having: say why, go on
             print(f"probe child: bench_engine exited {r.returncode}", file=sys.stderr, flush=True)
             return {"error": f"bench_engine exited {r.returncode}", "stderr_tail": r.stderr[-2000:]}
         grpo = json.loads(out.read_text())["grpo"]
-    res = {k: grpo[k] for k in ("tokens_per_s", "decode_step_ms", "pdl")}
+    res = {k: grpo[k] for k in ("tokens_per_s", "decode_step_ms", "pdl_mode")}
     res["launch_busy_ms_median"] = grpo["launch_timing"].get("busy_ms_median")
-    res["pdl_off"] = grpo["pdl_variants"]["False"]
+    res["pdl_off"] = grpo["pdl_mode_variants"]["off"]
     res["device_state"] = grpo["device_state"]
     print(f"probe child: {res['tokens_per_s']:.0f} tok/s with PDL, {res['pdl_off']['tokens_per_s']:.0f} without",
           file=sys.stderr, flush=True)

@@ -9,6 +9,8 @@ from hybridrl.errors import ConfigError
 
 ENGINE_NAMES = ("native", "vllm", "sglang")
 NATIVE_IMPLS = ("auto", "fused", "hf")
+PDL_MODES = ("auto", "on", "off")
+PDL_ALIASES = {"true": "on", "false": "off", "1": "on", "0": "off"}
 
 
 @dataclass
@@ -109,14 +111,19 @@ class NativeOptions:
     keeps its size across sleeps). In the 1.5B GRPO step on the H200: graph capture 45 ms → 0 per rollout, rollout
     83.7k → 86.7k tok/s. Where the driver refuses (or not CUDA) the engine allocates as before."""
 
-    pdl: bool = True
+    pdl: str = "auto"
     """Fused engine on an NVIDIA GPU of compute capability ≥ 9 (Hopper): launch the Triton kernels with programmatic
     dependent launch, so each one's programs start while the kernel ahead finishes and wait for its writes
-    (`kernels/pdl.py`); elsewhere it has no effect. On the H200, 1.5B GRPO rollout (256 rows × 512 new), interleaved
-    in one process on two machines: 86.3k → 88.1k and 86.8k → 89.1k tok/s. Process-wide: the last engine made sets
-    it."""
+    (`kernels/pdl.py`); elsewhere it has no effect. "on", "off", or "auto": capture the decode graphs both ways and,
+    after each wake-up, keep whichever the first steps time faster (`fused/launch_choice.py`). In the 1.5B GRPO step
+    on the H200 (256 rows × 512 new): rollout 91.2–92.2k tok/s with auto, 90.1–90.8k with on, 91.4k with off.
+    Process-wide: the last engine made sets it."""
 
     def __post_init__(self) -> None:
+        # Booleans from older configs and command lines (`engine.native.pdl=true` arrives as "True").
+        self.pdl = PDL_ALIASES.get(str(self.pdl).lower(), str(self.pdl).lower())
+        if self.pdl not in PDL_MODES:
+            raise ConfigError(f"engine.native.pdl must be one of {', '.join(PDL_MODES)}, got {self.pdl!r}")
         if self.impl not in NATIVE_IMPLS:
             raise ConfigError(f"engine.native.impl must be one of {', '.join(NATIVE_IMPLS)}, got {self.impl!r}")
         if self.max_batch_size < 1:

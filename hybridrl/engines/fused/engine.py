@@ -66,11 +66,13 @@ class FusedEngine(NativeEngineBase):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
-        pdl.set_enabled(self.options.pdl)
+        pdl.set_enabled(self.options.pdl != "off")
         pdl.set_early_trigger(True)  # the measured default; a benchmark's A/B (`runner.pdl_trigger`) ends with the engine
         self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
                                    self.options.prefill_tokens, self.options.join_step_tokens,
                                    self.options.shared_prefix_tokens)
+        if self.options.pdl == "auto":
+            self.runner.pdl_auto = True
         self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
                                    self.options.sampler_kernel, self.options.prefix_cache,
                                    self.options.join_wait_steps, self.options.join_step_tokens)
@@ -367,6 +369,7 @@ class FusedEngine(NativeEngineBase):
     def _allocate_cache(self) -> None:
         """The KV cache at its configured size, or at its last size; else it is sized at the first generate. A pool at
         fixed addresses comes back at its size and addresses (its graphs with it)."""
+        self.runner.rechoose()  # a trainer phase ran while the engine slept: PDL's gain may have changed
         if self.cache is not None and not self.cache.resident:
             self._make_room(self.cache.nbytes() + self._prefill_workspace_bytes())
             self.cache.restore()
@@ -384,9 +387,15 @@ class FusedEngine(NativeEngineBase):
         return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
     def take_stats(self) -> dict[str, float]:
-        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call."""
+        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call; with
+        `engine.native.pdl=auto`, once a choice was made, `engine/pdl` (1: the decode graphs launch with PDL) and
+        `engine/pdl_gain` (PDL's measured saving, a fraction of a plain step; negative where it was slower)."""
         n, seconds = self.runner.take_capture_stats()
-        return {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        stats = {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        choice = self.runner.pdl_choice
+        if choice is not None and choice.verdict is not None:
+            stats.update({"engine/pdl": float(choice.verdict.pdl), "engine/pdl_gain": choice.verdict.gain})
+        return stats
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -29,6 +29,10 @@ the scheduler hands over the live rows' tables where some may share (`share_rows
 out before the next step and copies them into a static buffer the graphs read (a step graphed with grouping is its
 own graph).
 
+With `engine.native.pdl=auto` each step graph is captured twice, its kernels launched with programmatic dependent
+launch and without (the last element of a graph's key: True, False; None where the process-wide switch decides), and
+`PdlChoice` (`launch_choice.py`) times the two kinds over the first steps after each wake-up and keeps the faster.
+
 `extend` runs prompt tokens (an agent's next turn past its cached prefix, or a short new prompt) as rows of the same
 layers (`FusedDecoder.extend`), apart from a step. Eagerly that is ~10 launches per layer, ~14 ms of host time at 24
 layers on the H200's host (measured), several decode steps' worth; graphed per bucket of token counts it is one
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridrl.engines.fused.kv_cache import SCRATCH_BLOCK, PagedKVCache
+from hybridrl.engines.fused.launch_choice import PdlChoice, PdlLaunches
 from hybridrl.engines.fused.model import FusedDecoder
 from hybridrl.engines.kernels import pdl as pdl_switch
 from hybridrl.engines.kernels.attention import split_count
@@ -125,7 +130,7 @@ class HostCopy:
         return [h.tolist() for h in self.host]
 
 
-class DecodeRunner:
+class DecodeRunner(PdlLaunches):
     """Owns the per-row decode state of up to `rows` sequences and the CUDA graphs captured over it."""
 
     def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool, extend_tokens: int = 0,
@@ -157,31 +162,9 @@ class DecodeRunner:
         # Graph captures since `take_capture_stats`: each sleep drops the graphs, so a rollout after a wake-up pays
         # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
         self.captures, self.capture_s = 0, 0.0
+        # `engine.native.pdl=auto`: decode graphs captured both ways, the faster kind chosen after each wake-up.
+        self.pdl_choice: PdlChoice | None = None
         self.release()  # no buffers until `bind`
-
-    @property
-    def pdl(self) -> bool:
-        """Whether the Triton kernels launch with PDL (`kernels/pdl.py`'s process-wide switch; drops the graphs)."""
-        return pdl_switch.is_enabled()
-
-    @pdl.setter
-    def pdl(self, on: bool) -> None:
-        if bool(on) != pdl_switch.is_enabled():
-            pdl_switch.set_enabled(on)
-            self.drop_graphs()
-
-    @property
-    def pdl_trigger(self) -> str:
-        """Where a PDL kernel lets the next launch: "start" or "completion" (`kernels/pdl.py`; drops the graphs)."""
-        return "start" if pdl_switch.early_trigger() else "completion"
-
-    @pdl_trigger.setter
-    def pdl_trigger(self, where: str) -> None:
-        if where not in ("start", "completion"):
-            raise ValueError(f"pdl_trigger must be 'start' or 'completion', got {where!r}")
-        if (where == "start") != pdl_switch.early_trigger():
-            pdl_switch.set_early_trigger(where == "start")
-            self.drop_graphs()
 
     # -- buffers ------------------------------------------------------------------------------------------
     def bind(self, cache: PagedKVCache, width: int) -> None:
@@ -365,15 +348,21 @@ class DecodeRunner:
         eb = self.join_bucket(len(join.ids)) if join is not None else 0
         prefix = self._shared_prefix(b, eb)
         splits = 1 if prefix is not None else self._splits(b + eb, longest)
-        key = (b, eb, mode if mode.in_graph else None, prefix is not None, splits)
+        choice = self.pdl_choice if self.use_graphs else None
+        kind = choice.next_kind() if choice is not None else None  # None: the process-wide switch's kind
+        key = (b, eb, mode if mode.in_graph else None, prefix is not None, splits, kind)
         if self.use_graphs and (not eb or self._graph_due(key, self.join_capture_use)):
             if eb:
                 if self.join_in is None:
                     self.join_in = torch.zeros(4, self._join_buckets[-1], dtype=torch.long, device=self.device)
                 self.join_in[:, :eb] = self._padded(join, eb)
-            graph = self.graphs.get(key) or self._capture(b, eb, mode, prefix, splits)
+            graph = self.graphs.get(key) or self._capture(key, b, eb, mode, prefix, splits)
             if graph is not None:
+                timing = choice.start_timing(kind) if choice is not None else None
                 graph.replay()
+                if choice is not None:
+                    choice.stop_timing(timing)
+                    choice.poll()
                 if not mode.in_graph:
                     self._sample_advance(b, self.logits[:b], mode, generator)
                 return self._outputs(n)
@@ -396,13 +385,14 @@ class DecodeRunner:
         else:
             self.logits[:b].copy_(logits)
 
-    def _capture(self, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None,
+    def _capture(self, key: tuple, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None,
                  splits: int) -> torch.cuda.CUDAGraph | None:
         # The warm-up runs the real step and advances the row state; it is put back before the capture, so the replay
         # computes the step exactly once. The K/V the warm-up writes are the values the replay writes again.
-        return self._capture_graph((b, eb, mode if mode.in_graph else None, prefix is not None, splits),
-                                   lambda: self._graph_body(b, eb, mode, prefix, splits),
-                                   [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp])
+        kind = key[-1]  # the launch kind `pdl_auto` asked for (None: the switch's)
+        with pdl_switch.switched(pdl_switch.is_enabled() if kind is None else kind):
+            return self._capture_graph(key, lambda: self._graph_body(b, eb, mode, prefix, splits),
+                                       [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp])
 
     def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:
         """Warm `body` up (lazy inits, Triton compiles, cuBLAS workspaces), put `state` back, capture it as the graph

@@ -14,8 +14,9 @@ complete before its own wait has returned, so whatever any earlier kernel wrote 
 in a kernel launched without the attribute. Captured into a CUDA graph, the launches become programmatic edges.
 
 `enabled(x)` decides per launch (CUDA, not ROCm, compute capability ≥ 9, a Triton with grid dependency control, and
-the process-wide switch `set_enabled`, which `engine.native.pdl` sets); `launch(x)` gives the launch's keyword
-arguments, and each kernel takes a `PDL: tl.constexpr` and calls `await_inputs(PDL)` first.
+the process-wide switch `set_enabled`, on unless `engine.native.pdl=off`; with `auto` the decode runner captures
+each decode graph both ways under `switched` and keeps the faster, `fused/launch_choice.py`); `launch(x)` gives the
+launch's keyword arguments, and each kernel takes a `PDL: tl.constexpr` and calls `await_inputs(PDL)` first.
 
 Where the next kernel may launch is a second process-wide setting, for benchmarks' A/B (`set_early_trigger`): at each
 kernel's start (the default, measured below), or only at its completion (no explicit trigger: the launch still
@@ -31,6 +32,9 @@ down_proj's by silu_mul, then also gate_up's by the norm after attention) lost 0
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -61,6 +65,17 @@ def set_enabled(on: bool) -> None:
 def is_enabled() -> bool:
     """The process-wide switch (`set_enabled`)."""
     return _SWITCH["on"]
+
+
+@contextmanager
+def switched(on: bool) -> Iterator[None]:
+    """The switch set to `on` inside the block and put back after it (a capture of one kind of graph)."""
+    before = _SWITCH["on"]
+    _SWITCH["on"] = bool(on)
+    try:
+        yield
+    finally:
+        _SWITCH["on"] = before
 
 
 def set_early_trigger(early: bool) -> None:
