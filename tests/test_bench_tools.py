@@ -39,7 +39,7 @@ CASES = {
                                 "--join-step-tokens", "0", "512"], ["multiturn"]),
     "bench_engine:grpo": ([*SMALL, "--case", "grpo", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
                            "--new-tokens", "4", "--shared-prefix-tokens", "0", "8", "--long-keys", "0", "4", "--pdl",
-                           "off", "auto", "--pdl-trial-pairs", "2", "--pdl-trigger", "completion", "start", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
+                           "off", "auto", "--pdl-trial-pairs", "2", "--pdl-trial-first", "off", "--pdl-trigger", "completion", "start", "--sleep-cycle", "none", "0.001x0.25", "--heat-s", "0.01",
                            "--process-state", "nccl", "nccl-avg", "fsdp", "actor", "compile", "pinned", "backward",
                            "adam", "--l2-reset"],
                           ["grpo"]),
@@ -77,6 +77,7 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_tokens_variants"]) == ["8"]
         assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]
         assert out["grpo"]["pdl_mode"] == "off" and list(out["grpo"]["pdl_mode_variants"]) == ["auto"]
+        assert out["grpo"]["pdl_mode_final"] == "off"  # the reported run's, set back after the variants
         assert out["grpo"]["pdl_trigger"] == "completion" and list(out["grpo"]["pdl_trigger_variants"]) == ["start"]
         assert out["grpo"]["sleep_cycle"] == "none" and list(out["grpo"]["sleep_cycle_variants"]) == ["0.001x0.25"]
         assert out["grpo"]["tokens"] == 2 * 2 * 4

@@ -62,6 +62,13 @@ def test_steps_alternate_in_pairs_whose_order_swaps_then_pdl_waits_for_the_verdi
     assert choice.poll() is not None and not choice.deciding
 
 
+def test_a_round_may_start_with_the_plain_kind():
+    clock = Clock()
+    choice = PdlChoice(clock.event, pairs=2, first=False)
+    assert run_steps(choice, clock, 6, lambda i, on: 2.7 if on else 2.8) == [False, True, True, False, False, True]
+    assert choice.verdict.pdl and choice.verdict.on_ms == pytest.approx(2.7)
+
+
 def test_the_first_pair_is_not_timed():
     clock = Clock()
     choice = PdlChoice(clock.event, pairs=2)

@@ -94,7 +94,8 @@ def build_engine(model, args, rows: int, kv_blocks: int = 0) -> FusedEngine:
     blocks, or sized by demand."""
     options = NativeOptions(max_batch_size=rows, cuda_graphs=not args.no_cuda_graphs, kernels=not args.no_kernels,
                             kv_block_size=args.kv_block_size, kv_blocks=kv_blocks,
-                            join_step_tokens=max(args.join_step_tokens))
+                            join_step_tokens=max(args.join_step_tokens),
+                            pdl=(getattr(args, "pdl", None) or [NativeOptions.pdl])[0])
     engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
     if args.no_skinny_gemm:
         engine.model.gemm_sms = 0
@@ -646,9 +647,10 @@ def case_grpo(model, engine, args, device) -> dict:
                 "pdl_trigger": args.pdl_trigger or ["start"],
                 "sleep_cycle": [None if v == "none" else v for v in args.sleep_cycle or ["none"]]}
     runs: dict[str, dict[str, list[dict]]] = {}
-    if args.pdl_trial_pairs:
-        engine.runner.pdl_trial_pairs = args.pdl_trial_pairs
-        engine.runner.pdl_auto = False  # made again, with these pairs, where `auto` is set below
+    if args.pdl_trial_pairs or args.pdl_trial_first != "on":
+        engine.runner.pdl_trial_pairs = args.pdl_trial_pairs or engine.runner.pdl_trial_pairs
+        engine.runner.pdl_trial_first = args.pdl_trial_first == "on"
+        engine.runner.pdl_auto = False  # made again, with these settings, where `auto` is set below
     for name, values in settings.items():
         for value in values[1:]:
             if name == "sleep_cycle":  # not a runner setting: what happens between the runs
@@ -679,11 +681,6 @@ def case_grpo(model, engine, args, device) -> dict:
     res["roofline"] = roofline(engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half,
                                res["decode_step_ms"] / 1e3)
     res["parity"] = parity(model, prompts, outs, args.parity_rows)
-    choice = engine.runner.pdl_choice
-    if choice is not None and choice.verdict is not None:  # `pdl auto`'s verdict, from the engine's first rollout
-        v = choice.verdict
-        res["pdl_verdict"] = {"pdl": v.pdl, "on_ms": v.on_ms, "off_ms": v.off_ms, "gain": v.gain,
-                              "choices": choice.choices}
     return res
 
 
@@ -831,12 +828,15 @@ def main() -> None:
                          "not ('auto': the engine's measured rule, the default; 0: never), the first reported in full, "
                          "the others (repeats allowed, run in this order) as long_keys_variants")
     ap.add_argument("--pdl", nargs="+", choices=("on", "off", "auto"), default=None,
-                    help="grpo: engine.native.pdl values to run (on: the Triton kernels launch with programmatic dependent "
-                         "launch; auto: the decode graphs' kind chosen by timing both at the first rollout), the first "
-                         "reported in full, the others (repeats allowed) as pdl_mode_variants")
+                    help="engine.native.pdl (on: the Triton kernels launch with programmatic dependent launch; auto: the "
+                         "decode graphs' kind chosen by timing both at the first rollout): the first value for every "
+                         "case; grpo also runs the others (repeats allowed), reported as pdl_mode_variants")
     ap.add_argument("--pdl-trial-pairs", type=int, default=0,
                     help="grpo: with --pdl auto, the pairs of decode steps timed before the choice (0: the engine's "
                          "default; 254 times a whole rollout of 512 new tokens, one pair at each length)")
+    ap.add_argument("--pdl-trial-first", choices=("on", "off"), default="on",
+                    help="grpo: with --pdl auto, the kind of graph each choice times first, so captures first (off: "
+                         "the graphs without PDL)")
     ap.add_argument("--pdl-trigger", nargs="+", choices=("start", "completion"), default=None,
                     help="grpo: where each PDL-launched kernel lets the next launch (the runner's pdl_trigger): at its "
                          "start, or only at its completion; the first reported in full, the others (repeats allowed) "
@@ -937,6 +937,12 @@ def main() -> None:
         engine = build_engine(model, args, max(rows[c] for c in cases), kv_blocks if case == "multiturn" else 0)
         result[case] = {"single": case_single, "grpo": case_grpo, "multiturn": case_multiturn}[case](
             model, engine, args, device)
+        result[case]["pdl_mode_final"] = engine.runner.pdl_mode
+        choice = engine.runner.pdl_choice
+        if choice is not None and choice.verdict is not None:  # `--pdl auto`'s last verdict
+            v = choice.verdict
+            result[case]["pdl_verdict"] = {"pdl": v.pdl, "on_ms": v.on_ms, "off_ms": v.off_ms, "gain": v.gain,
+                                           "choices": choice.choices}
         if device.type == "cuda":
             result[case]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
         engine.shutdown()

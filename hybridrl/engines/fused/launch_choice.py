@@ -64,12 +64,13 @@ class PdlChoice:
     returns them (recording the first before and `stop_timing` the second after the replay), and calls `poll()`, which
     decides as soon as the timed replays have completed on the device (never waiting for them)."""
 
-    def __init__(self, make_event, pairs: int = 8, margin: float = 0.0025) -> None:
+    def __init__(self, make_event, pairs: int = 8, margin: float = 0.0025, first: bool = True) -> None:
         """`make_event()`: a new timing event; `pairs`: timed pairs per choice (after one uncounted pair); `margin`:
-        how much faster (a fraction) plain steps must be for PDL to be turned off."""
+        how much faster (a fraction) plain steps must be for PDL to be turned off; `first`: the kind of a round's first
+        step (True: PDL), so also the kind captured first where neither graph exists yet."""
         if pairs < 1:
             raise ValueError(f"pairs must be >= 1, got {pairs}")
-        self.make_event, self.pairs, self.margin = make_event, pairs, margin
+        self.make_event, self.pairs, self.margin, self.first = make_event, pairs, margin, first
         self.verdict: PdlVerdict | None = None
         self.choices = 0  # verdicts reached since this object was made
         self.restart()
@@ -96,8 +97,8 @@ class PdlChoice:
         if self._steps >= self._total_steps():
             return True  # all timed steps launched; their events are still on the device
         pair, second = divmod(self._steps, 2)
-        on_first = pair % 2 == 0
-        return on_first != bool(second)
+        leading = self.first if pair % 2 == 0 else not self.first  # the kind of this pair's first step
+        return leading != bool(second)
 
     def start_timing(self, kind: bool) -> tuple[TimingEvent, TimingEvent] | None:
         """The events to record around this step's replay (the first now, before it), or None if it is not timed.
@@ -147,6 +148,8 @@ class PdlLaunches:
     pdl_choice: PdlChoice | None
     pdl_trial_pairs: int = 8
     """Timed pairs of steps per choice (benchmarks time whole rollouts with more)."""
+    pdl_trial_first: bool = True
+    """The kind of each choice's first step, so the kind captured first (benchmarks swap it)."""
     use_graphs: bool
     device: torch.device
 
@@ -183,7 +186,8 @@ class PdlLaunches:
             return
         self.pdl = True  # the switch on: the extend graphs and eager steps launch with it
         if self.use_graphs and pdl_switch.capable(self.device):
-            self.pdl_choice = PdlChoice(lambda: torch.cuda.Event(enable_timing=True), self.pdl_trial_pairs)
+            self.pdl_choice = PdlChoice(lambda: torch.cuda.Event(enable_timing=True), self.pdl_trial_pairs,
+                                        first=self.pdl_trial_first)
 
     @property
     def pdl_mode(self) -> str:

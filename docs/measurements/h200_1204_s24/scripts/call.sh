@@ -3,7 +3,7 @@
 # update in the bench's process, then the engine; PDL on and off interleaved), as it is and with the carveout fixed
 # three ways (scripts/carveout.py). As run, the bench's flag was `--pdl 1 0 1 0` (its values are on/off/auto now).
 # `b`, `c`: engine.native.pdl=auto (fused/launch_choice.py): its CUDA tests, the reproducer and the plain bench with
-# auto, on and off, and the step as issue 21 measures it with auto and with PDL on, alternating.
+# auto, on and off, and the step as issue 21 measures it with auto and with PDL on, alternating. `g`: not run yet.
 source tools/gpu_env.sh >/dev/null 2>&1 || echo "gpu_env failed"
 O=$OUT; export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 step() { local n=$1 t=$2; shift 2; mkdir -p $O/$n; run $n $t env OUT=$O/$n "$@"; }
@@ -34,6 +34,18 @@ d)  # auto's two kinds of graph timed over a whole rollout (254 pairs, one at ea
   run d1_grpo_trial 120 python3 $B --pdl auto on off --pdl-trial-pairs 254 --out $O/d1_grpo_trial.json
   run d2_actor_trial 140 python3 $B --pdl auto on off --pdl-trial-pairs 254 --process-state actor \
     --out $O/d2_actor_trial.json ;;
+g)  # for the next session (not run): the 0.5B single case and the multi-turn case under each pdl mode (each in its own
+    # process), and the 1.5B GRPO bench with auto's first capture swapped (plain graphs captured first): does the
+    # graph captured second run faster whichever kind it is?
+  for m in auto on off; do
+    run g1_single_$m 120 python3 tools/bench_engine.py --case single --shape 0.5b --batch 64 --new-tokens 256 \
+      --skip-hf --pdl $m --out $O/g1_single_$m.json
+  done
+  run g2_grpo_plain_first 120 python3 $B --pdl auto on off --pdl-trial-first off --out $O/g2_grpo_plain_first.json
+  for m in auto on; do
+    run g3_multiturn_$m 150 python3 tools/bench_engine.py --case multiturn --shape 0.5b --pdl $m \
+      --out $O/g3_multiturn_$m.json
+  done ;;
 esac
 grep -h "carveout\|cuCtx" $O/*.log 2>/dev/null | sort | uniq -c | sort -rn | head -40
 for f in $O/*.json; do python3 -c "
