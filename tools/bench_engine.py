@@ -95,7 +95,7 @@ def build_engine(model, args, rows: int, kv_blocks: int = 0) -> FusedEngine:
     options = NativeOptions(max_batch_size=rows, cuda_graphs=not args.no_cuda_graphs, kernels=not args.no_kernels,
                             kv_block_size=args.kv_block_size, kv_blocks=kv_blocks,
                             join_step_tokens=max(args.join_step_tokens),
-                            pdl=(getattr(args, "pdl", None) or [NativeOptions.pdl])[0])
+                            pdl=(args.pdl or [NativeOptions.pdl])[0])
     engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
     if args.no_skinny_gemm:
         engine.model.gemm_sms = 0
@@ -828,9 +828,9 @@ def main() -> None:
                          "not ('auto': the engine's measured rule, the default; 0: never), the first reported in full, "
                          "the others (repeats allowed, run in this order) as long_keys_variants")
     ap.add_argument("--pdl", nargs="+", choices=("on", "off", "auto"), default=None,
-                    help="engine.native.pdl (on: the Triton kernels launch with programmatic dependent launch; auto: the "
-                         "decode graphs' kind chosen by timing both at the first rollout): the first value for every "
-                         "case; grpo also runs the others (repeats allowed), reported as pdl_mode_variants")
+                    help="engine.native.pdl (on: the Triton kernels launch with programmatic dependent launch; auto: "
+                         "the decode graphs' kind chosen by timing both at the first rollout): the first value for "
+                         "every case; grpo also runs the others (repeats allowed), reported as pdl_mode_variants")
     ap.add_argument("--pdl-trial-pairs", type=int, default=0,
                     help="grpo: with --pdl auto, the pairs of decode steps timed before the choice (0: the engine's "
                          "default; 254 times a whole rollout of 512 new tokens, one pair at each length)")

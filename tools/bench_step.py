@@ -360,7 +360,8 @@ def engine_settings(engine) -> dict:
     return {"options": dataclasses.asdict(engine.options), "eos": sorted(engine.scheduler.eos),
             "runner": {k: getattr(r, k, None) for k in runner_keys},
             "model": {k: getattr(m, k, None) for k in ("gemm_sms", "rope_attention", "kernels")},
-            "pdl": pdl.is_enabled(), "pdl_mode": r.pdl_mode, "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None}
+            "pdl": pdl.is_enabled(), "pdl_mode": r.pdl_mode,
+            "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None}
 
 
 def process_memory(device: torch.device) -> dict:
@@ -411,10 +412,10 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     held, limits = process_memory(device), device_limits(device)
     switches = pdl.is_enabled(), pdl.early_trigger()  # the step's engine's; a probe engine sets its own
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    # One fixed kind of launch, the step's switch (`--probe-pdl-off` times the other).
     ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
-                            no_skinny_gemm=False, no_rope_attention=False)
+                            no_skinny_gemm=False, no_rope_attention=False, pdl=["on" if switches[0] else "off"])
     engine = build_engine(model, ns, args.prompts * args.group)
-    engine.runner.pdl = switches[0]  # this probe times one fixed kind of launch (`--probe-pdl-off` the other)
     prompts = random_prompts(args.prompts, args.prompt_len, model.config.vocab_size, seed=5)
     if monitor is not None:
         monitor.tag = f"probe/{name}"

@@ -30,6 +30,7 @@ from typing import Protocol
 
 import torch
 
+from hybridrl.engines.config import PDL_MODES
 from hybridrl.engines.kernels import pdl as pdl_switch
 
 
@@ -164,9 +165,7 @@ class PdlLaunches:
     @pdl.setter
     def pdl(self, on: bool) -> None:
         """PDL on or off for every launch from now on (ends `pdl_auto`, and drops the graphs it captured)."""
-        if self.pdl_choice is not None:
-            self.pdl_choice = None
-            self.drop_graphs()
+        self.pdl_auto = False
         if bool(on) != pdl_switch.is_enabled():
             pdl_switch.set_enabled(on)
             self.drop_graphs()
@@ -196,8 +195,8 @@ class PdlLaunches:
 
     @pdl_mode.setter
     def pdl_mode(self, mode: str) -> None:
-        if mode not in ("auto", "on", "off"):
-            raise ValueError(f"pdl_mode must be 'auto', 'on' or 'off', got {mode!r}")
+        if mode not in PDL_MODES:
+            raise ValueError(f"pdl_mode must be one of {', '.join(PDL_MODES)}, got {mode!r}")
         if mode == "auto":
             if not self.pdl_auto:
                 self.pdl_auto = True

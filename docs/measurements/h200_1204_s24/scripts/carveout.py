@@ -1,5 +1,5 @@
-"""Run a tool with the SM's shared-memory carveout fixed, to test whether PDL's lost overlap in the step's process is the
-driver reconfiguring the L1/shared split between kernels (Hopper: one split per SM at a time, so a kernel whose
+"""Run a tool with the SM's shared-memory carveout fixed, to test whether PDL's lost overlap in the step's process is
+the driver reconfiguring the L1/shared split between kernels (Hopper: one split per SM at a time, so a kernel whose
 chosen split differs from the one running cannot become resident beside it).
 
     python3 carveout.py MODE tools/bench_engine.py ARGS...
