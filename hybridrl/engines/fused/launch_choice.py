@@ -14,12 +14,14 @@ time over a rollout (attention reads one more key a step) falls on both kinds al
 pairs' differences. The first pair after a wake-up is not counted (a graph's first replays after capture or upload
 run slower). PDL stays on unless the plain graphs are faster by more than `margin`: a tie is not worth a change.
 
-What it measured (docs/measurements/h200_1204_s24/): in every process tried, fresh or after a training step, the plain
-graphs won the alternation by 1.0–1.5%, and the rollout that followed on them beat both fixed kinds measured in the
-same process: 93.5–93.9k tok/s against 93.0–93.7k (PDL) and 91.3–91.5k (plain) in the bench's own process; in the
-1.5B GRPO step 91.2–92.2k against 90.1–90.8k (PDL) and 91.4k (plain). So these plain graphs run faster than the
-plain graphs of an engine with PDL off, and why is not known yet (they are captured second, into the same memory
-pool as the PDL graphs; the extend graphs keep PDL): the choice rests on the measurement, not on that explanation.
+What it measured (docs/measurements/h200_1204_s24/, h200_1204_s25/): in the 1.5B GRPO rollouts and the 0.5B multi-turn
+run the plain graphs won the alternation by 1.0–2.3%, and the rollouts that followed ran as fast as the better fixed
+kind, within 0.5%, and 0.8–2.7% faster than an engine with PDL off; at the 0.5B's 64 rows PDL won by 7%. Why plain
+graphs beat those of a PDL-off engine: with the verdict forced, the same plain decode graph steps 2.64 ms while the
+process-wide switch is on (the launches outside the decode graphs keep PDL) and 2.72 ms with it off, and PDL inside
+the decode graph adds nothing on top. Not the capture order, the activations' layout or the prefill's kind; and within
+one process that fast state was once lost between two identical runs. So the switch stays on under `auto` and only the
+decode graphs' kind is chosen; the choice rests on the measurement, not on an explanation.
 """
 
 from __future__ import annotations
