@@ -166,24 +166,30 @@ def test_the_graphed_step_gives_the_same_samples(seed):
 def test_pdl_auto_alternates_graph_kinds_then_keeps_the_faster(monkeypatch):
     """engine.native.pdl=auto through the runner (graphs emulated, events on a fake clock): the first steps alternate
     between a PDL graph and a plain one of each key, the faster kind serves after the verdict, the samples are the
-    eager step's; a wake-up starts the choice again."""
+    eager step's. Each key's graph is captured with its twin of the other kind, so after a sleep at fixed addresses
+    the new choice, here for PDL, finds every graph it needs, the split-attention key first used after the first
+    trial included: no capture after the first rollout."""
+    import hybridrl.engines.fused.engine as fused_module
     from tests.test_launch_choice import Clock
 
+    monkeypatch.setattr(fused_module, "fixed_memory", lambda n, device: _FakeFixedMemory(n, device))
     model = tiny_model("qwen3").to(DEVICE)
     params = SamplingParams(n=3, max_new_tokens=30, seed=6)
-    want = fused_engine(model, max_batch_size=16).generate(PROMPTS, params)
-    engine = fused_engine(model, max_batch_size=16)
+    want = fused_engine(model, max_batch_size=16, max_model_len=256).generate(PROMPTS, params)
+    engine = fused_engine(model, max_batch_size=16, max_model_len=256, fixed_addresses=True)
     run = engine.runner
     _emulate_graphs(run)
+    run.sms = 1  # one split until the longest row attends long_keys keys, after the first trial's 10 steps
+    run.long_keys = max(len(p) for p in PROMPTS) + 15
     clock = Clock()
     run.pdl_choice = PdlChoice(clock.event, pairs=4)
-    kinds = []
+    kinds, step_ms = [], {True: 2.80, False: 2.772}  # plain graphs 1% faster: this process has lost PDL's overlap
     replay = _Replay.replay
 
-    def timed_replay(graph):  # plain graphs 1% faster: this process has lost PDL's overlap
+    def timed_replay(graph):
         kind = next(k[-1] for k, g in run.graphs.items() if g is graph)
         kinds.append(kind)
-        clock.now += 2.80 if kind else 2.772
+        clock.now += step_ms[kind]
         replay(graph)
 
     monkeypatch.setattr(_Replay, "replay", timed_replay)
@@ -194,9 +200,18 @@ def test_pdl_auto_alternates_graph_kinds_then_keeps_the_faster(monkeypatch):
     assert kinds[:10] == [True, False, False, True, True, False, False, True, True, False]
     assert set(kinds[10:]) == {False} and len(kinds) == params.max_new_tokens - 1
     assert not run.pdl_choice.verdict.pdl and engine.take_stats()["engine/pdl"] == 0.0
+    graphs = dict(run.graphs)
+    assert {k[4] for k in graphs} == {1, 2}  # the split key came after the trial
+    assert {k[:-1] for k in graphs if k[-1]} == {k[:-1] for k in graphs if k[-1] is False}
     engine.sleep(1)
     engine.wake_up()
-    assert run.pdl_choice.deciding
+    assert run.pdl_choice.deciding and run.graphs == graphs
+    kinds.clear()
+    step_ms[True] = 2.70  # PDL faster after this wake-up
+    got = engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert run.pdl_choice.verdict.pdl and set(kinds[10:]) == {True}
+    assert run.graphs.keys() == graphs.keys() and all(run.graphs[k] is g for k, g in graphs.items())
 
 
 def test_long_contexts_step_through_their_own_split_graphs():
@@ -286,8 +301,11 @@ def test_max_new_tokens_stop_ids_and_greedy():
 
 @pytest.mark.parametrize("level", [1, pytest.param(2, marks=pytest.mark.interpreted)])
 def test_sleep_wake_round_trip(level):
+    """A sleep frees the KV cache (and at level 2 the weights), a wake-up brings them back, the samples are those
+    before. Without fixed addresses (on by default on a GPU): the fixed-address path keeps the cache and the weights'
+    shapes, and has its own tests (`test_fixed_addresses_keep_the_graphs_through_sleep`, and the CUDA test below)."""
     model = tiny_model("qwen3").to(DEVICE)
-    engine = fused_engine(model)
+    engine = fused_engine(model, fixed_addresses=False)
     params = SamplingParams(n=2, max_new_tokens=5, seed=3)
     before = [o.token_ids for o in engine.generate(PROMPTS, params)]
     assert engine.memory_stats()["engine_kv_cache_gb"] > 0

@@ -52,7 +52,7 @@ step() {  # step NAME TIMEOUT_S CMD...
 for group in "$@"; do
   case $group in
     kernel)
-      step kernel_tests 240 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/test_engine_kernels.py \
+      step kernel_tests 480 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/test_engine_kernels.py \
         tests/test_sampling_kernel.py tests/test_logprob_kernel.py tests/test_fused_engine.py tests/test_engine_scheduler.py ;;
     engine_grpo)
       step engine_1.5b_grpo 200 $PY tools/bench_engine.py --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \

@@ -146,7 +146,8 @@ class PdlChoice:
 class PdlLaunches:
     """The decode runner's launch settings: PDL on, off, or chosen (`pdl_mode`), and the PDL trigger. Each change
     drops the graphs it makes stale: a graph keeps the launches it was captured with. Expects `drop_graphs()`,
-    `use_graphs` and `device` of the class it is mixed into, and `pdl_choice = None` set in its constructor."""
+    `_capture(key, ...)`, `graphs`, `use_graphs` and `device` of the class it is mixed into, and `pdl_choice = None`
+    set in its constructor."""
 
     pdl_choice: PdlChoice | None
     pdl_trial_pairs: int = 8
@@ -155,9 +156,25 @@ class PdlLaunches:
     """The kind of each choice's first step, so the kind captured first (benchmarks swap it)."""
     use_graphs: bool
     device: torch.device
+    graphs: dict
 
     def drop_graphs(self) -> None:  # pragma: no cover - the runner's
         raise NotImplementedError
+
+    def _capture(self, key: tuple, *shape):  # pragma: no cover - the runner's
+        raise NotImplementedError
+
+    def _capture_pair(self, key: tuple, *shape):
+        """Capture the graph `key` (its last element the launch kind: None for the switch's) and, under `pdl_auto`,
+        its twin of the other kind with it. A choice after a later wake-up may keep the kind the last one dropped:
+        with both captured it finds its graphs, so no graph is captured after the first rollout (a fixed-address
+        engine keeps them through its sleeps). The graphs share one memory pool, so a twin costs little memory.
+        None if a capture failed (the runner then runs eagerly)."""
+        graph = self._capture(key, *shape)
+        kind = key[-1]
+        if graph is not None and kind is not None and (twin := (*key[:-1], not kind)) not in self.graphs:
+            self._capture(twin, *shape)
+        return graph if self.use_graphs else None
 
     @property
     def pdl(self) -> bool:

@@ -29,9 +29,10 @@ the scheduler hands over the live rows' tables where some may share (`share_rows
 out before the next step and copies them into a static buffer the graphs read (a step graphed with grouping is its
 own graph).
 
-With `engine.native.pdl=auto` each step graph is captured twice, its kernels launched with programmatic dependent
-launch and without (the last element of a graph's key: True, False; None where the process-wide switch decides), and
-`PdlChoice` (`launch_choice.py`) times the two kinds over the first steps after each wake-up and keeps the faster.
+With `engine.native.pdl=auto` each step graph is captured twice at once, its kernels launched with programmatic
+dependent launch and without (the last element of a graph's key: True, False; None where the process-wide switch
+decides), and `PdlChoice` (`launch_choice.py`) times the two kinds over the first steps after each wake-up and keeps
+the faster.
 
 `extend` runs prompt tokens (an agent's next turn past its cached prefix, or a short new prompt) as rows of the same
 layers (`FusedDecoder.extend`), apart from a step. Eagerly that is ~10 launches per layer, ~14 ms of host time at 24
@@ -356,7 +357,7 @@ class DecodeRunner(PdlLaunches):
                 if self.join_in is None:
                     self.join_in = torch.zeros(4, self._join_buckets[-1], dtype=torch.long, device=self.device)
                 self.join_in[:, :eb] = self._padded(join, eb)
-            graph = self.graphs.get(key) or self._capture(key, b, eb, mode, prefix, splits)
+            graph = self.graphs.get(key) or self._capture_pair(key, b, eb, mode, prefix, splits)
             if graph is not None:
                 timing = choice.start_timing(kind) if choice is not None else None
                 graph.replay()
