@@ -4,47 +4,28 @@ kind of graph ever captured, the process-wide switch on as auto leaves it) besid
 process, one engine (the GRPO bench's 1.5B, 256 rows x 512 new), arms in turn, graphs captured afresh in each.
 Usage: python3 forced.py OUT.json"""
 
-import dataclasses
 import json
 import sys
-import types
 
-import torch
+from rig import describe, force_choice, grpo_engine, measure
 
-sys.path.insert(0, "tools")
-import bench_engine as be  # noqa: E402
-from hybridrl.engines.fused.launch_choice import PdlVerdict  # noqa: E402
-from hybridrl.engines.kernels import pdl as pdl_switch  # noqa: E402
+from hybridrl.engines.kernels import pdl as pdl_switch
 
 
 def main() -> None:
-    device = torch.device("cuda")
-    args = types.SimpleNamespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
-                                 pdl=["off"], no_skinny_gemm=False, no_rope_attention=False)
-    model = be.build_model("1.5b", torch.bfloat16, device)
-    engine = be.build_engine(model, args, 256)
+    engine, prompts = grpo_engine()
     run = engine.runner
-    gen = torch.Generator().manual_seed(2)
-    prompts = torch.randint(2, model.config.vocab_size, (32, 128), generator=gen).tolist()
     results = []
 
     def arm(name: str, mode: str, forced: bool | None = None, switch: bool | None = None) -> None:
         run.pdl_mode = mode
         run.drop_graphs()
         if forced is not None:  # the verdict given, no trial: only that kind's graphs are captured
-            choice = run.pdl_choice
-            choice.verdict, choice._deciding = PdlVerdict(forced, 0.0, 0.0), False
-            choice.restart = lambda: None
+            force_choice(run, forced)
         if switch is not None:  # the process-wide switch (eager launches; graphs captured with kind None)
             pdl_switch.set_enabled(switch)
-        res, _, params = be.run_generate(engine, prompts, 8, 512, device)
-        lt = be.timed_launches(engine, prompts, params, device)
-        choice = run.pdl_choice
-        row = {"arm": name, "mode": run.pdl_mode, "switch": pdl_switch.is_enabled(),
-               "verdict": None if choice is None or choice.verdict is None else dataclasses.asdict(choice.verdict),
-               "graph_kinds": sorted({str(k[-1]) for k in run.graphs}), "graphs": len(run.graphs),
-               "tokens_per_s": res["tokens_per_s"], "decode_step_ms": res["decode_step_ms"],
-               "busy_ms_median": lt["busy_ms_median"]}
+        measured = measure(engine, prompts)
+        row = {"arm": name, **describe(run), **measured}  # the settings and graphs the rollout left
         print(json.dumps(row), flush=True)
         results.append(row)
 

@@ -7,12 +7,10 @@ PDL's (auto's layout); off after a held pad of P bytes at the pool's start. Per 
 
 import json
 import sys
-import types
 
 import torch
 
-sys.path.insert(0, "tools")
-import bench_engine as be  # noqa: E402
+from rig import grpo_engine, measure
 
 
 def pad_pool(nbytes: int):
@@ -30,14 +28,8 @@ def pad_pool(nbytes: int):
 
 
 def main() -> None:
-    device = torch.device("cuda")
-    args = types.SimpleNamespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
-                                 pdl=["off"], no_skinny_gemm=False, no_rope_attention=False)
-    model = be.build_model("1.5b", torch.bfloat16, device)
-    engine = be.build_engine(model, args, 256)
+    engine, prompts = grpo_engine()
     run = engine.runner
-    gen = torch.Generator().manual_seed(2)
-    prompts = torch.randint(2, model.config.vocab_size, (32, 128), generator=gen).tolist()
     held, results = [], []
 
     def arm(name: str, mode: str, setup=None) -> None:
@@ -46,17 +38,13 @@ def main() -> None:
         held.clear()
         if setup is not None:
             setup()
-        res, _, params = be.run_generate(engine, prompts, 8, 512, device)
-        lt = be.timed_launches(engine, prompts, params, device)
-        row = {"arm": name, "mode": mode, "tokens_per_s": res["tokens_per_s"],
-               "decode_step_ms": res["decode_step_ms"], "busy_ms_median": lt["busy_ms_median"],
-               "gap_ms_total": lt["gap_ms_total"]}
+        row = {"arm": name, "mode": mode, **measure(engine, prompts)}
         print(json.dumps(row), flush=True)
         results.append(row)
 
     def twin() -> None:  # PDL's graphs captured first into the pool and held, then off's: auto's layout
         run.pdl_mode = "on"
-        be.run_generate(engine, prompts, 8, 512, device)
+        measure(engine, prompts)
         held.append((run.pool, dict(run.graphs)))
         pool = run.pool
         run.pdl_mode = "off"  # drops the graphs and the pool
