@@ -37,7 +37,7 @@ def build_engine(
     engines that run collectives of their own.
     """
     if cfg.name == "native":
-        from hybridrl.engines.native import HFEngine, native_impl
+        from hybridrl.engines.native.hf import HFEngine, native_impl
         from hybridrl.models.loading import load_causal_lm, load_hf_config
 
         dtype = engine_dtype(cfg, device)
@@ -45,18 +45,18 @@ def build_engine(
         if native_impl(cfg, hf_config, topology.engine_tp_size) == "hf":
             model = load_causal_lm(model_path, model_cfg, dtype, device)
             return HFEngine(model, eos_ids(tokenizer, model), tokenizer.pad_token_id, cfg.native.max_batch_size)
-        from hybridrl.engines.fused.engine import FusedEngine
+        from hybridrl.engines.native.engine import FusedEngine
 
         eos = eos_ids(tokenizer, generation_config=load_generation_config(model_path, hf_config))
         return FusedEngine(hf_config, eos, tokenizer.pad_token_id, device=device, dtype=dtype, options=cfg.native,
                            tp_group=topology.engine_tp_group(), seed=seed)
     if cfg.name == "vllm":
-        from hybridrl.engines.vllm_engine import VllmEngine
+        from hybridrl.engines.vllm.engine import VllmEngine
 
         return VllmEngine(model_path, cfg, topology=topology, seed=seed, device=device.type,
                           trust_remote_code=model_cfg.trust_remote_code)
     if cfg.name == "sglang":
-        from hybridrl.engines.sglang_engine import SglangEngine
+        from hybridrl.engines.sglang.engine import SglangEngine
 
         return SglangEngine(model_path, cfg, topology=topology, seed=seed, device=device.type)
     raise ValueError(f"unknown engine {cfg.name!r}")

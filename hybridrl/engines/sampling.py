@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hybridrl.engines import sampling_triton
-from hybridrl.engines.sampling_triton import PICK_BLOCK
+from hybridrl.engines.native.kernels import sampling as sampling_kernel
+from hybridrl.engines.native.kernels.sampling import PICK_BLOCK
 
 _M1 = 0xBF58476D1CE4E5B9 - 2**64  # splitmix64 constants as signed int64
 _M2 = 0x94D049BB133111EB - 2**64
@@ -59,7 +59,7 @@ def counter_uniform(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tenso
     k the top 52 bits of splitmix64 of the row's key for this step (`row_keys`); `step` an int or one index per row.
 
     Counter-based, like Philox: a row's draw never depends on which other rows share the batch, so sampling is
-    reproducible across worker counts, chunking and finished-row removal. `sampling_triton` makes the same bits
+    reproducible across worker counts, chunking and finished-row removal. `sampling_kernel` makes the same bits
     inside its kernel."""
     bits = (_mix(row_keys(keys, step)) >> 12) & ((1 << 52) - 1)
     return (bits.to(torch.float64) + 0.5) / float(1 << 52)
@@ -117,16 +117,16 @@ def sample_tokens(
     temperature == 0 is greedy, with the log-prob at temperature 1. With `keys` (one int64 stream
     key per row) the row's uniform comes from `counter_uniform(keys, step)` (`step` one index, or one per row),
     else from `generator`; the draw is `inverse_cdf` of the (top-k/top-p filtered) softmax;
-    `kernel` lets such rows go to the fused GPU kernel (`sampling_triton`) when top-k/top-p are off.
+    `kernel` lets such rows go to the fused GPU kernel (`sampling_kernel`) when top-k/top-p are off.
     """
     if temperature == 0:
         logits = logits.float()
         tokens = logits.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    if kernel and keys is not None and top_k <= 0 and top_p >= 1.0 and sampling_triton.available(logits):
+    if kernel and keys is not None and top_k <= 0 and top_p >= 1.0 and sampling_kernel.available(logits):
         if isinstance(step, int):
-            return sampling_triton.sample_counter(logits, temperature, keys, step_key(step))
-        return sampling_triton.sample_counter(logits, temperature, keys, 0, steps=step)  # row_keys in the kernel
+            return sampling_kernel.sample_counter(logits, temperature, keys, step_key(step))
+        return sampling_kernel.sample_counter(logits, temperature, keys, 0, steps=step)  # row_keys in the kernel
     scaled = logits.float() / temperature
     logprobs = torch.log_softmax(scaled, dim=-1)
     filtered = scaled

@@ -4,7 +4,7 @@
     truth = ground_truth(sample)               # a GSM8K solution "... #### 72", "72", or "\\frac{\\sqrt{3}}{2}"
     reward = 1.0 if answers_match(pred, truth) else 0.0
 
-Rules, chosen from a grader's side (tests/test_math_verify.py holds the cases):
+Rules, chosen from a grader's side (tests/unit/rewards/test_math_verify.py holds the cases):
 - The last `####` marker wins over everything else, even a later number or \\boxed; then the last complete
   \\boxed{...} (nested braces allowed); then the last number anywhere. The marker counts only when its line
   starts with the answer ("#### 72", "#### $72 dollars", "#### \\boxed{72}"); a line that starts with words
@@ -312,7 +312,7 @@ def ground_truth(sample: dict[str, Any]) -> Any:
             return _last_number(text)
     raise HybridRLError(
         f"the math reward needs each data row to have an 'answer' or 'ground_truth' field; this row has "
-        f"{sorted(sample)}. Convert the data (e.g. tools/convert_gsm8k.py) or pick another reward.name"
+        f"{sorted(sample)}. Convert the data (e.g. scripts/convert_gsm8k.py) or pick another reward.name"
     )
 
 

@@ -9,7 +9,7 @@ With `model.lora.rank` set, the actor is built as::
     with peft.disable_adapter(): ref_logp = ...          # the reference policy: the same base, adapters off
 
 The resharder merges W + (alpha/rank)·B·A on the fly (`reshard/lora_merge.py`); a checkpoint holds the adapters and
-their optimizer state (the base comes from `model.path` again); `tools/export_hf.py` writes the PEFT adapter folder
+their optimizer state (the base comes from `model.path` again); `hybridrl/export.py` writes the PEFT adapter folder
 or, with `--merge`, the merged model.
 """
 
@@ -98,7 +98,7 @@ def load_adapter_weights(checkpoint: str | Path, model: nn.Module) -> None:
 
 
 def export_model(base: nn.Module, opts: LoraOptions, checkpoint: str | Path, merge: bool) -> nn.Module:
-    """What `tools/export_hf.py` saves for a LoRA checkpoint: the PeftModel (its `save_pretrained` writes the
+    """What `hybridrl/export.py` saves for a LoRA checkpoint: the PeftModel (its `save_pretrained` writes the
     adapter folder), or with `merge` the base with the adapters merged in (a plain HF model)."""
     peft = wrap_with_lora(base, opts, seed=0)
     load_adapter_weights(checkpoint, peft.get_base_model())

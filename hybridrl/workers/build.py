@@ -76,7 +76,7 @@ class Components:
 
     @staticmethod
     def state_dir(checkpoint: str, role: str) -> str:
-        """Where `role` keeps its state inside a checkpoint folder: the actor at its top (the layout `tools/export_hf.py`
+        """Where `role` keeps its state inside a checkpoint folder: the actor at its top (the layout `hybridrl/export.py`
         reads), any other role in a subfolder of its name."""
         return checkpoint if role == "actor" else str(Path(checkpoint) / role)
 

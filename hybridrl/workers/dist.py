@@ -8,7 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hybridrl.engines.fixed_memory import mapped_bytes
+from hybridrl.engines.native.fixed_memory import mapped_bytes
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:

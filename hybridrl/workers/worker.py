@@ -24,7 +24,7 @@ from hybridrl.models.loading import resolve_model_path
 from hybridrl.rewards.base import RewardScores
 from hybridrl.workers.build import build_components
 from hybridrl.workers.device_room import DeviceRoom
-from hybridrl.engines.fixed_memory import peak_mapped_bytes, reset_peak_mapped
+from hybridrl.engines.native.fixed_memory import peak_mapped_bytes, reset_peak_mapped
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
 
 

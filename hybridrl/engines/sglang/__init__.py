@@ -1,4 +1,4 @@
-"""Helpers of the SGLang rollout engine (`hybridrl.engines.sglang_engine`).
+"""Helpers of the SGLang rollout engine (`hybridrl.engines.sglang.engine`).
 
 - `payload`: HF-named tensors → one serialized `flattened_bucket` payload per TP rank.
 - `tp`: the engine TP group's CPU process group and the leader-centred collectives.

@@ -1,0 +1,405 @@
+"""The native engine on our fused decoder: paged KV cache, continuous batching, CUDA-graphed decode steps.
+
+    engine = FusedEngine(hf_config, eos_ids, pad_id, device=..., dtype=..., options=cfg.native, tp_group=group)
+    <caller fills the weights: load_weights with fused names, e.g. the resharder>
+    engine.generate(prompts, params)                    # single-turn: every request at once, run to the end
+    handle = engine.submit(request, params)             # continuous: requests join while it runs ...
+    for handle, completion in engine.step(): ...        # ... one token per running sequence per step
+
+`generate` and `generate_requests` are `submit` for every request, then `step` until all are done (see
+`engines/scheduler.py` for the loop; `engines/async_engine.py` for many coroutines sharing one engine). The engine
+neither makes process groups nor imports the resharder: its TP group and its weights come from the caller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.native.fixed_memory import FixedMemory, fixed_bytes, fixed_memory
+from hybridrl.engines.native.frozen_heap import frozen_heap
+from hybridrl.engines.native.tensor_parallel import TensorParallel
+from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
+from hybridrl.engines.native.model import FusedDecoder
+from hybridrl.engines.native.runner import DecodeRunner, JoinTokens, SamplerMode, to_device
+from hybridrl.engines.native.kernels import pdl
+from hybridrl.engines.native.base import NativeEngineBase, check_requests
+from hybridrl.engines.sampling import sample_tokens
+from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
+from hybridrl.errors import HybridRLError
+
+log = logging.getLogger(__name__)
+
+PACKED_PROMPT_MAX = 512
+"""Where the paged attention kernel runs (GPU), new prompts up to this many tokens run packed (`_extend_chunk`: the
+decode step's kernels, graphed, one launch); longer ones run the flash prefill, whose attention reads each key once
+per tile of queries rather than once per query."""
+
+
+class FusedEngine(NativeEngineBase):
+    """The built-in engine over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
+
+    weight_layout_style = "fused"
+    starts_empty = True
+    gates_memory = True
+
+    def __init__(self, hf_config, eos_token_ids: Sequence[int], pad_token_id: int | None, *,
+                 device: torch.device | str, dtype: torch.dtype, options: NativeOptions | None = None,
+                 tp_group: torch.distributed.ProcessGroup | None = None, seed: int = 0) -> None:
+        """Weights start uninitialized: the caller fills them with `load_weights` (fused names). `tp_group` is this
+        rank's engine TP group (None: one rank)."""
+        self.options = options or NativeOptions()
+        device = torch.device(device)
+        self.tp = TensorParallel.of(tp_group)
+        self.model = FusedDecoder(hf_config, self.tp, dtype, device, kernels=self.options.kernels)
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_token_id = pad_token_id if pad_token_id is not None else 0
+        self.vocab = hf_config.vocab_size
+        self.block_size = self.options.kv_block_size
+        params = dict(self.model.named_parameters())  # no tied duplicates: a tied lm_head is the embedding itself
+        self._init_weights(params, params, device, self._fixed_weights(params, device))
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.cache: PagedKVCache | None = None
+        self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
+        pdl.set_enabled(self.options.pdl != "off")
+        pdl.set_early_trigger(True)  # the measured default; a benchmark's A/B (`runner.pdl_trigger`) ends with the engine
+        self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
+                                   self.options.prefill_tokens, self.options.join_step_tokens,
+                                   self.options.shared_prefix_tokens)
+        if self.options.pdl == "auto":
+            self.runner.pdl_auto = True
+        self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
+                                   self.options.sampler_kernel, self.options.prefix_cache,
+                                   self.options.join_wait_steps, self.options.join_step_tokens)
+
+    # -- requests ---------------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        """Whether a submitted request has not come back from `step` yet."""
+        return self.scheduler.has_work
+
+    def submit(self, request: GenerationRequest, params: SamplingParams) -> int:
+        """Queue one request; its completion comes back from `step` under the returned handle."""
+        self._check_awake("submit")
+        if self.tp.size > 1 and self.scheduler.has_work:
+            # Every rank of a TP group must make the same batches: requests joining a running batch could arrive at
+            # different steps on different ranks.
+            raise HybridRLError("native engine: requests cannot join a running batch with engine.tp_size > 1; "
+                                "submit them together (generate_requests)")
+        return self.scheduler.submit(request, params)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, Completion]]:
+        """One scheduler step (see engines/scheduler.py): the completions that finished, with their handles."""
+        self._check_awake("step")
+        return self.scheduler.step()
+
+    @torch.inference_mode()
+    def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
+        self._check_awake("generate")
+        check_requests(requests)
+        if self.scheduler.has_work:
+            raise HybridRLError("native engine: generate_requests while other requests run; use submit/step "
+                                "(or AsyncEngine) for both")
+        handles = self.scheduler.submit_all(requests, params)
+        done: dict[int, Completion] = {}
+        try:
+            if requests:  # a cache sized by demand is sized once for the whole call, by its longest sequence
+                longest = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1
+                self.kv_allocator(0, blocks_for(longest, self.block_size))
+            with frozen_heap():
+                while self.scheduler.has_work:
+                    done.update(self.scheduler.step())
+        except BaseException:
+            self.scheduler.abort()  # nothing half-done is left for the next call
+            raise
+        return [done[h] for h in handles]
+
+    @torch.inference_mode()
+    def last_logits(self, prompts: Sequence[Sequence[int]], cached: Sequence[int] | None = None) -> torch.Tensor:
+        """Each prompt's next-token logits [len(prompts), vocab] in float32 (a prefill; for parity checks). With
+        `cached`, prompt i's first cached[i] tokens are prefilled first and the rest continues them, as an agent's
+        next turn does."""
+        self._check_awake("last_logits")
+        per_seq = max(blocks_for(len(p), self.block_size) for p in prompts)
+        alloc = self.kv_allocator(per_seq * len(prompts), per_seq)
+        self.reserve_width(per_seq)  # RoPE tables for the longest prompt
+        groups = [PromptGroup(list(p), alloc.allocate(blocks_for(len(p), self.block_size)), []) for p in prompts]
+        try:
+            if cached is not None and any(cached):
+                self._prefill_logits([PromptGroup(list(p[:c]), g.shared, []) for p, c, g in zip(prompts, cached, groups)
+                                      if c])
+                for g, c in zip(groups, cached):
+                    g.cached = c
+            return self._prefill_logits(groups)[:, : self.vocab].float()
+        finally:
+            for g in groups:
+                alloc.release(g.shared)
+
+    # -- the scheduler's backend --------------------------------------------------------------------------
+    def kv_allocator(self, need: int, per_seq: int) -> BlockAllocator:
+        cache, o = self.cache, self.options
+        if cache is not None and cache.allocator.held:
+            return cache.allocator  # blocks are held: the pool stays as it is
+        if o.kv_blocks or o.kv_memory_fraction:
+            blocks = cache.num_blocks if cache is not None else (o.kv_blocks or self._fraction_blocks())
+            if need > blocks - 1:
+                raise HybridRLError(f"native engine: a sequence needs {need} KV blocks of {self.block_size} tokens, "
+                                    f"the cache holds {blocks - 1}; raise engine.native.kv_blocks (or "
+                                    "engine.native.kv_memory_fraction)")
+        else:  # by demand, never shrinking: max_batch_size sequences of the longest request seen
+            blocks = max(1 + max(need, o.max_batch_size * per_seq), self._pool_blocks)
+        if cache is None:
+            self._allocate(blocks)
+        elif blocks > cache.num_blocks:  # no block is held here: only the prefix table's contents move along
+            self._make_room((blocks - cache.num_blocks) * self._block_bytes())
+            width = self.runner.width
+            self.runner.release()
+            cache.grow(blocks, self._kv_memory(blocks))
+            self._pool_blocks = blocks
+            self.runner.bind(cache, width)
+        return self.cache.allocator
+
+    def reserve_width(self, blocks: int) -> None:
+        if self.runner.width < blocks:
+            width = blocks_for(self.options.max_model_len, self.block_size) if self.options.max_model_len else \
+                1 << (blocks - 1).bit_length()  # powers of two: few regrowths, few graph recaptures
+            self.runner.grow_table(max(width, blocks))
+        if self.model.ensure_positions(self.runner.width * self.block_size):
+            self.runner.drop_graphs()
+
+    def prefill(self, groups: list[PromptGroup], mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self._prefill_logits(groups)
+        src, dst = [], []
+        for g in groups:
+            if len(g.prompt) % self.block_size:  # each sample writes its own copy of the partly filled block
+                last = len(g.prompt) // self.block_size
+                src += [g.seqs[0].blocks[last]] * (len(g.seqs) - 1)
+                dst += [s.blocks[last] for s in g.seqs[1:]]
+        if dst:
+            self.cache.copy_blocks(to_device(src, torch.long, self.device), to_device(dst, torch.long, self.device))
+        counts = [len(g.seqs) for g in groups]
+        if any(c > 1 for c in counts):
+            logits = logits[to_device([i for i, c in enumerate(counts) for _ in range(c)], torch.long, self.device)]
+        keys = None
+        if mode.seeded:
+            keys = to_device([s.key for g in groups for s in g.seqs], torch.long, self.device)
+        return sample_tokens(logits[:, : self.vocab], mode.temperature, mode.top_k, mode.top_p, self.generator,
+                             keys=keys, step=0, kernel=mode.kernel)
+
+    def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
+        `shared` for a bare group); logits [groups, padded vocab]. One forward takes ≤ engine.native.prefill_tokens
+        new tokens (padded, for the flash prefill). Groups continuing a cached prefix (agent turns, shared prefixes)
+        run packed (`_extend_chunk`), and so do short new prompts where the paged attention kernel runs; other new
+        prompts run the flash prefill. Where the packed
+        path's attention gathers each token's context (the torch path), a chunk gathers ≤ 4× prefill_tokens
+        positions."""
+        out, start, budget = [], 0, self.options.prefill_tokens
+        gathers = not self.model.paged_attention_kernel(self.block_size)
+        packed = self._packed
+
+        def fits(chunk: list[PromptGroup]) -> bool:
+            if not packed(chunk[0]):
+                return len(chunk) * max(len(g.prompt) for g in chunk) <= budget
+            new = sum(len(g.prompt) - g.cached for g in chunk)
+            return new <= budget and (not gathers or new * max(len(g.prompt) for g in chunk) <= 4 * budget)
+
+        while start < len(groups):
+            end = start + 1
+            while end < len(groups) and packed(groups[end]) == packed(groups[start]) and fits(groups[start : end + 1]):
+                end += 1
+            chunk = groups[start:end]
+            out.append(self._extend_chunk(chunk) if packed(chunk[0]) else self._prefill_chunk(chunk))
+            start = end
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def _packed(self, g: PromptGroup) -> bool:
+        """Whether the group's prompt runs packed, a row per token (`extend`, or riding along in a step)."""
+        # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
+        # cheaper padded through SDPA; float32 CPU runs then also reproduce earlier runs bit for bit.
+        return bool(g.cached) or (self.model.paged_attention_kernel(self.block_size)
+                                  and len(g.prompt) <= PACKED_PROMPT_MAX)
+
+    def ride_tokens(self, group: PromptGroup) -> int | None:
+        """The prompt tokens a single request rides along in a step: past its cached prefix, but the last (the row's
+        input). None for a group of several samples (they share a copied partial block: a prefill does that) or a
+        prompt the packed path does not take."""
+        if len(group.seqs) != 1 or not self._packed(group):
+            return None
+        return len(group.prompt) - 1 - group.cached
+
+    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> JoinTokens:
+        """Place single-request groups as rows start.. whose first token the next step samples, their last prompt
+        token the row's input and the rest past the cached prefix riding along (`JoinTokens`)."""
+        seqs = [g.seqs[0] for g in groups]
+        join = self._past_cache(groups, [s.blocks for s in seqs], start, last=False)
+        self.runner.place(start, [g.prompt[-1] for g in groups],
+                          [len(g.prompt) - 1 for g in groups], [s.key for s in seqs] if mode.seeded else None,
+                          [s.blocks for s in seqs], step=0)
+        return join
+
+    def _tables(self, groups: list[PromptGroup]) -> list[list[int]]:
+        return [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
+
+    def _prefill_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prompts from position 0, right-padded into one [groups, longest] forward."""
+        bs, dev = self.block_size, self.device
+        tables = self._tables(groups)
+        width = max(len(g.prompt) for g in groups)
+        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
+        slots = []
+        for i, g in enumerate(groups):
+            ids[i, : len(g.prompt)] = torch.as_tensor(g.prompt, dtype=torch.long)
+            slots += self.cache.slots(tables[i], 0, len(g.prompt))
+            # Padding tokens write into the scratch block.
+            slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt), width)]
+        lengths = to_device([len(g.prompt) for g in groups], torch.long, dev)
+        slots = to_device(slots, torch.long, dev).view(len(groups), width)
+        ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids
+        return self.model.prefill(ids, lengths, slots, self.cache)
+
+    def _extend_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prompts past their cached prefixes (0 for a new one), packed: each new token is a row of
+        `FusedDecoder.extend`, through `DecodeRunner.extend` (a CUDA graph per token bucket on GPU)."""
+        tables = self._tables(groups)
+        wide = max(blocks_for(len(g.prompt), self.block_size) for g in groups)
+        tokens = self._past_cache(groups, tables, 0, last=True)
+        last = [end - 1 for end in itertools.accumulate(len(g.prompt) - g.cached for g in groups)]  # each's last
+        tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
+        return self.runner.extend(tokens, tables, last)
+
+    def _past_cache(self, groups: list[PromptGroup], tables: list[list[int]], first_row: int,
+                    last: bool) -> JoinTokens:
+        """Each group's prompt tokens past its cached prefix, with (`last`) or without its last token, packed: ids,
+        positions, cache slots in the group's table, and the row of that table (first_row + the group's index)."""
+        out = JoinTokens([], [], [], [])
+        for row, (g, table) in enumerate(zip(groups, tables), first_row):
+            end = len(g.prompt) - (0 if last else 1)
+            out.ids += g.prompt[g.cached : end]
+            out.pos += range(g.cached, end)
+            out.slots += self.cache.slots(table, g.cached, end)
+            out.rows += [row] * (end - g.cached)
+        return out
+
+    def load_weights(self, named_tensors) -> None:
+        super().load_weights(named_tensors)
+        if self.cache is not None:
+            self.cache.allocator.forget_prefixes()  # K/V computed with the old weights
+
+    # -- fixed addresses ----------------------------------------------------------------------------------
+    def _fixed_weights(self, params: dict[str, torch.nn.Parameter], device: torch.device) -> FixedMemory | None:
+        """With engine.native.fixed_addresses (GPU): every parameter becomes a view of one `FixedMemory`, which a
+        sleep releases and a wake-up maps again at the same addresses; else None."""
+        if not self.options.fixed_addresses:
+            return None
+        memory = fixed_memory(fixed_bytes([(tuple(p.shape), p.dtype) for p in params.values()]), device)
+        if memory is not None:
+            for p in params.values():  # not loaded yet (the caller fills them): nothing to copy over
+                p.data = memory.view(tuple(p.shape), p.dtype)
+        return memory
+
+    def _kv_memory(self, blocks: int) -> FixedMemory | None:
+        """A `FixedMemory` for a pool of `blocks` blocks, with engine.native.fixed_addresses (GPU); else None."""
+        if not self.options.fixed_addresses:
+            return None
+        m = self.model
+        return fixed_memory(PagedKVCache.fixed_size(m.shape.num_layers, blocks, self.block_size, m.kv_heads,
+                                                    m.head_dim, m.dtype), self.device)
+
+    # -- KV cache -----------------------------------------------------------------------------------------
+    def _prefill_workspace_bytes(self) -> int:
+        """About the most a prefill of engine.native.prefill_tokens tokens holds at once beyond the cache: the
+        residual and normed hidden states, q/k/v, attention output, and the gate/up and SiLU·up activations of one
+        layer (this rank's share)."""
+        m = self.model
+        per_token = 4 * m.shape.hidden + 3 * m.shape.intermediate // self.tp.size
+        return self.options.prefill_tokens * per_token * m.dtype.itemsize
+
+    def _block_bytes(self) -> int:
+        m = self.model
+        return PagedKVCache.bytes_per_block(m.shape.num_layers, self.block_size, m.kv_heads, m.head_dim, m.dtype)
+
+    def _fraction_blocks(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        self._make_room(None)  # a fraction of what is free: everything the trainer may free, first
+        per = self._block_bytes()
+        held = self.cache.nbytes() if self.cache is not None else 0
+        return int((torch.cuda.mem_get_info(self.device)[0] + held) * self.options.kv_memory_fraction // per)
+
+    def _allocate(self, blocks: int) -> None:
+        width = self.runner.width if self.runner.table is not None else max(
+            1, blocks_for(self.options.max_model_len, self.block_size))
+        had_pool = self.cache is not None
+        self._drop_pool()  # only ever with no block held: waiting requests stay queued
+        self._make_room(blocks * self._block_bytes() + self._prefill_workspace_bytes())
+        if had_pool and self.device.type == "cuda":
+            # An old pool's memory is too small for the new one: let it go. Not at a wake-up (no pool): that would
+            # hand the trainer's cached memory to the driver only to take it back, and its cudaFree waits for every
+            # copy in flight, a lazy offload's too.
+            torch.cuda.empty_cache()
+        m = self.model
+        self.cache = PagedKVCache(m.shape.num_layers, blocks, self.block_size, m.kv_heads, m.head_dim, m.dtype,
+                                  self.device, self._kv_memory(blocks))
+        self._pool_blocks = blocks
+        self.runner.bind(self.cache, width)
+        self.reserve_width(width)
+
+    def _free_cache(self) -> None:
+        # Blocks go back to the caching allocator; `sleep` hands them to the device. Emptying the cache here
+        # too made every wake-up give the trainer's just-offloaded memory to the driver and take it back.
+        if self.scheduler.has_work:
+            log.warning("native engine: the KV cache is freed with %d requests unfinished; they are dropped",
+                        len(self.scheduler.waiting) + len(self.scheduler.rows))
+        self.scheduler.abort()
+        if self.cache is not None and self.cache.release():
+            return  # its addresses stay reserved: the runner keeps its graphs and buffers for the next wake-up
+        self._drop_pool()
+
+    def _drop_pool(self) -> None:
+        self.runner.release()  # graphs first: they hold the cache's addresses
+        self.cache = None
+
+    def _allocate_cache(self) -> None:
+        """The KV cache at its configured size, or at its last size; else it is sized at the first generate. A pool at
+        fixed addresses comes back at its size and addresses (its graphs with it)."""
+        self.runner.rechoose()  # a trainer phase ran while the engine slept: PDL's gain may have changed
+        if self.cache is not None and not self.cache.resident:
+            self._make_room(self.cache.nbytes() + self._prefill_workspace_bytes())
+            self.cache.restore()
+            return
+        o = self.options
+        if o.kv_blocks or o.kv_memory_fraction:
+            self.kv_allocator(0, 1)
+        elif o.max_model_len:
+            self.kv_allocator(0, blocks_for(o.max_model_len, self.block_size))
+        elif self._pool_blocks:
+            self._allocate(self._pool_blocks)
+
+    def memory_stats(self) -> dict[str, float]:
+        kv = self.cache.nbytes() if self.cache is not None and self.cache.resident else 0
+        return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
+
+    def take_stats(self) -> dict[str, float]:
+        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call; with
+        `engine.native.pdl=auto`, once a choice was made, `engine/pdl` (1: the decode graphs launch with PDL) and
+        `engine/pdl_gain` (PDL's measured saving, a fraction of a plain step; negative where it was slower)."""
+        n, seconds = self.runner.take_capture_stats()
+        stats = {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        choice = self.runner.pdl_choice
+        if choice is not None and choice.verdict is not None:
+            stats.update({"engine/pdl": float(choice.verdict.pdl), "engine/pdl_gain": choice.verdict.gain})
+        return stats
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._drop_pool()  # a pool at fixed addresses survives `_free_cache`, and the runner's graphs with it
+        del self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,399 @@
+"""Continuous batching for the fused engine: requests join a running batch as rows and blocks free up, finished
+ones leave; single-turn GRPO rollouts and multi-turn agent loops run through the same loop.
+
+    submit(request, params) → handle          queued; nothing runs yet
+    step() → [(handle, Completion), ...]      one turn of the loop below; returns what finished
+
+One `step`::
+
+    1. leave   rows whose sequence finished, or reached max_new_tokens, leave the batch (`DecodeRunner.compact`)
+    2. join    waiting requests, in order, while rows and KV blocks last: a run of adjacent requests with the same
+               prompt shares one prefill and the prompt's full blocks; each gets its own copy of the last,
+               partly filled block; its first token is sampled from the prefill's logits. Single requests (agent
+               turns) join inside the next step instead where the engine can (`join_in_step`): their uncached prompt
+               tokens ride along as extra rows of that step, which samples their first tokens. While a batch runs,
+               requests that would prefill apart may wait up to `join_wait` steps so that requests arriving a few
+               steps apart share one prefill: a prefill costs more than a decode step, and a row waiting a few steps
+               costs a few tokens. The wait counts from when a row is free; they join at once when an eighth of the
+               rows (at least 2) can join. Riding joins cost no prefill and never wait.
+    3. launch  one decode step of every row (a CUDA graph on GPU), its tokens copied to the host asynchronously
+    4. read    the outputs queued before that launch: append tokens, detect stops and lengths, free finished
+               sequences' blocks
+
+Reading one step behind the launch keeps the device busy while the host does its bookkeeping; the price is that a
+row that sampled a stop token runs one more (discarded) step before it leaves. Blocks are reserved at admission for
+the whole sequence (prompt + max_new_tokens), so a running sequence never waits for memory and nothing is preempted.
+All rows of a batch sample the same way (temperature, top-k/top-p, seeded or not); a request that samples
+differently waits until the running batch drains. Each row draws from its own counter stream keyed by
+(seed, prompt_index, sample_index) at its own step, so a request's tokens do not depend on what it is batched with.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.native.blocks import BlockAllocator, BlockKey, block_keys
+from hybridrl.engines.native.kv_cache import blocks_for
+from hybridrl.engines.native.runner import DecodeRunner, HostCopy, JoinTokens, SamplerMode, to_device
+from hybridrl.engines.sampling import stream_key
+from hybridrl.errors import HybridRLError
+
+
+@dataclass(eq=False)
+class Sequence_:
+    """One request while the scheduler holds it."""
+
+    handle: int
+    request: GenerationRequest
+    mode: SamplerMode
+    key: int | None
+    stops: frozenset[int]
+    max_new: int
+    blocks: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    launched: int = 0  # tokens sampled or on their way (the host's count, ahead of `tokens`)
+    finish: str | None = None
+    keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
+    cohort_len: int = 0  # the longest prompt admitted with it
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    def total_blocks(self, block_size: int) -> int:
+        """Blocks the sequence can ever write: positions 0 .. prompt + max_new - 2 (the last token is never fed)."""
+        return blocks_for(self.prompt_len + self.max_new - 1, block_size)
+
+
+@dataclass(eq=False)
+class PromptGroup:
+    """Adjacent requests with one prompt, admitted together: one prefill, shared full blocks."""
+
+    prompt: list[int]
+    shared: list[int]
+    seqs: list[Sequence_]
+    cached: int = 0
+    """Leading prompt tokens whose K/V were found in the prefix table (not prefilled again)."""
+
+
+class Backend(Protocol):
+    """What the scheduler needs of its engine (`FusedEngine` implements it)."""
+
+    runner: DecodeRunner
+    block_size: int
+    generator: torch.Generator
+
+    def kv_allocator(self, need: int, per_seq: int) -> BlockAllocator:
+        """The KV cache's allocator. When no block is held, the cache is first made or grown so that `need` blocks
+        are free (by demand: room for max_batch_size sequences of `per_seq` blocks), or a clear error raised where
+        its size is fixed and too small."""
+
+    def reserve_width(self, blocks: int) -> None:
+        """Block tables (and RoPE tables) at least `blocks` wide."""
+
+    def prefill(self, groups: list[PromptGroup], mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run each group's prompt once into its first sequence's blocks, copy the partial last block to the others,
+        and sample every sequence's first token: (tokens, log-probs) on the device, in group order."""
+
+    def ride_tokens(self, group: PromptGroup) -> int | None:
+        """Prompt tokens the group's request would ride along in a decode step (its uncached prompt but the last
+        token, the row's input), or None where it must prefill apart."""
+
+    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> JoinTokens:
+        """Place the groups' sequences as rows start.. whose first token the next step samples; the prompt tokens
+        that ride along in that step."""
+
+
+class Scheduler:
+    """The queue, the running batch and the host side of every sequence of one fused engine."""
+
+    def __init__(self, backend: Backend, max_rows: int, eos_token_ids: Sequence[int], max_model_len: int = 0,
+                 sampler_kernel: bool = True, prefix_cache: bool = True, join_wait: int = 0,
+                 join_step_tokens: int = 0) -> None:
+        self.backend, self.max_rows, self.max_model_len = backend, max_rows, max_model_len
+        self.prefix_cache, self.join_wait, self.join_step_tokens = prefix_cache, join_wait, join_step_tokens
+        self.eos = frozenset(eos_token_ids)
+        self.sampler_kernel = sampler_kernel
+        self.waiting: deque[Sequence_] = deque()
+        self.rows: list[Sequence_] = []  # row i of the device state holds rows[i]
+        self.pending: list[tuple[list[Sequence_], HostCopy]] = []  # outputs queued, not yet read
+        self.mode: SamplerMode | None = None
+        self._next_handle = 0
+        self._alloc: BlockAllocator | None = None  # the allocator every held block came from
+        self.prefilled_tokens = 0  # prompt tokens run through prefill (tests check prompts run once per group)
+        self.steps = self.prefills = self.row_steps = 0  # steps taken, admissions (prefill calls), rows × steps
+        self.step_joins = 0  # admissions that joined inside a step (no prefill call)
+        self._join: JoinTokens | None = None  # prompt tokens riding along in the next launch
+        self._join_blocks: list[tuple[list[BlockKey], list[int]]] = []  # their full blocks, final once it is queued
+        self._room_since: int | None = None  # the step since which a waiting request has had a free row
+        # Whether a running row may share leading blocks with another (a group of samples, a prefix found in the table
+        # that another row holds): only then does the runner hear of the rows' tables (`DecodeRunner.share_rows`).
+        self._may_share = False
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any submitted request has not been returned by `step` yet."""
+        return bool(self.waiting or self.rows or self.pending)
+
+    def submit(self, request: GenerationRequest, params: SamplingParams) -> int:
+        """Queue one request (params.n is ignored); returns the handle its completion comes back under."""
+        return self.submit_all([request], params)[0]
+
+    def submit_all(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[int]:
+        """Queue requests in order, all or none (each is checked first); returns their handles."""
+        seqs = [self._sequence(r, params) for r in requests]
+        for i, seq in enumerate(seqs):
+            seq.handle = self._next_handle + i
+        self._next_handle += len(seqs)
+        self.waiting.extend(seqs)
+        return [s.handle for s in seqs]
+
+    def _sequence(self, request: GenerationRequest, params: SamplingParams) -> Sequence_:
+        if not request.prompt_ids:
+            raise HybridRLError(f"native engine: request (prompt {request.prompt_index}, sample "
+                                f"{request.sample_index}) has an empty prompt")
+        need = len(request.prompt_ids) + params.max_new_tokens
+        if self.max_model_len and need > self.max_model_len:
+            raise HybridRLError(f"native engine: a prompt of {len(request.prompt_ids)} tokens + max_new_tokens="
+                                f"{params.max_new_tokens} needs {need} tokens, more than engine.native.max_model_len="
+                                f"{self.max_model_len}")
+        seeded = params.seed is not None
+        mode = SamplerMode(float(params.temperature), int(params.top_k), float(params.top_p), seeded,
+                           self.sampler_kernel)
+        key = stream_key(params.seed, request.prompt_index, request.sample_index) if seeded else None
+        return Sequence_(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), params.max_new_tokens)
+
+    def abort(self) -> None:
+        """Forget every request (an error, or the engine going to sleep); their handles never complete."""
+        held = {id(s): s for s in self.rows} | {id(s): s for seqs, _ in self.pending for s in seqs}
+        for s in held.values():
+            if s.blocks:
+                self._alloc.release(s.blocks)
+                s.blocks = []
+        if self.rows and self.backend.runner.table is not None:
+            self.backend.runner.compact([], len(self.rows))
+        self.waiting.clear()
+        self.rows.clear()
+        self.pending.clear()
+        self.mode = self._room_since = self._join = None
+        self._join_blocks = []
+        self._may_share = False
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def step(self) -> list[tuple[int, Completion]]:
+        """Advance every running sequence by one token and admit waiting ones; returns those that finished."""
+        run = self.backend.runner
+        keep = [i for i, s in enumerate(self.rows) if s.finish is None and s.launched < s.max_new]
+        changed = len(keep) < len(self.rows)
+        if changed:
+            run.compact(keep, len(self.rows))
+            self.rows = [self.rows[i] for i in keep]
+        live = len(self.rows)
+        self._admit()
+        if changed or len(self.rows) != live:
+            self._share_rows(run)
+        self.steps += 1
+        self.row_steps += len(self.rows)
+        launched = []
+        if self.rows:
+            # The torch attention path's width: positions up to the cohort's longest prompt plus the steps taken
+            # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit), within the
+            # block tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
+            width = run.width * self.backend.block_size
+            longest = max(s.cohort_len + s.launched for s in self.rows)
+            attend = width if run.on_gpu else min(width, longest)
+            if self._join is not None:
+                longest = max(longest, max(self._join.pos, default=0) + 1)
+            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend, self._join, longest + 1)
+            for keys, blocks in self._join_blocks:  # only now queued: a failed launch leaves no unwritten entry
+                self._alloc.register(keys, blocks)
+            self._join, self._join_blocks = None, []
+            launched = [(list(self.rows), copy)]
+            for s in self.rows:
+                s.launched += 1
+        if run.on_gpu:  # read one step behind: the device runs the next step meanwhile
+            ready, self.pending = self.pending, launched
+        else:  # nothing runs ahead on CPU: read at once, so finished rows never run a wasted step
+            ready, self.pending = self.pending + launched, []
+        done: list[tuple[int, Completion]] = []
+        for seqs, copy in ready:
+            self._read(seqs, copy, done)
+        if not self.rows and not self.waiting and not self.pending:
+            self.mode = None
+        return done
+
+    def _share_rows(self, run: DecodeRunner) -> None:
+        """Tell the runner the rows' tables where they may share leading blocks, and may share enough of them
+        (prompts of at least `shared_prefix_tokens` on average); else that nothing is shared."""
+        self._may_share = self._may_share and bool(self.rows)
+        shared = run.shared_prefix_tokens
+        if self._may_share and shared and sum(s.prompt_len for s in self.rows) >= shared * len(self.rows):
+            run.share_rows([s.blocks for s in self.rows], [s.prompt_len for s in self.rows])
+        else:
+            run.share_rows(None)
+
+    def _admit(self) -> None:
+        if not self.waiting or len(self.rows) >= self.max_rows:
+            self._room_since = None
+            return
+        mode = self.waiting[0].mode
+        if self.rows and mode != self.mode:
+            return  # samples differently: waits until the running batch drains
+        if self._room_since is None:
+            self._room_since = self.steps
+        # The wait counts from when a row was free for the request: with more requests than rows, rows free up one by
+        # one as sequences finish, and requests queued long before would otherwise join one prefill per row.
+        # Few can join now, more may within a few steps: one prefill for them all (joins that ride in a step cost no
+        # prefill, so they never wait; which ones ride is known once their blocks are found, below).
+        wait = (self.rows and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
+                and self.steps - self._room_since < self.join_wait)
+        if not wait:
+            self._room_since = None
+        groups: list[PromptGroup] = []
+        taken: list[Sequence_] = []
+        alloc: BlockAllocator | None = None
+        while self.waiting and len(self.rows) + len(taken) < self.max_rows:
+            seq = self.waiting[0]
+            if seq.mode != mode:
+                break
+            total = seq.total_blocks(self.backend.block_size)
+            if alloc is None:  # the pool is made, or grown by demand, only while no block is held
+                alloc = self._alloc = self.backend.kv_allocator(0, total)
+            if not self._give_blocks(seq, groups, alloc):
+                if taken or alloc.held:
+                    break  # running sequences free blocks as they finish
+                alloc = self._alloc = self.backend.kv_allocator(self._need(seq), total)
+                if not self._give_blocks(seq, groups, alloc):
+                    break
+            self.backend.reserve_width(total)
+            taken.append(self.waiting.popleft())
+        if not taken:
+            return
+        ride = self._riders(groups)
+        if wait and not ride:
+            self._put_back(taken, alloc)
+            return
+        self._room_since = None
+        self.mode = mode
+        if 0 < ride < len(groups):  # the rest wait for the next step, where they may ride in turn
+            later = [s for g in groups[ride:] for s in g.seqs]
+            self._put_back(later, alloc)
+            groups, taken = groups[:ride], taken[: len(taken) - len(later)]
+        longest = max(s.prompt_len for s in taken)
+        for s in taken:
+            s.cohort_len = longest
+        self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
+        # A shared first block with two or more holders: the group's own samples, or another running row.
+        self._may_share = self._may_share or any(g.shared and alloc.holders(g.shared[0]) > 1 for g in groups)
+        if ride:
+            self._join = self.backend.join_in_step(groups, len(self.rows), mode)
+            self.step_joins += 1
+        else:
+            tok, lp = self.backend.prefill(groups, mode)
+            self.prefills += 1
+        if self.prefix_cache:  # the prompt's full blocks are final once the prefill, or the step, is queued
+            for g in groups:
+                if ride:
+                    self._join_blocks.append((g.seqs[0].keys, g.shared))
+                else:
+                    alloc.register(g.seqs[0].keys, g.shared)
+        if ride:
+            self.rows += taken  # launched 0: the step about to run samples their first tokens
+            return
+        self.pending.append((taken, HostCopy([tok, lp])))
+        for s in taken:
+            s.launched = 1
+        going = [i for i, s in enumerate(taken) if s.max_new > 1]
+        if going:
+            idx = to_device(going, torch.long, tok.device) if len(going) < len(taken) else None
+            self.backend.runner.place(len(self.rows), tok if idx is None else tok[idx],
+                                      [taken[i].prompt_len for i in going],
+                                      [taken[i].key for i in going] if mode.seeded else None,
+                                      [taken[i].blocks for i in going])
+            self.rows += [taken[i] for i in going]
+
+    def _put_back(self, seqs: list[Sequence_], alloc: BlockAllocator) -> None:
+        """Sequences just taken go back to the head of the queue, in order, their blocks released."""
+        for s in seqs:
+            alloc.release(s.blocks)
+            s.blocks, s.keys = [], []
+        self.waiting.extendleft(reversed(seqs))
+
+    def _riders(self, groups: list[PromptGroup]) -> int:
+        """How many leading groups join inside the next step (0: all prefill apart). All of them where their riding
+        tokens fit `join_step_tokens`; else those that fit, while the batch runs and few are left over (they wait a
+        step); else none: a burst (a batch starting, a wave of rows freed at once) prefills in one pass."""
+        ride, spent = 0, 0
+        for g in groups:
+            n = self.backend.ride_tokens(g) if self.join_step_tokens else None
+            if n is None or spent + n > self.join_step_tokens:
+                break
+            ride, spent = ride + 1, spent + n
+        left = sum(len(g.seqs) for g in groups[ride:])
+        if ride < len(groups) and not (self.rows and left < max(2, self.max_rows // 8)):
+            return 0
+        return ride
+
+    def _need(self, seq: Sequence_) -> int:
+        """Blocks `seq` takes when nothing is shared with it."""
+        return seq.total_blocks(self.backend.block_size)
+
+    def _give_blocks(self, seq: Sequence_, groups: list[PromptGroup], alloc: BlockAllocator) -> bool:
+        """Assign `seq` its block table: the prompt's full blocks shared with the group it joins (the previous
+        request had the same prompt) or found in the prefix table, the rest its own. False if they are not free."""
+        bs = self.backend.block_size
+        full, own = seq.prompt_len // bs, seq.total_blocks(bs) - seq.prompt_len // bs
+        if groups and groups[-1].prompt == seq.request.prompt_ids:
+            group = groups[-1]
+            if own > alloc.free:
+                return False
+            alloc.share(group.shared)
+            seq.keys, seq.blocks = group.seqs[0].keys, group.shared + alloc.allocate(own)
+            group.seqs.append(seq)
+            return True
+        keys = block_keys(seq.request.prompt_ids, bs, full) if self.prefix_cache else []
+        # At least the last prompt token is run again: its logits give the first sample.
+        found = alloc.match(keys[: (seq.prompt_len - 1) // bs])
+        if full - len(found) + own > alloc.free:
+            alloc.release(found)
+            return False
+        shared = found + alloc.allocate(full - len(found))
+        seq.keys, seq.blocks = keys, shared + alloc.allocate(own)
+        groups.append(PromptGroup(seq.request.prompt_ids, shared, [seq], len(found) * bs))
+        return True
+
+    def _finish(self, s: Sequence_) -> None:
+        """Enter the sequence's full blocks of final K/V in the prefix table, then drop its references."""
+        if self.prefix_cache:
+            bs = self.backend.block_size
+            written = s.prompt_len + len(s.tokens) - 1  # K/V exist for every token but the last
+            full = written // bs
+            if full > len(s.keys):
+                s.keys = s.keys + block_keys(s.request.prompt_ids + s.tokens, bs, full, start=len(s.keys),
+                                             parent=s.keys[-1] if s.keys else None)
+            self._alloc.register(s.keys[:full], s.blocks[:full])
+        self._alloc.release(s.blocks)
+        s.blocks = []
+
+    def _read(self, seqs: list[Sequence_], copy: HostCopy, done: list[tuple[int, Completion]]) -> None:
+        toks, lps = copy.result()
+        for s, t, lp in zip(seqs, toks, lps):
+            if s.finish is not None:
+                continue  # the step a finished row ran before it could leave: discarded
+            s.tokens.append(t)
+            s.logprobs.append(lp)
+            if t in s.stops:
+                s.finish = "stop"
+            elif len(s.tokens) == s.max_new:
+                s.finish = "length"
+            else:
+                continue
+            self._finish(s)
+            done.append((s.handle, Completion(s.request.prompt_index, s.tokens, s.logprobs, s.finish)))

@@ -1,0 +1,73 @@
+"""Where an engine's weights go while it sleeps: pinned host memory (level 1) or nowhere (level 2).
+
+Shared by the native engine's HF and fused paths. The parameters stay the same objects (only their
+`.data` is swapped), so modules, tied weights and the resharder's name map stay valid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.engines.native.fixed_memory import FixedMemory
+
+
+class WeightParking:
+    """Parks and restores a fixed set of parameters on one device."""
+
+    def __init__(self, params: dict[str, torch.nn.Parameter], device: torch.device,
+                 memory: FixedMemory | None = None) -> None:
+        """`memory`: the `FixedMemory` every parameter is a view of; parking then releases its physical memory and
+        keeps the parameters' addresses (CUDA graphs over them stay valid). None: parking frees each parameter."""
+        self.params, self.device, self.memory = params, device, memory
+        self.shapes = {n: (p.shape, p.dtype) for n, p in params.items()}
+        # Pinned buffers are kept from one sleep to the next: allocating pinned memory costs far
+        # more than the copy itself (seen on an H200: 1.5 s vs 0.06 s for 3 GB).
+        self._host: dict[str, torch.Tensor] = {}
+        self._restore = False
+        self.parked = False
+
+    def park(self, level: int) -> bool:
+        """Level 1: copy to pinned host memory, then free (GPU only; on CPU the weights already live in host
+        memory and stay). Level 2: free without a copy, the next load rewrites every weight. Returns whether
+        the weights left the device."""
+        on_accel = self.device.type != "cpu"
+        if self.parked or not (level == 2 or on_accel):
+            return self.parked
+        for name, p in self.params.items():
+            if level == 1:
+                host = self._host.get(name)
+                if host is None or host.shape != p.shape or host.dtype != p.dtype:
+                    host = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+                    self._host[name] = host
+                host.copy_(p.data, non_blocking=True)
+            if self.memory is None:
+                p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        if on_accel:
+            torch.cuda.synchronize(self.device)  # the host copies must land before the memory is reused
+        if self.memory is not None:
+            self.memory.release()
+        self._restore, self.parked = level == 1, True
+        return True
+
+    def device_bytes(self) -> int:
+        """Bytes `restore` allocates on the device (0 when nothing is parked)."""
+        if not self.parked:
+            return 0
+        return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in self.shapes.values())
+
+    def restore(self) -> None:
+        """Reallocate every weight; contents come back from the host after a level-1 park (else stale)."""
+        if not self.parked:
+            return
+        if self.memory is not None:
+            self.memory.restore()
+        for name, p in self.params.items():
+            if self.memory is None:
+                shape, dtype = self.shapes[name]
+                p.data = torch.empty(shape, dtype=dtype, device=self.device)
+            if self._restore:
+                p.data.copy_(self._host[name], non_blocking=True)
+        self.parked = False
+
+    def clear(self) -> None:
+        self._host.clear()

@@ -1,0 +1,391 @@
+"""The SGLang rollout engine: one `sglang.Engine` per engine TP group, owned by the group's leader rank.
+
+How a worker drives it (every rank of the TP group makes the same calls in the same order; each is a collective
+of the group)::
+
+    eng = SglangEngine(path, cfg, topology=topology, seed=seed, device="cuda")
+    eng.wake_up(["kv_cache"]); outs = eng.generate(prompts, params); eng.sleep(2)
+    ...train...
+    eng.wake_up(["weights"])                       # resume_memory_occupation(["weights"])
+    eng.load_weights(layer_0); eng.load_weights(layer_1); ...   # first push opens begin_weight_update()
+    eng.finish_weight_update()                     # end_weight_update() + flush_cache(); also done by
+    eng.wake_up(["kv_cache"])                      #   wake_up(["kv_cache"]), sleep() and generate() if still open
+
+Ranks: the leader (TP rank 0) builds `sglang.Engine(model_path=..., tp_size=..., base_gpu_id=..., ...)`, whose
+scheduler processes run TP rank r on GPU base_gpu_id + r — the GPU of our TP rank r. The other ranks send the
+leader their prompts (gather) and get their own completions back (scatter); identical calls of several ranks
+(our WorkerGroup gives every rank of a TP group the same prompts) are generated once.
+
+Weights: every rank flattens its HF-named full tensors into one uint8 buffer on its own GPU and serializes it
+(CUDA-IPC handle, base64); the leader passes the TP-rank-ordered list to
+`update_weights_from_tensor(named_tensors=payloads, load_format="flattened_bucket", flush_cache=False)`, so TP rank
+r's scheduler maps rank r's buffer from its own GPU. HF names only: SGLang's loader rewrites names by substring and
+breaks on fused `qkv_proj`/`gate_up_proj` names.
+
+Memory: `sleep(2)` releases every tag (weights, kv_cache, cuda_graph; SGLang flushes its cache); `sleep(1)` does the
+same when `engine.sglang.enable_weights_cpu_backup` keeps a host copy of the weights, else it releases kv_cache and
+cuda_graph only (weights stay on the device, contents kept). `wake_up` resumes weights, then kv_cache + cuda_graph,
+each after a barrier of the TP group (every rank's trainer has freed the memory), and never a tag that was not
+released (SGLang would raise KeyError).
+
+Log-probs: SGLang's default, log_softmax(logits / temperature) of the sampled token over the whole vocabulary
+(before top-k/top-p), log_softmax(logits) for greedy — our definition. See `hybridrl.engines.sglang.requests`.
+Seeds: sample j of global prompt i gets `sampling_seed = stream_key(seed, i, j) & (2**63 - 1)`; SGLang honours it
+only with `engine.sglang.enable_deterministic_inference=true`.
+
+Verified on CPU with a stand-in engine and with SGLang's own serializer (tests/unit/engines/sglang); never run against a live
+SGLang Engine (it needs CUDA kernels, absent from our machines).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
+from hybridrl.engines.config import EngineConfig
+from hybridrl.engines.sglang import payload as wire
+from hybridrl.engines.sglang.requests import build_requests, params_key, parse_outputs
+from hybridrl.engines.sglang.tp import TpGroup
+from hybridrl.errors import ConfigError, HybridRLError
+from hybridrl.topology import Topology
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = 'pip install "hybridrl[sglang]" (on a CUDA machine)'
+ALL_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants
+_GIB = 1 << 30
+_FUSED_NAMES = (".qkv_proj.", ".gate_up_proj.")
+_warned: set[str] = set()
+
+
+class SglangEngine(RolloutEngine):
+    """An SGLang Engine shared by one engine TP group; takes HF-named full tensors (SGLang fuses and splits)."""
+
+    weight_layout_style = "hf"
+
+    def __init__(
+        self,
+        model_path: str,
+        cfg: EngineConfig,
+        *,
+        topology: Topology | None = None,
+        seed: int = 0,
+        device: str = "cuda",
+        engine_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        """Collective over the default group (builds the TP subgroups) and then over the TP group.
+
+        `engine_factory(**kwargs)` builds the engine on the leader; default `sglang.Engine`. Tests pass a stand-in
+        with the same methods.
+        """
+        if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
+            raise ConfigError(
+                "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would return log-probs of unscaled logits, but hybridrl "
+                "compares log_softmax(logits / temperature) everywhere. Unset it."
+            )
+        self.cfg, self.device = cfg, torch.device(device)
+        topology = topology or Topology(1)
+        self.tp_rank, self.tp_size = topology.engine_tp_rank, topology.engine_tp_size
+        factory = engine_factory if engine_factory is not None else _sglang_engine_class()
+        self.tp = TpGroup(topology)
+        self.stop_ids = _model_eos_ids(Path(model_path))
+        self._backup = cfg.sglang.enable_weights_cpu_backup
+        self._released: set[str] = set()  # SGLang tags released and not resumed yet
+        self._weights_stale = False  # released without a host copy: must be loaded before generating
+        self._session_open = False  # between begin_weight_update and end_weight_update
+        self._pushed = 0  # load_weights calls in the open session
+        self._engine: Any = None
+
+        opts = cfg.sglang
+        if cfg.dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        else:
+            dtype = cfg.dtype
+        self.engine_kwargs: dict[str, Any] = dict(
+            model_path=str(model_path),
+            tp_size=self.tp_size,
+            base_gpu_id=self._base_gpu_id(),
+            mem_fraction_static=opts.mem_fraction_static,
+            enable_memory_saver=opts.enable_memory_saver,
+            enable_weights_cpu_backup=opts.enable_weights_cpu_backup,
+            enable_deterministic_inference=opts.enable_deterministic_inference,
+            skip_tokenizer_init=True,  # token ids in and out
+            random_seed=seed,
+            dtype=dtype,
+        )
+        self.engine_kwargs.update(opts.engine_kwargs)
+
+        def start() -> None:
+            self._engine = factory(**self.engine_kwargs)
+
+        self.tp.on_leader("start-up", start)
+
+    # -- generation -------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """Every rank passes its own prompts; the leader generates them all in one batch and returns each rank
+        its own completions (prompt-major, `params.n` per prompt, prompt_index local to the rank)."""
+        self.finish_weight_update()
+        if self._released:
+            raise RuntimeError(f"generate while {sorted(self._released)} are released; call wake_up first")
+        if self._weights_stale:
+            raise RuntimeError("the engine's weights were released without a host copy; load_weights before generate")
+        if params.seed is not None and not self.cfg.sglang.enable_deterministic_inference:
+            _warn_once(
+                "seed",
+                "SGLang honours per-sample seeds only with engine.sglang.enable_deterministic_inference=true; "
+                "samples come from the engine's random_seed stream (not reproducible across layouts)",
+            )
+        part = ([[int(t) for t in p] for p in prompts], params)
+        parts = self.tp.gather(part)
+        results: list[Any] | None = None
+        if self.tp.is_leader:
+            try:
+                results = self._generate_parts(parts)
+            except Exception as exc:  # noqa: BLE001 -- every rank raises it below
+                if self.tp.group is None:
+                    raise
+                log.exception("SGLang generate failed on the TP leader")
+                results = [f"{type(exc).__name__}: {exc}"] * self.tp_size
+        mine = self.tp.scatter(results)
+        if isinstance(mine, str):
+            raise HybridRLError(f"SGLang engine: generate failed on the TP leader (rank {self.tp.leader}): {mine}")
+        return mine
+
+    def _generate_parts(self, parts: list[tuple[list[list[int]], SamplingParams]]) -> list[list[Completion]]:
+        """Leader: one engine call for the distinct parts; each rank's completions."""
+        unique: dict[tuple, int] = {}
+        owner = [unique.setdefault(params_key(*part), len(unique)) for part in parts]
+        firsts = [parts[owner.index(u)] for u in range(len(unique))]
+        input_ids: list[list[int]] = []
+        sampling: list[dict[str, Any]] = []
+        for prompts, params in firsts:
+            ids, sp = build_requests(prompts, params, self.stop_ids)
+            input_ids += ids
+            sampling += sp
+        outputs = []
+        if input_ids:
+            outputs = self._engine.generate(input_ids=input_ids, sampling_params=sampling, return_logprob=True)
+            if isinstance(outputs, dict):
+                outputs = [outputs]
+        per_part, start = [], 0
+        for prompts, params in firsts:
+            count = len(prompts) * params.n
+            per_part.append(parse_outputs(outputs[start : start + count], params.n, len(prompts)))
+            start += count
+        if start != len(outputs):
+            raise RuntimeError(f"SGLang returned {len(outputs)} outputs for {start} requests")
+        return [per_part[u] for u in owner]
+
+    # -- memory -----------------------------------------------------------------------------------------------
+
+    def sleep(self, level: int = 1) -> None:
+        """Release device memory (the engine must be idle: SGLang asserts it and flushes its cache)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if not self.cfg.sglang.enable_memory_saver:
+            _warn_once("saver", "engine.sglang.enable_memory_saver=false: SGLang's sleep frees no device memory")
+        self.finish_weight_update()
+        if level == 2 or self._backup:
+            tags = list(ALL_TAGS)
+        else:
+            _warn_once(
+                "level1",
+                "sleep(level=1) keeps SGLang's weights on the device (enable engine.sglang.enable_weights_cpu_backup "
+                "to park them in host memory instead)",
+            )
+            tags = ["kv_cache", "cuda_graph"]
+        tags = [t for t in tags if t not in self._released]
+        if not tags:
+            return
+        # All tags → None, SGLang's own spelling of "everything".
+        arg = None if set(tags) == set(ALL_TAGS) else tags
+        self.tp.on_leader(
+            f"release_memory_occupation({tags})", lambda: self._engine.release_memory_occupation(tags=arg)
+        )
+        self._released.update(tags)
+        if "weights" in tags and not self._backup:
+            self._weights_stale = True
+
+    def wake_up(self, tags: Sequence[str] = WAKE_TAGS) -> None:
+        """Resume `weights`, then `kv_cache` (with cuda_graph); waking kv_cache first closes an open weight update."""
+        unknown = set(tags) - set(WAKE_TAGS)
+        if unknown:
+            raise ValueError(f"unknown wake_up tags {sorted(unknown)}; use {list(WAKE_TAGS)}")
+        for tag in (t for t in WAKE_TAGS if t in tags):
+            if tag == "kv_cache":
+                self.finish_weight_update()
+            resume = [
+                t for t in (["weights"] if tag == "weights" else ["kv_cache", "cuda_graph"]) if t in self._released
+            ]
+            if not resume:
+                continue
+            self.tp.barrier()  # every rank of the group is here: its trainer has given back the memory
+            self.tp.on_leader(
+                f"resume_memory_occupation({resume})", lambda r=resume: self._engine.resume_memory_occupation(tags=r)
+            )
+            self._released.difference_update(resume)
+
+    def memory_stats(self) -> dict[str, float]:
+        """This rank's device figures (the engine's schedulers run in their own processes on the same GPUs)."""
+        if self.device.type != "cuda":
+            return {}
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"device_used_gb": (total - free) / _GIB}
+
+    # -- weights ----------------------------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """HF-named full tensors (every rank of the TP group passes its own copy, same names and order).
+
+        The first push after a wake opens SGLang's weight-update session; `finish_weight_update` closes it.
+        """
+        weights = list(named_tensors)
+        if not weights:
+            return
+        if "weights" in self._released:
+            raise RuntimeError("load_weights while the weights are released; call wake_up(['weights']) first")
+        fused = [n for n, _ in weights if any(f in n for f in _FUSED_NAMES)]
+        if fused:
+            raise ValueError(f"SGLang takes HF names (q_proj/k_proj/v_proj, gate_proj/up_proj), got fused {fused[:3]}")
+        bucket = wire.flatten_bucket(weights)
+        payloads = self.tp.gather(wire.serialize(bucket))
+        opened = self._session_open
+
+        def push() -> None:
+            if not opened:
+                _check(self._engine.begin_weight_update(), "begin_weight_update")
+            try:
+                _check(
+                    self._engine.update_weights_from_tensor(
+                        named_tensors=payloads, load_format="flattened_bucket", flush_cache=False
+                    ),
+                    "update_weights_from_tensor",
+                )
+            except Exception:
+                if not opened:  # leave no empty session behind: the next push opens a fresh one
+                    self._engine.end_weight_update()
+                raise
+
+        # Returns on every rank only after the leader's call: our buffer stays alive while SGLang reads it.
+        self.tp.on_leader(f"weight push of {len(weights)} tensors ({weights[0][0]}, ...)", push)
+        self._session_open = True
+        self._pushed += 1
+        del bucket
+
+    def finish_weight_update(self) -> None:
+        """Close the open weight-update session: `end_weight_update()`, then one `flush_cache()`. A no-op when none
+        is open. Call it on every rank of the TP group after the last `load_weights` of a sync."""
+        if not self._session_open:
+            return
+
+        def end() -> None:
+            _check(self._engine.end_weight_update(), "end_weight_update")
+            _check(self._engine.flush_cache(), "flush_cache")
+
+        self._session_open = False
+        self.tp.on_leader("end_weight_update", end)
+        if self._pushed:
+            self._weights_stale = False
+        self._pushed = 0
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # free the flat buffers SGLang's schedulers have let go of
+
+    def shutdown(self) -> None:
+        """Shut the engine down (leader); the object is unusable afterwards. Not a collective."""
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.shutdown()
+
+    # -- placement --------------------------------------------------------------------------------------------
+
+    def _base_gpu_id(self) -> int:
+        """GPU of TP rank 0: `engine.sglang.base_gpu_id`, else the leader's device, after checking that the group's
+        ranks sit on consecutive GPUs (SGLang puts TP rank r on base_gpu_id + r)."""
+        if self.cfg.sglang.base_gpu_id >= 0:
+            return self.cfg.sglang.base_gpu_id
+        if self.device.type != "cuda":
+            return 0
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        indices = self.tp.gather(index)
+
+        def check() -> int:
+            want = list(range(indices[0], indices[0] + self.tp_size))
+            if indices != want:
+                raise HybridRLError(
+                    f"SGLang places TP rank r on GPU base_gpu_id + r, but this TP group's ranks use GPUs {indices}; "
+                    "run workers on consecutive GPUs or set engine.sglang.base_gpu_id"
+                )
+            if torch.cuda.device_count() < want[-1] + 1:
+                raise HybridRLError(
+                    f"the TP leader sees {torch.cuda.device_count()} GPUs but SGLang needs GPUs {want}: "
+                    "every GPU of the TP group must be visible to the leader (CUDA_VISIBLE_DEVICES)"
+                )
+            return indices[0]
+
+        return self.tp.on_leader("GPU placement check", check)
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+
+
+def _sglang_engine_class() -> Callable[..., Any]:
+    """`sglang.Engine`, imported lazily (a CUDA-only install)."""
+    try:
+        import sglang
+    except ImportError as exc:
+        raise HybridRLError(f"engine=sglang needs SGLang: {INSTALL_HINT} ({exc})") from exc
+    if getattr(sglang, "__file__", None) is None:  # a bare folder named sglang on sys.path (e.g. tests/unit/engines/sglang)
+        raise HybridRLError(
+            f"engine=sglang needs SGLang: {INSTALL_HINT} (found only a namespace package {sglang.__path__})"
+        )
+    try:
+        return sglang.Engine
+    except Exception as exc:  # noqa: BLE001 -- its import chain fails in many ways without CUDA kernels
+        raise HybridRLError(
+            f"SGLang is installed but its Engine cannot be imported ({type(exc).__name__}: {exc}); "
+            f"it needs a CUDA machine with SGLang's own dependencies: {INSTALL_HINT}"
+        ) from exc
+
+
+def _ok(result: Any) -> tuple[bool, str]:
+    """(success, message) of an SGLang control call: a tuple, or an object with .success/.message."""
+    if result is None:
+        return True, ""
+    if isinstance(result, tuple):
+        return bool(result[0]), str(result[1]) if len(result) > 1 else ""
+    return bool(getattr(result, "success", True)), str(getattr(result, "message", ""))
+
+
+def _check(result: Any, what: str) -> None:
+    ok, message = _ok(result)
+    if not ok:
+        raise RuntimeError(f"{what} refused: {message}")
+
+
+def _model_eos_ids(path: Path) -> list[int]:
+    """EOS ids from config.json and generation_config.json (SGLang knows no tokenizer with skip_tokenizer_init)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        f = path / name
+        if not f.is_file():
+            continue
+        value = json.loads(f.read_text()).get("eos_token_id")
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return sorted(ids)
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message)

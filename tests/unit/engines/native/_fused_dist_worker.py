@@ -1,0 +1,93 @@
+"""One rank of the multi-process fused-engine tests; started by test_fused_multiproc.py through runpy.
+
+Per case, all ranks together: an FSDP2 model over all ranks feeds an engine TP group of `tp` consecutive ranks
+through `Resharder(verify=True)`; then the engine's prefill logits and generated log-probs are compared with an
+unsharded transformers copy, and its tokens with the other ranks'. Writes {case id: "ok" | error} to
+<out_dir>/rank<r>.json and ends with os._exit (processes that used DeviceMesh sometimes abort at exit).
+"""
+
+from __future__ import annotations
+
+import copy
+
+TOL = 1e-5
+
+
+def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
+    import torch
+    import torch.distributed as dist
+    from tests.tiny_models import PROMPTS, reference_last_logits, reference_logprobs, tiny_model
+    from torch.distributed.fsdp import fully_shard
+
+    from hybridrl.engines.base import SamplingParams
+    from hybridrl.engines.config import NativeOptions
+    from hybridrl.engines.native.engine import FusedEngine
+    from hybridrl.reshard import ReshardConfig, Resharder
+
+    kind, tp = case["kind"], case["tp"]
+    model = tiny_model(kind, **(dict(attention_bias=True, mlp_bias=True) if case.get("biases") else {}))
+    ref = copy.deepcopy(model)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    engine = FusedEngine(model.config, [0], 1, device="cpu", dtype=torch.float32,
+                         options=NativeOptions(max_batch_size=8), tp_group=groups[tp], seed=0)
+    sync = Resharder(ReshardConfig(verify=True), engine, model.config, tp_rank=rank % tp, tp_size=tp)
+    sync.sync(model)
+    rounds = 2 if case.get("sleep") else 1
+    for round_ in range(rounds):
+        if round_:  # level-2 round trip: weights dropped, reallocated, refilled by the resharder
+            engine.sleep(2)
+            if any(p.numel() for _, p in engine.named_weights()):
+                return f"rank {rank}: sleep(2) kept weights"
+            engine.wake_up(["weights"])
+            sync.sync(model)
+            engine.wake_up(["kv_cache"])
+        got = engine.last_logits(PROMPTS)
+        diff = (got - reference_last_logits(ref, PROMPTS)).abs().max().item()
+        if diff > TOL:
+            return f"rank {rank}: prefill logits differ from the unsharded model by {diff:.3g}"
+        outs = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, seed=3, stop_token_ids=[4]))
+        for o in outs:
+            want = reference_logprobs(ref, PROMPTS[o.prompt_index], o.token_ids)
+            diff = (torch.tensor(o.logprobs) - want).abs().max().item()
+            if diff > TOL:
+                return f"rank {rank}: generated log-probs differ from the unsharded model by {diff:.3g}"
+        mine = [o.token_ids for o in outs]
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        if any(every[r] != mine for r in range(world)):  # same prompts everywhere: every engine agrees
+            return f"rank {rank}: tokens differ across ranks: {every}"
+    return "ok"
+
+
+def tp_group(tp: int, rank: int, world: int):
+    """This rank's group of `tp` consecutive ranks (None for 1); every rank makes every group, in the same order,
+    as dist.new_group requires (the run's topology does this in the product)."""
+    import torch.distributed as dist
+
+    if tp == 1:
+        return None
+    mine = None
+    for start in range(0, world, tp):
+        group = dist.new_group(list(range(start, start + tp)))
+        if start <= rank < start + tp:
+            mine = group
+    return mine
+
+
+def setup(rank: int, world: int):
+    """(mesh, TP groups) for every case."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    return mesh, {tp: tp_group(tp, rank, world) for tp in (1, 2, 4) if tp <= world}  # every rank, same order
+
+
+if __name__ == "__dist_worker__":  # run by tests/dist_harness.py
+    import sys
+
+    sys.path[:0] = ARGS["paths"]  # noqa: F821  (ARGS comes from runpy's init_globals)
+    from tests.dist_harness import worker_main
+
+    worker_main(**ARGS, setup=setup, check=lambda case, rank, world, ctx: check(case, rank, world, *ctx))  # noqa: F821

@@ -1,0 +1,65 @@
+"""engine.tp_size=2 the way `cluster=local` runs it: two processes join one gloo group, then each builds a
+VllmEngine as one TP rank (vLLM's "external_launcher" inside our group). ~55 s on 2 quiet cores, ~2 min under load."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tests.unit.engines.vllm.vllm_helpers import TOL, hf_logprobs, perturbed
+from tests.paths import REPO
+
+pytestmark = [pytest.mark.vllm, pytest.mark.multiproc]
+
+PROMPTS = [[1, 40, 41, 42, 43, 44], [1, 90, 91, 92]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tp2_inside_our_process_group(vllm_tiny_path, vllm_hf_model, vllm_state_dict, tmp_path):
+    port, here = _free_port(), Path(__file__).parent
+    env = dict(os.environ, OMP_NUM_THREADS="1", TP_TEST_PROMPTS=json.dumps(PROMPTS),
+               PYTHONPATH=os.pathsep.join([str(here), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, str(here / "_tp_worker.py"), str(r), "2", str(port), str(vllm_tiny_path),
+                          str(outs[r])], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(2)
+    ]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=420)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:] if r < len(logs) else ''}"
+
+    r0, r1 = (json.loads(o.read_text()) for o in outs)
+    assert r0 == r1, "the two TP ranks must return identical samples"
+    assert r0["group_alive_after_shutdown"]
+    runs = r0["runs"]
+    assert runs["restored"] == runs["original"]
+    assert runs["perturbed"] != runs["original"]
+
+    new_model = type(vllm_hf_model)(vllm_hf_model.config).eval()
+    new_model.load_state_dict(perturbed(vllm_state_dict), strict=False)
+    for name, model in (("original", vllm_hf_model), ("perturbed", new_model)):
+        err = max(
+            (torch.tensor(lp) - hf_logprobs(model, PROMPTS[i], ids, 1.0)).abs().max().item()
+            for i, ids, lp, _ in runs[name]
+        )
+        print(f"TP=2 {name}: max |vLLM - HF| log-prob = {err:.2e}")
+        assert err < TOL

@@ -1,0 +1,98 @@
+"""Chunked log-probs (`trainer.logprob_chunk_size`): values and gradients equal the plain head's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrl.training.chunked_logprobs import chunked_token_logprobs
+from hybridrl.training.logprobs import response_logprobs
+from tests.unit.training.test_trainer import make_trainer, rollout, setup  # noqa: F401 - setup is a fixture
+
+
+def reference(hidden, weight, targets, temperature):
+    x = (hidden @ weight.t()).float() / temperature
+    logp = torch.log_softmax(x, -1)
+    return logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 8), (0.7, 5), (1.3, 100)])
+def test_values_and_gradients_match_the_plain_head(temperature, chunk):
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 37, 16, 50
+    hidden = torch.randn(n, h, generator=g, requires_grad=True)
+    weight = torch.randn(v, h, generator=g, requires_grad=True)
+    targets = torch.randint(0, v, (n,), generator=g)
+    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+
+    lp, ent = chunked_token_logprobs(hidden, weight, targets, temperature, chunk, with_entropy=True)
+    ((lp * a).sum() + (ent * b).sum()).backward()
+    got = (lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+
+    rlp, rent = reference(hidden, weight, targets, temperature)
+    ((rlp * a).sum() + (rent * b).sum()).backward()
+    want = (rlp.detach(), rent.detach(), hidden.grad, weight.grad)
+    for name, x, y in zip(("logp", "entropy", "d hidden", "d weight"), got, want):
+        assert torch.allclose(x, y, atol=1e-4, rtol=1e-4), (name, (x - y).abs().max())
+
+
+def test_without_entropy_its_gradient_is_not_taken():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, 8, generator=g, requires_grad=True)
+    weight = torch.randn(20, 8, generator=g)
+    targets = torch.randint(0, 20, (9,), generator=g)
+    lp, ent = chunked_token_logprobs(hidden, weight, targets, 1.0, 4, with_entropy=False)
+    assert torch.equal(ent, torch.zeros(9))
+    (lp.sum() + ent.sum()).backward()
+    rlp, _ = reference(hidden.detach().requires_grad_(), weight, targets, 1.0)
+    assert torch.allclose(lp, rlp, atol=1e-6)
+
+
+def test_trainer_with_chunks_equals_trainer_without(tiny_path, tokenizer, process_group, setup):
+    """Through the FSDP2 model: same old/ref log-probs, entropy, and the same update."""
+    engine, prompts = setup
+    batch = rollout(engine, prompts)
+    results = []
+    for chunk in (0, 7):
+        torch.manual_seed(0)
+        trainer = make_trainer(tiny_path, tokenizer, temperature=0.8, logprob_chunk_size=chunk)
+        out = trainer.logprob(batch)
+        b = batch.select(range(len(batch)))
+        for k, v in out.items():
+            b[k] = v
+        b["advantages"] = torch.linspace(-1, 1, len(b))
+        grads = {}
+        real_step = trainer.roles.actor.optimizer.step
+
+        def spy(*a, _real=real_step, _trainer=trainer, _grads=grads, **kw):
+            _grads.update({n: p.grad.full_tensor().clone() for n, p in _trainer.roles.actor.model.named_parameters()})
+            return _real(*a, **kw)
+
+        trainer.roles.actor.optimizer.step = spy
+        metrics = trainer.roles.actor.update(b)
+        results.append((out, metrics, grads))
+    (o0, m0, p0), (o1, m1, p1) = results
+    for k in o0:
+        assert torch.allclose(o0[k], o1[k], atol=1e-5), k
+    assert m0["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-4)
+    assert p0 and p0.keys() == p1.keys()
+    for n in p0:  # the gradients (Adam's first step is ~lr·sign(grad): parameters would hide small differences)
+        assert torch.allclose(p0[n], p1[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_response_logprobs_chunked_on_a_plain_model(tiny_path, tokenizer):
+    """Without FSDP too (the head swap works on any HF causal LM), entropy included."""
+    from hybridrl.models.config import ModelConfig
+    from hybridrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_path, ModelConfig(), torch.float32)
+    prompts = [[1, 5, 9, 4], [3, 3]]
+    resp = torch.tensor([[7, 8, 9], [10, 11, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float32)
+    plain = response_logprobs(model, prompts, resp, mask, 0.9, tokenizer.pad_token_id, with_entropy=True)
+    chunked = response_logprobs(model, prompts, resp, mask, 0.9, tokenizer.pad_token_id, with_entropy=True,
+                                chunk_size=2)
+    assert torch.allclose(plain[0], chunked[0], atol=1e-5)
+    assert torch.allclose(plain[1], chunked[1], atol=1e-5)
+    assert type(model.lm_head).__name__ == "Linear"  # the head is put back
