@@ -19,7 +19,6 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from benchmarks.reshard import SHAPES, build_model
-
 from hybridrl.config import RunConfig, validate
 from hybridrl.data.prompts import Prompt
 from hybridrl.models.tiny import build_tokenizer
@@ -36,7 +35,9 @@ def init_single_process(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store = tempfile.mktemp(prefix="bench_store_")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", store=dist.FileStore(store, 1), rank=0, world_size=1
+    )
 
 
 def make_model_dir(shape: str, device: torch.device, root: str | None = None) -> str:
@@ -58,8 +59,13 @@ def make_model_dir(shape: str, device: torch.device, root: str | None = None) ->
 
 def bench_config(model_dir: str, device: torch.device, overrides: list[str] = ()) -> RunConfig:
     """The run config of `python -m hybridrl model=hf model.path=<model_dir> <overrides>`, checked as a run's is."""
-    base = [f"model.path={model_dir}", "model.name=hf", f"trainer.device={device.type}", "logger.progress_bar=false",
-            "trainer.eval_every=0"]
+    base = [
+        f"model.path={model_dir}",
+        "model.name=hf",
+        f"trainer.device={device.type}",
+        "logger.progress_bar=false",
+        "trainer.eval_every=0",
+    ]
     cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.from_dotlist([*base, *overrides]))
     return validate(cfg)
 
@@ -121,5 +127,14 @@ def gpu_peak_flops() -> float:
     return float(os.environ.get("BENCH_PEAK_TFLOPS", "989")) * 1e12
 
 
-__all__ = ["SHAPES", "Timer", "bench_config", "bench_controller", "bench_worker", "gpu_peak_flops",
-           "init_single_process", "make_model_dir", "random_prompts"]
+__all__ = [
+    "SHAPES",
+    "Timer",
+    "bench_config",
+    "bench_controller",
+    "bench_worker",
+    "gpu_peak_flops",
+    "init_single_process",
+    "make_model_dir",
+    "random_prompts",
+]

@@ -15,8 +15,9 @@ class DeviceMonitor:
     slower on a throttled or hotter device from slower code. Where NVML cannot be read (the CPU, no pynvml) it reads
     nothing and `summary` says so. `read`: a stand-in for the reading, for tests."""
 
-    def __init__(self, device: torch.device, interval: float = 0.05,
-                 read: Callable[[], tuple[float, float, float]] | None = None) -> None:
+    def __init__(
+        self, device: torch.device, interval: float = 0.05, read: Callable[[], tuple[float, float, float]] | None = None
+    ) -> None:
         self.device, self.interval = device, interval
         self.read = read or self._nvml
         self.tag: str | None = None
@@ -32,8 +33,11 @@ class DeviceMonitor:
     def _nvml(self) -> tuple[float, float, float]:
         if self.device.type != "cuda":
             raise RuntimeError("no GPU to read")
-        return (float(torch.cuda.clock_rate(self.device)), torch.cuda.power_draw(self.device) / 1000.0,
-                float(torch.cuda.temperature(self.device)))
+        return (
+            float(torch.cuda.clock_rate(self.device)),
+            torch.cuda.power_draw(self.device) / 1000.0,
+            float(torch.cuda.temperature(self.device)),
+        )
 
     def sample(self) -> None:
         """One reading, filed under the current tag."""
@@ -60,9 +64,15 @@ class DeviceMonitor:
         """Per tag: the readings' count and the median SM clock, power and temperature."""
         if not self.available:
             return {"available": False}
-        return {tag: {"samples": len(rows), "sm_clock_mhz": statistics.median(r[0] for r in rows),
-                      "power_w": statistics.median(r[1] for r in rows), "temperature_c": statistics.median(r[2] for r in rows)}
-                for tag, rows in self.samples.items()}
+        return {
+            tag: {
+                "samples": len(rows),
+                "sm_clock_mhz": statistics.median(r[0] for r in rows),
+                "power_w": statistics.median(r[1] for r in rows),
+                "temperature_c": statistics.median(r[2] for r in rows),
+            }
+            for tag, rows in self.samples.items()
+        }
 
 
 __all__ = ["DeviceMonitor"]

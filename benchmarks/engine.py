@@ -27,11 +27,11 @@ time per step ((total - prefill-only run) / (new tokens - 1)); on GPU also one g
 What a training step does around a rollout can be reproduced: `--model-dir` benches a saved model (the one
 `bench_step.py --model-dir` wrote, or a real one), `--sleep-cycle` sleeps and wakes the engine before each grpo run
 with the device's memory taken meanwhile, in one piece or fragmented; `--live-gb` keeps memory taken throughout;
-`--heat-s` runs full-power GEMMs right before the reported runs; `--process-state` gives this process parts of the step's
-state (its NCCL group, compiled layers, pinned buffers, an FSDP2 update, the actor role's own update phase or part of
-it), and `--release-state` / `--stack-reset` / `--l2-reset` undo parts of it again. The grpo case's `launch_timing`
-times one more run on the device, launch by launch: whether a slower run is the host falling behind (gaps) or slower
-launches.
+`--heat-s` runs full-power GEMMs right before the reported runs; `--process-state` gives this process parts of
+the step's state (its NCCL group, compiled layers, pinned buffers, an FSDP2 update, the actor role's own update phase
+or part of it), and `--release-state` / `--stack-reset` / `--l2-reset` undo parts of it again. The grpo case's
+`launch_timing` times one more run on the device, launch by launch: whether a slower run is the host falling behind
+(gaps) or slower launches.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import functools
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,15 +51,14 @@ from pathlib import Path
 import torch
 import transformers
 
-from hybridrl.engines.native.async_engine import AsyncEngine  # noqa: E402
+from benchmarks.device_monitor import DeviceMonitor  # noqa: E402
 from hybridrl.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from hybridrl.engines.config import NativeOptions  # noqa: E402
+from hybridrl.engines.native.async_engine import AsyncEngine  # noqa: E402
 from hybridrl.engines.native.engine import FusedEngine  # noqa: E402
-from hybridrl.engines.native.runner import HostCopy  # noqa: E402
 from hybridrl.engines.native.kernels import attention as attention_kernels  # noqa: E402
+from hybridrl.engines.native.runner import HostCopy  # noqa: E402
 from hybridrl.reshard import ReshardConfig, Resharder  # noqa: E402
-
-from benchmarks.device_monitor import DeviceMonitor  # noqa: E402
 
 # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab, tied)
 SHAPES = {
@@ -79,9 +77,16 @@ def build_model(shape: str, dtype: torch.dtype, device: torch.device, model_dir:
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
         return model.to(device).eval()
     h, n, heads, kv, inter, vocab, tied = SHAPES[shape]
-    config = transformers.Qwen2Config(hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
-                                      num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
-                                      tie_word_embeddings=tied, max_position_embeddings=32768)
+    config = transformers.Qwen2Config(
+        hidden_size=h,
+        num_hidden_layers=n,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        max_position_embeddings=32768,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
@@ -91,10 +96,15 @@ def build_model(shape: str, dtype: torch.dtype, device: torch.device, model_dir:
 def build_engine(model, args, rows: int, kv_blocks: int = 0) -> FusedEngine:
     """The fused engine with `model`'s weights, cut by the resharder (as a run fills it); a KV cache of `kv_blocks`
     blocks, or sized by demand."""
-    options = NativeOptions(max_batch_size=rows, cuda_graphs=not args.no_cuda_graphs, kernels=not args.no_kernels,
-                            kv_block_size=args.kv_block_size, kv_blocks=kv_blocks,
-                            join_step_tokens=max(args.join_step_tokens),
-                            pdl=(args.pdl or [NativeOptions.pdl])[0])
+    options = NativeOptions(
+        max_batch_size=rows,
+        cuda_graphs=not args.no_cuda_graphs,
+        kernels=not args.no_kernels,
+        kv_block_size=args.kv_block_size,
+        kv_blocks=kv_blocks,
+        join_step_tokens=max(args.join_step_tokens),
+        pdl=(args.pdl or [NativeOptions.pdl])[0],
+    )
     engine = FusedEngine(model.config, [], 0, device=model.device, dtype=model.dtype, options=options, seed=0)
     if args.no_skinny_gemm:
         engine.model.gemm_sms = 0
@@ -160,9 +170,17 @@ def launch_timing(engine: FusedEngine) -> Iterator[dict]:
     torch.cuda.synchronize(run.device)
     busy = [s.elapsed_time(e) for s, e in marks]
     gaps = [e.elapsed_time(s) for (_, e), (s, _) in zip(marks, marks[1:])]
-    out.update({"available": True, "launches": len(marks), "busy_ms_median": statistics.median(busy) if busy else 0.0,
-                "busy_ms_total": sum(busy), "gap_ms_median": statistics.median(gaps) if gaps else 0.0,
-                "gap_ms_total": sum(gaps), "gaps_over_0.05ms": sum(g > 0.05 for g in gaps)})
+    out.update(
+        {
+            "available": True,
+            "launches": len(marks),
+            "busy_ms_median": statistics.median(busy) if busy else 0.0,
+            "busy_ms_total": sum(busy),
+            "gap_ms_median": statistics.median(gaps) if gaps else 0.0,
+            "gap_ms_total": sum(gaps),
+            "gaps_over_0.05ms": sum(g > 0.05 for g in gaps),
+        }
+    )
 
 
 def profile_table(fn, device: torch.device, path: str, rows: int = 30) -> None:
@@ -172,12 +190,14 @@ def profile_table(fn, device: torch.device, path: str, rows: int = 30) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(device)
-    Path(path).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows,
-                                                    max_name_column_width=60))
+    Path(path).write_text(
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+    )
 
 
-def timed_launches(engine: FusedEngine, prompts, params: SamplingParams, device: torch.device,
-                   profile: str | None = None) -> dict:
+def timed_launches(
+    engine: FusedEngine, prompts, params: SamplingParams, device: torch.device, profile: str | None = None
+) -> dict:
     """One more warm run of `generate(prompts, params)` under `launch_timing` (its result), and with `profile` (GPU)
     another under the profiler, its table to that file; each run starts with an empty prefix table."""
     with launch_timing(engine) as launches:
@@ -205,8 +225,11 @@ def heat(device: torch.device, seconds: float) -> None:
 def _cudart():
     """This process's own CUDA runtime library (the one torch loaded), through ctypes; None where none is loaded.
     Looked up once: every probe asks for it."""
-    lib = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None) \
-        if Path("/proc/self/maps").exists() else None
+    lib = (
+        next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None)
+        if Path("/proc/self/maps").exists()
+        else None
+    )
     return ctypes.CDLL(lib) if lib else None
 
 
@@ -221,8 +244,13 @@ def device_limits(device: torch.device) -> dict:
     cudart, value = _cudart(), ctypes.c_size_t()
     if cudart is None:
         return out
-    for key, code in (("stack_bytes", 0x00), ("printf_fifo_bytes", 0x01), ("malloc_heap_bytes", 0x02),
-                      ("max_l2_fetch_granularity", 0x05), ("persisting_l2_bytes", 0x06)):
+    for key, code in (
+        ("stack_bytes", 0x00),
+        ("printf_fifo_bytes", 0x01),
+        ("malloc_heap_bytes", 0x02),
+        ("max_l2_fetch_granularity", 0x05),
+        ("persisting_l2_bytes", 0x06),
+    ):
         if cudart.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
             out[key] = value.value
     config = ctypes.c_int()
@@ -257,8 +285,10 @@ def reset_stack_limit(device: torch.device) -> bool:
     value = ctypes.c_size_t()
     if cudart.cudaDeviceGetLimit(ctypes.byref(value), 0x00) != 0:
         return False
-    return (cudart.cudaDeviceSetLimit(0x00, ctypes.c_size_t(value.value + 1024)) == 0
-            and cudart.cudaDeviceSetLimit(0x00, ctypes.c_size_t(value.value)) == 0)
+    return (
+        cudart.cudaDeviceSetLimit(0x00, ctypes.c_size_t(value.value + 1024)) == 0
+        and cudart.cudaDeviceSetLimit(0x00, ctypes.c_size_t(value.value)) == 0
+    )
 
 
 _HELD: list[object] = []  # what --process-state keeps alive for the whole run
@@ -279,8 +309,13 @@ def release_process_state(device: torch.device) -> bool:
     return True
 
 
-def step_process_state(parts: list[str], model, device: torch.device, pinned_gb: float = 0.0,
-                       rollout: tuple[int, int, int, int] = (32, 8, 128, 512)) -> dict:
+def step_process_state(
+    parts: list[str],
+    model,
+    device: torch.device,
+    pinned_gb: float = 0.0,
+    rollout: tuple[int, int, int, int] = (32, 8, 128, 512),
+) -> dict:
     """Give this process what a training step's process has and the bench's has not, before the engine is built:
     `nccl`, the workers' default group (one rank, as bench_step's inline worker joins it); `compile`, the trainer's
     torch.compile of every decoder layer (GPU only, as `trainer.compile`), run forward and backward once; `backward`,
@@ -313,8 +348,9 @@ def step_process_state(parts: list[str], model, device: torch.device, pinned_gb:
     if "fsdp" in parts or "fsdp-backward" in parts:
         done["fsdp_grad_norm"] = fsdp_update(model, device, step="fsdp" in parts)
     if arm := next((a for a in ACTOR_ARMS if a in parts), None):
-        done["actor_update"] = actor_update(model, device, *rollout, until=ACTOR_ARMS[arm],
-                                            compile_layers=arm != "actor-eager")
+        done["actor_update"] = actor_update(
+            model, device, *rollout, until=ACTOR_ARMS[arm], compile_layers=arm != "actor-eager"
+        )
     if "compile" in parts:
         done["compile"] = device.type == "cuda"
         if done["compile"]:
@@ -401,8 +437,16 @@ def fsdp_update(model, device: torch.device, step: bool = True) -> float:
     return norm
 
 
-def actor_update(model, device: torch.device, prompts: int, samples: int, prompt_len: int, new_tokens: int,
-                 until: str = "update", compile_layers: bool = True) -> dict:
+def actor_update(
+    model,
+    device: torch.device,
+    prompts: int,
+    samples: int,
+    prompt_len: int,
+    new_tokens: int,
+    until: str = "update",
+    compile_layers: bool = True,
+) -> dict:
     """One update of the product's own actor role (needs the default group), as the step runs it: a `Trainer` loaded
     from a copy of `model` saved to a temporary folder (float32 master weights, compiled layers on GPU, FSDP2 at one
     rank, the default TrainerConfig and AlgorithmConfig: GRPO, PPO-clip, the KL to the reference in the loss), its
@@ -429,17 +473,30 @@ def actor_update(model, device: torch.device, prompts: int, samples: int, prompt
         model.save_pretrained(folder)
         mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
         algo = AlgorithmConfig(group_size=samples)
-        actor = Trainer(folder, ModelConfig(name="hf", path=folder), TrainerConfig(compile=compile_layers), algo,
-                        device, mesh, pad_token_id=0, temperature=1.0, total_optimizer_steps=10)
+        actor = Trainer(
+            folder,
+            ModelConfig(name="hf", path=folder),
+            TrainerConfig(compile=compile_layers),
+            algo,
+            device,
+            mesh,
+            pad_token_id=0,
+            temperature=1.0,
+            total_optimizer_steps=10,
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # the weights are in memory now
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     heads = [torch.randint(2, vocab, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
     rows = prompts * samples
-    batch = Batch([heads[i // samples] for i in range(rows)],
-                  {"responses": torch.randint(2, vocab, (rows, new_tokens), generator=g),
-                   "response_mask": torch.ones(rows, new_tokens, dtype=torch.long)})
+    batch = Batch(
+        [heads[i // samples] for i in range(rows)],
+        {
+            "responses": torch.randint(2, vocab, (rows, new_tokens), generator=g),
+            "response_mask": torch.ones(rows, new_tokens, dtype=torch.long),
+        },
+    )
     _HELD.append(actor)
     if until == "init":
         return {}
@@ -461,13 +518,21 @@ def roofline(engine: FusedEngine, rows: int, context: float, unique_tokens: floa
     m = engine.model
     weights = sum(p.numel() * p.element_size() for _, p in engine.named_weights())
     per_token = 2 * m.shape.num_layers * m.kv_heads * m.head_dim * torch.empty(0, dtype=m.dtype).element_size()
-    out = {"weight_bytes": weights, "kv_bytes_per_token": per_token, "rows": rows, "attended_per_row": context,
-           "step_ms": step_s * 1e3}
+    out = {
+        "weight_bytes": weights,
+        "kv_bytes_per_token": per_token,
+        "rows": rows,
+        "attended_per_row": context,
+        "step_ms": step_s * 1e3,
+    }
     for name, tokens in (("attended", rows * context), ("unique", unique_tokens)):
         total = weights + tokens * per_token
         bounds = {k: total / bw * 1e3 for k, bw in BANDWIDTH.items()}
-        out[name] = {"bytes": total, **{f"bound_ms_{k}": v for k, v in bounds.items()},
-                     **{f"step_over_bound_{k}": step_s * 1e3 / v for k, v in bounds.items()}}
+        out[name] = {
+            "bytes": total,
+            **{f"bound_ms_{k}": v for k, v in bounds.items()},
+            **{f"step_over_bound_{k}": step_s * 1e3 / v for k, v in bounds.items()},
+        }
     return out
 
 
@@ -492,10 +557,14 @@ def step_parts(engine: FusedEngine, prompts: list[list[int]], params: SamplingPa
         g = torch.Generator(device=device).manual_seed(0)
         logits = torch.randn(n, engine.vocab, device=device, generator=g).to(engine.model.dtype)
         keys = torch.arange(n, device=device, dtype=torch.int64) * 7919 + 11
-        out = {"batch": n, "attended_mean": attended, "graphs_enabled": run.use_graphs, "step_ms": forward,
-               "sampler_kernel_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3), device),
-               "sampler_torch_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False),
-                                           device)}
+        out = {
+            "batch": n,
+            "attended_mean": attended,
+            "graphs_enabled": run.use_graphs,
+            "step_ms": forward,
+            "sampler_kernel_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3), device),
+            "sampler_torch_ms": cuda_ms(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False), device),
+        }
         same, lp_diff = 0, 0.0
         for step in range(20):
             tk, lk = sample_tokens(logits, 1.0, keys=keys, step=step)
@@ -522,11 +591,22 @@ def parity(model, prompts: list[list[int]], outs, rows: int) -> dict:
 
 def bench_hf(model, prompts: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
     """transformers `generate` with its default dynamic cache, sampling, no early stop."""
-    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0,
-              top_p=1.0, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts))
+    kw = dict(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(prompts),
+    )
     with torch.inference_mode():
-        model.generate(prompts[:, :8], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4,
-                                          "attention_mask": torch.ones_like(prompts[:, :8])})  # warm-up
+        model.generate(
+            prompts[:, :8],
+            **{**kw, "max_new_tokens": 4, "min_new_tokens": 4, "attention_mask": torch.ones_like(prompts[:, :8])},
+        )  # warm-up
         seconds, out = timed(lambda: model.generate(prompts, **kw), device)
     tokens = (out.shape[1] - prompts.shape[1]) * out.shape[0]
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
@@ -582,12 +662,22 @@ def run_generate(engine: FusedEngine, prompts, n: int, new: int, device: torch.d
     _, outs, prefilled = warm_runs[-1]
     prefill, _, _ = run(SamplingParams(n=n, max_new_tokens=1, seed=0))
     produced = sum(len(o.token_ids) for o in outs)
-    out = {"rows": rows, "tokens": produced, "seconds_cold": cold, "seconds_warm_first": warm_first,
-           "seconds_warm": warm, "seconds_warm_runs": [r[0] for r in warm_runs], "seconds_prefill": prefill,
-           "tokens_per_s_cold": rows * new / cold, "tokens_per_s": rows * new / warm,
-           "decode_step_ms": (warm - prefill) / max(1, new - 1) * 1e3, "prefilled_tokens": prefilled,
-           "cuda_graphs": len(engine.runner.graphs), "graphs_enabled": engine.runner.use_graphs,
-           "kv_cache_gb": engine.memory_stats()["engine_kv_cache_gb"]}
+    out = {
+        "rows": rows,
+        "tokens": produced,
+        "seconds_cold": cold,
+        "seconds_warm_first": warm_first,
+        "seconds_warm": warm,
+        "seconds_warm_runs": [r[0] for r in warm_runs],
+        "seconds_prefill": prefill,
+        "tokens_per_s_cold": rows * new / cold,
+        "tokens_per_s": rows * new / warm,
+        "decode_step_ms": (warm - prefill) / max(1, new - 1) * 1e3,
+        "prefilled_tokens": prefilled,
+        "cuda_graphs": len(engine.runner.graphs),
+        "graphs_enabled": engine.runner.use_graphs,
+        "kv_cache_gb": engine.memory_stats()["engine_kv_cache_gb"],
+    }
     if produced != rows * new:
         out["error"] = f"engine produced {produced} tokens, expected {rows * new}"
     return out, outs, params
@@ -598,14 +688,23 @@ def case_single(model, engine, args, device) -> dict:
     prompts_t = torch.randint(2, model.config.vocab_size, (args.batch, args.prompt_len), generator=gen)
     prompts = prompts_t.tolist()
     res, outs, params = run_generate(engine, prompts, 1, args.new_tokens, device)
-    res["roofline"] = roofline(engine, args.batch, args.prompt_len + args.new_tokens / 2,
-                               args.batch * (args.prompt_len + args.new_tokens / 2), res["decode_step_ms"] / 1e3)
+    res["roofline"] = roofline(
+        engine,
+        args.batch,
+        args.prompt_len + args.new_tokens / 2,
+        args.batch * (args.prompt_len + args.new_tokens / 2),
+        res["decode_step_ms"] / 1e3,
+    )
     res["parity"] = parity(model, prompts, outs, args.parity_rows)
     if device.type == "cuda":
         res["step_parts"] = step_parts(engine, prompts, params, device)
-        res["roofline_graph_step"] = roofline(engine, args.batch, res["step_parts"]["attended_mean"],
-                                              args.batch * res["step_parts"]["attended_mean"],
-                                              res["step_parts"]["step_ms"] / 1e3)
+        res["roofline_graph_step"] = roofline(
+            engine,
+            args.batch,
+            res["step_parts"]["attended_mean"],
+            args.batch * res["step_parts"]["attended_mean"],
+            res["step_parts"]["step_ms"] / 1e3,
+        )
         if args.profile:
             profile_table(lambda: engine.generate(prompts, params), device, args.profile)
     if device.type == "cuda" and engine.model.gemm_sms:
@@ -614,14 +713,18 @@ def case_single(model, engine, args, device) -> dict:
             engine.model.gemm_sms = gemm_sms
             engine.runner.drop_graphs()  # the graphs hold the kernels they were captured with
             engine.generate(prompts, params)
-            return statistics.median(timed(lambda: engine.generate(prompts, params), device)[0]
-                                     for _ in range(WARM_RUNS))
+            return statistics.median(
+                timed(lambda: engine.generate(prompts, params), device)[0] for _ in range(WARM_RUNS)
+            )
 
         sms = engine.model.gemm_sms
         t_cublas, t_ours = warm_median(0), warm_median(sms)
-        res["cublas_only"] = {"seconds_warm": t_cublas, "tokens_per_s": args.batch * args.new_tokens / t_cublas,
-                              "seconds_warm_skinny_again": t_ours,
-                              "speedup_skinny": t_cublas / t_ours}
+        res["cublas_only"] = {
+            "seconds_warm": t_cublas,
+            "tokens_per_s": args.batch * args.new_tokens / t_cublas,
+            "seconds_warm_skinny_again": t_ours,
+            "speedup_skinny": t_cublas / t_ours,
+        }
     if args.torch_sampler:
         engine.scheduler.sampler_kernel = False
         engine.generate(prompts, params)  # captures this sampler's graphs
@@ -640,11 +743,13 @@ def case_grpo(model, engine, args, device) -> dict:
     prompts = torch.randint(2, model.config.vocab_size, (args.prompts, args.prompt_len), generator=gen).tolist()
     # The A/Bs: the same prompts with other values of a runner setting (the first value is the reported run's).
     # A value may come again (A B A B ...): each variant reports the median of its runs, interleaved with the others.
-    settings = {"shared_prefix_tokens": args.shared_prefix_tokens,
-                "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]],
-                "pdl_mode": args.pdl or [NativeOptions.pdl],
-                "pdl_trigger": args.pdl_trigger or ["start"],
-                "sleep_cycle": [None if v == "none" else v for v in args.sleep_cycle or ["none"]]}
+    settings = {
+        "shared_prefix_tokens": args.shared_prefix_tokens,
+        "long_keys": [None if v == "auto" else int(v) for v in args.long_keys or ["auto"]],
+        "pdl_mode": args.pdl or [NativeOptions.pdl],
+        "pdl_trigger": args.pdl_trigger or ["start"],
+        "sleep_cycle": [None if v == "none" else v for v in args.sleep_cycle or ["none"]],
+    }
     runs: dict[str, dict[str, list[dict]]] = {}
     if args.pdl_trial_pairs or args.pdl_trial_first != "on":
         engine.runner.pdl_trial_pairs = args.pdl_trial_pairs or engine.runner.pdl_trial_pairs
@@ -673,12 +778,16 @@ def case_grpo(model, engine, args, device) -> dict:
     for name, by_value in runs.items():
         res[name] = ("none" if name == "sleep_cycle" else "auto") if settings[name][0] is None else settings[name][0]
         res[f"{name}_variants"] = {
-            value: {**{k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")},
-                    "tokens_per_s_runs": [r["tokens_per_s"] for r in rs]}
-            for value, rs in by_value.items()}
+            value: {
+                **{k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "decode_step_ms", "seconds_warm")},
+                "tokens_per_s_runs": [r["tokens_per_s"] for r in rs],
+            }
+            for value, rs in by_value.items()
+        }
     rows, half = args.prompts * args.samples, args.new_tokens / 2
-    res["roofline"] = roofline(engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half,
-                               res["decode_step_ms"] / 1e3)
+    res["roofline"] = roofline(
+        engine, rows, args.prompt_len + half, args.prompts * args.prompt_len + rows * half, res["decode_step_ms"] / 1e3
+    )
     res["parity"] = parity(model, prompts, outs, args.parity_rows)
     return res
 
@@ -746,27 +855,41 @@ def run_multiturn(engine, prompts, tools, lengths, args, device, profile: str | 
     finally:
         del engine.prefill
         HostCopy.result = result
-    prefilled, prefills, step_joins, steps, row_steps = (a - b for a, b in zip(
-        (sch.prefilled_tokens, sch.prefills, sch.step_joins, sch.steps, sch.row_steps), before))
+    prefilled, prefills, step_joins, steps, row_steps = (
+        a - b for a, b in zip((sch.prefilled_tokens, sch.prefills, sch.step_joins, sch.steps, sch.row_steps), before)
+    )
     if profile:  # over the first 64 trajectories: a full run's events took minutes to collect (seen on the H200)
-        from torch.profiler import ProfilerActivity, profile as torch_profile
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
 
         engine.cache.allocator.forget_prefixes()
         t = min(t, 64)
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             asyncio.run(all_trajectories())
             torch.cuda.synchronize(device)
-        Path(profile).write_text(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40,
-                                                           max_name_column_width=60))
+        Path(profile).write_text(
+            prof.key_averages().table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
+        )
     seconds = statistics.median(warm)
-    return {"join_wait_steps": sch.join_wait, "join_step_tokens": sch.join_step_tokens,
-            "tokens": produced, "seconds_cold": cold, "seconds_warm": seconds,
-            "seconds_warm_runs": warm, "tokens_per_s": produced / seconds, "prefilled_tokens": prefilled,
-            "prefill_calls": prefills, "step_joins": step_joins, "prefill_host_s": host["prefill_s"],
-            # Host seconds blocked on step outputs, per warm run: near the run's time when the device is the
-            # bottleneck, near 0 when the host is.
-            "host_wait_s_runs": waits, "engine_steps": steps,
-            "mean_rows_per_step": row_steps / max(1, steps), "ms_per_engine_step": seconds / max(1, steps) * 1e3}
+    return {
+        "join_wait_steps": sch.join_wait,
+        "join_step_tokens": sch.join_step_tokens,
+        "tokens": produced,
+        "seconds_cold": cold,
+        "seconds_warm": seconds,
+        "seconds_warm_runs": warm,
+        "tokens_per_s": produced / seconds,
+        "prefilled_tokens": prefilled,
+        "prefill_calls": prefills,
+        "step_joins": step_joins,
+        "prefill_host_s": host["prefill_s"],
+        # Host seconds blocked on step outputs, per warm run: near the run's time when the device is the
+        # bottleneck, near 0 when the host is.
+        "host_wait_s_runs": waits,
+        "engine_steps": steps,
+        "mean_rows_per_step": row_steps / max(1, steps),
+        "ms_per_engine_step": seconds / max(1, steps) * 1e3,
+    }
 
 
 def case_multiturn(model, engine, args, device) -> dict:
@@ -780,14 +903,19 @@ def case_multiturn(model, engine, args, device) -> dict:
     tools = torch.randint(2, vocab, (t, turns, args.tool_tokens), generator=gen).tolist()
     new = args.new_tokens // turns * turns
     single, _, _ = run_generate(engine, prompts, 1, new, device)
-    res = {"trajectories": t, "rows": engine.options.max_batch_size, "turns": turns, "tool_ms": args.tool_ms,
-           "tool_tokens": args.tool_tokens,
-           "tool_wait_s_per_trajectory": (turns - 1) * args.tool_ms / 1e3,
-           "single_turn": {k: single[k] for k in ("tokens", "seconds_warm", "tokens_per_s", "decode_step_ms")},
-           # Lockstep: no engine can decode while every trajectory waits, so the ratio is at most this.
-           "lockstep_bound_vs_single_turn": single["seconds_warm"] / (
-               single["seconds_warm"] + (turns - 1) * args.tool_ms / 1e3),
-           "variants": {}}
+    res = {
+        "trajectories": t,
+        "rows": engine.options.max_batch_size,
+        "turns": turns,
+        "tool_ms": args.tool_ms,
+        "tool_tokens": args.tool_tokens,
+        "tool_wait_s_per_trajectory": (turns - 1) * args.tool_ms / 1e3,
+        "single_turn": {k: single[k] for k in ("tokens", "seconds_warm", "tokens_per_s", "decode_step_ms")},
+        # Lockstep: no engine can decode while every trajectory waits, so the ratio is at most this.
+        "lockstep_bound_vs_single_turn": single["seconds_warm"]
+        / (single["seconds_warm"] + (turns - 1) * args.tool_ms / 1e3),
+        "variants": {},
+    }
     for staggered in (False, True):
         lengths = turn_lengths(t, turns, new, staggered, gen)
         for ride in args.join_step_tokens:
@@ -795,8 +923,15 @@ def case_multiturn(model, engine, args, device) -> dict:
             for wait in args.join_wait:
                 engine.scheduler.join_wait = wait
                 last = staggered and wait == args.join_wait[-1] and ride == args.join_step_tokens[-1]
-                v = run_multiturn(engine, prompts, tools, lengths, args, device,
-                                  args.profile if last and device.type == "cuda" else None)
+                v = run_multiturn(
+                    engine,
+                    prompts,
+                    tools,
+                    lengths,
+                    args,
+                    device,
+                    args.profile if last and device.type == "cuda" else None,
+                )
                 v["vs_single_turn"] = v["tokens_per_s"] / single["tokens_per_s"]
                 name = f"{'staggered' if staggered else 'lockstep'}_join{wait}"
                 res["variants"][name + (f"_ride{ride}" if len(args.join_step_tokens) > 1 else "")] = v
@@ -814,68 +949,136 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4, help="multiturn: turns per trajectory")
     ap.add_argument("--tool-ms", type=float, default=50.0, help="multiturn: simulated tool latency between turns")
     ap.add_argument("--tool-tokens", type=int, default=16, help="multiturn: tokens a tool result appends")
-    ap.add_argument("--max-rows", type=int, default=0,
-                    help="multiturn: the engine's rows (engine.native.max_batch_size); fewer than --trajectories keeps "
-                         "more trajectories in flight than rows, as agent RL runs do; 0 = one row per trajectory")
-    ap.add_argument("--join-wait", type=int, nargs="+", default=[NativeOptions.join_wait_steps],
-                    help="multiturn: engine.native.join_wait_steps values to run (each variant with each)")
-    ap.add_argument("--join-step-tokens", type=int, nargs="+", default=[NativeOptions.join_step_tokens],
-                    help="multiturn: engine.native.join_step_tokens values to run (0: joins prefill apart; each "
-                         "variant with each)")
-    ap.add_argument("--long-keys", nargs="+", default=None,
-                    help="grpo: context lengths from which decode attention splits in two where the batch alone would "
-                         "not ('auto': the engine's measured rule, the default; 0: never), the first reported in full, "
-                         "the others (repeats allowed, run in this order) as long_keys_variants")
-    ap.add_argument("--pdl", nargs="+", choices=("on", "off", "auto"), default=None,
-                    help="engine.native.pdl (on: the Triton kernels launch with programmatic dependent launch; auto: "
-                         "the decode graphs' kind chosen by timing both at the first rollout): the first value for "
-                         "every case; grpo also runs the others (repeats allowed), reported as pdl_mode_variants")
-    ap.add_argument("--pdl-trial-pairs", type=int, default=0,
-                    help="grpo: with --pdl auto, the pairs of decode steps timed before the choice (0: the engine's "
-                         "default; 254 times a whole rollout of 512 new tokens, one pair at each length)")
-    ap.add_argument("--pdl-trial-first", choices=("on", "off"), default="on",
-                    help="grpo: with --pdl auto, the kind of graph each choice times first, so captures first (off: "
-                         "the graphs without PDL)")
-    ap.add_argument("--pdl-trigger", nargs="+", choices=("start", "completion"), default=None,
-                    help="grpo: where each PDL-launched kernel lets the next launch (the runner's pdl_trigger): at its "
-                         "start, or only at its completion; the first reported in full, the others (repeats allowed) "
-                         "as pdl_trigger_variants")
-    ap.add_argument("--sleep-cycle", nargs="+", default=None,
-                    help="grpo: before every run, sleep the engine, take memory as the trainer does, wake it, free the "
-                         "memory: 'G' GiB in one piece, 'GxM' G GiB (all: the free memory less 2 GiB) in M MiB pieces "
-                         "with every other one freed before the wake (a fragmented device), 'none' no cycle; the first "
-                         "value reported in full, the others (repeats allowed) as sleep_cycle_variants: a rollout "
-                         "inside a step starts after a sleep. 'none' after a cycle keeps the layout that cycle left: "
-                         "compare an unfragmented engine in a process of its own")
-    ap.add_argument("--heat-s", type=float, default=0.0,
-                    help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs")
-    ap.add_argument("--process-state", nargs="*", default=[],
-                    choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", *ACTOR_ARMS, "compile", "pinned",
-                             "backward", "adam"),
-                    help="what a training step's process has, given to this one before the engine is built: the "
-                         "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
-                         "--pinned-gb of page-locked host memory copied to the device and back once, held "
-                         "throughout (an offloading trainer's host buffers; GPU only), a training forward and backward "
-                         "of the model (16 × 1024 tokens, eager), a fused AdamW step over it (states freed after); "
-                         "nccl-avg: a one-rank AVG all-reduce (a NCCL kernel); fsdp: the actor's update as the product "
-                         "runs it, FSDP2 at one rank on a float32 copy (state kept); fsdp-backward: the same without its "
-                         "optimizer step; actor: the product's actor role (Trainer) and its update over a synthetic "
-                         "rollout of the grpo case's shape (state kept); actor-eager: the same with compile off; "
-                         "actor-logprob / actor-init: the role only up to its log-prob pass / only loaded; then --l2-reset")
-    ap.add_argument("--stack-reset", action="store_true",
-                    help="after --process-state: the stack limit set up and back (the context's local memory resized)")
-    ap.add_argument("--release-state", action="store_true",
-                    help="after --process-state: drop what it kept (torch.compiler.reset, gc, empty_cache)")
-    ap.add_argument("--l2-reset", action="store_true",
-                    help="after --process-state: cudaCtxResetPersistingL2Cache (lines a kernel left persisting in L2)")
-    ap.add_argument("--pinned-gb", type=float, default=20.0,
-                    help="--process-state pinned: GiB (the 1.5B step's offloaded actor, Adam state and reference)")
-    ap.add_argument("--live-gb", type=float, default=0.0,
-                    help="GiB held on the device for the whole run, taken before the engine is built (a trainer's "
-                         "resident state, in one piece): the footprint without the fragmentation of --sleep-cycle GxM")
-    ap.add_argument("--shared-prefix-tokens", type=int, nargs="+", default=[NativeOptions.shared_prefix_tokens],
-                    help="grpo: engine.native.shared_prefix_tokens values to run, the first reported in full, the others "
-                         "as shared_prefix_tokens_variants (0: every row reads its shared prompt blocks itself)")
+    ap.add_argument(
+        "--max-rows",
+        type=int,
+        default=0,
+        help="multiturn: the engine's rows (engine.native.max_batch_size); fewer than --trajectories keeps "
+        "more trajectories in flight than rows, as agent RL runs do; 0 = one row per trajectory",
+    )
+    ap.add_argument(
+        "--join-wait",
+        type=int,
+        nargs="+",
+        default=[NativeOptions.join_wait_steps],
+        help="multiturn: engine.native.join_wait_steps values to run (each variant with each)",
+    )
+    ap.add_argument(
+        "--join-step-tokens",
+        type=int,
+        nargs="+",
+        default=[NativeOptions.join_step_tokens],
+        help="multiturn: engine.native.join_step_tokens values to run (0: joins prefill apart; each variant with each)",
+    )
+    ap.add_argument(
+        "--long-keys",
+        nargs="+",
+        default=None,
+        help="grpo: context lengths from which decode attention splits in two where the batch alone would "
+        "not ('auto': the engine's measured rule, the default; 0: never), the first reported in full, "
+        "the others (repeats allowed, run in this order) as long_keys_variants",
+    )
+    ap.add_argument(
+        "--pdl",
+        nargs="+",
+        choices=("on", "off", "auto"),
+        default=None,
+        help="engine.native.pdl (on: the Triton kernels launch with programmatic dependent launch; auto: "
+        "the decode graphs' kind chosen by timing both at the first rollout): the first value for "
+        "every case; grpo also runs the others (repeats allowed), reported as pdl_mode_variants",
+    )
+    ap.add_argument(
+        "--pdl-trial-pairs",
+        type=int,
+        default=0,
+        help="grpo: with --pdl auto, the pairs of decode steps timed before the choice (0: the engine's "
+        "default; 254 times a whole rollout of 512 new tokens, one pair at each length)",
+    )
+    ap.add_argument(
+        "--pdl-trial-first",
+        choices=("on", "off"),
+        default="on",
+        help="grpo: with --pdl auto, the kind of graph each choice times first, so captures first (off: "
+        "the graphs without PDL)",
+    )
+    ap.add_argument(
+        "--pdl-trigger",
+        nargs="+",
+        choices=("start", "completion"),
+        default=None,
+        help="grpo: where each PDL-launched kernel lets the next launch (the runner's pdl_trigger): at its "
+        "start, or only at its completion; the first reported in full, the others (repeats allowed) "
+        "as pdl_trigger_variants",
+    )
+    ap.add_argument(
+        "--sleep-cycle",
+        nargs="+",
+        default=None,
+        help="grpo: before every run, sleep the engine, take memory as the trainer does, wake it, free the "
+        "memory: 'G' GiB in one piece, 'GxM' G GiB (all: the free memory less 2 GiB) in M MiB pieces "
+        "with every other one freed before the wake (a fragmented device), 'none' no cycle; the first "
+        "value reported in full, the others (repeats allowed) as sleep_cycle_variants: a rollout "
+        "inside a step starts after a sleep. 'none' after a cycle keeps the layout that cycle left: "
+        "compare an unfragmented engine in a process of its own",
+    )
+    ap.add_argument(
+        "--heat-s",
+        type=float,
+        default=0.0,
+        help="grpo: this many seconds of bf16 GEMMs at full power right before the reported runs",
+    )
+    ap.add_argument(
+        "--process-state",
+        nargs="*",
+        default=[],
+        choices=("nccl", "nccl-avg", "fsdp", "fsdp-backward", *ACTOR_ARMS, "compile", "pinned", "backward", "adam"),
+        help="what a training step's process has, given to this one before the engine is built: the "
+        "workers' NCCL group (gloo on CPU), the trainer's compiled decoder layers (GPU only), "
+        "--pinned-gb of page-locked host memory copied to the device and back once, held "
+        "throughout (an offloading trainer's host buffers; GPU only), a training forward and backward "
+        "of the model (16 × 1024 tokens, eager), a fused AdamW step over it (states freed after); "
+        "nccl-avg: a one-rank AVG all-reduce (a NCCL kernel); fsdp: the actor's update as the product "
+        "runs it, FSDP2 at one rank on a float32 copy (state kept); fsdp-backward: the same without its "
+        "optimizer step; actor: the product's actor role (Trainer) and its update over a synthetic "
+        "rollout of the grpo case's shape (state kept); actor-eager: the same with compile off; "
+        "actor-logprob / actor-init: the role only up to its log-prob pass / only loaded; then --l2-reset",
+    )
+    ap.add_argument(
+        "--stack-reset",
+        action="store_true",
+        help="after --process-state: the stack limit set up and back (the context's local memory resized)",
+    )
+    ap.add_argument(
+        "--release-state",
+        action="store_true",
+        help="after --process-state: drop what it kept (torch.compiler.reset, gc, empty_cache)",
+    )
+    ap.add_argument(
+        "--l2-reset",
+        action="store_true",
+        help="after --process-state: cudaCtxResetPersistingL2Cache (lines a kernel left persisting in L2)",
+    )
+    ap.add_argument(
+        "--pinned-gb",
+        type=float,
+        default=20.0,
+        help="--process-state pinned: GiB (the 1.5B step's offloaded actor, Adam state and reference)",
+    )
+    ap.add_argument(
+        "--live-gb",
+        type=float,
+        default=0.0,
+        help="GiB held on the device for the whole run, taken before the engine is built (a trainer's "
+        "resident state, in one piece): the footprint without the fragmentation of --sleep-cycle GxM",
+    )
+    ap.add_argument(
+        "--shared-prefix-tokens",
+        type=int,
+        nargs="+",
+        default=[NativeOptions.shared_prefix_tokens],
+        help="grpo: engine.native.shared_prefix_tokens values to run, the first reported in full, the others "
+        "as shared_prefix_tokens_variants (0: every row reads its shared prompt blocks itself)",
+    )
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -884,18 +1087,34 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="single: skip transformers generate (slow at large sizes)")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     ap.add_argument("--no-kernels", action="store_true", help="torch ops instead of the Triton decode kernels")
-    ap.add_argument("--no-skinny-gemm", action="store_true",
-                    help="every projection in F.linear (no split-K Triton GEMMs, no batched cuBLAS splits)")
-    ap.add_argument("--no-rope-attention", action="store_true",
-                    help="decode attention as rope_write then decode_attention (two kernels), not the one kernel")
-    ap.add_argument("--attention-tile-keys", type=int, default=0,
-                    help="keys per step of the decode attention kernel's loop (0: the kernel's own choice)")
+    ap.add_argument(
+        "--no-skinny-gemm",
+        action="store_true",
+        help="every projection in F.linear (no split-K Triton GEMMs, no batched cuBLAS splits)",
+    )
+    ap.add_argument(
+        "--no-rope-attention",
+        action="store_true",
+        help="decode attention as rope_write then decode_attention (two kernels), not the one kernel",
+    )
+    ap.add_argument(
+        "--attention-tile-keys",
+        type=int,
+        default=0,
+        help="keys per step of the decode attention kernel's loop (0: the kernel's own choice)",
+    )
     ap.add_argument("--torch-sampler", action="store_true", help="single: also time the torch sampler path")
     ap.add_argument("--parity-rows", type=int, default=8, help="samples checked against a full forward")
-    ap.add_argument("--profile", help="GPU: a profiler table to this file (single, grpo: one warm generate; "
-                                      "multiturn: one staggered run with the last --join-wait, by CPU time)")
-    ap.add_argument("--model-dir", help="a saved causal LM to load instead of a random one of --shape (e.g. the one "
-                                        "benchmarks/step.py --model-dir wrote, to bench the step's own weights)")
+    ap.add_argument(
+        "--profile",
+        help="GPU: a profiler table to this file (single, grpo: one warm generate; "
+        "multiturn: one staggered run with the last --join-wait, by CPU time)",
+    )
+    ap.add_argument(
+        "--model-dir",
+        help="a saved causal LM to load instead of a random one of --shape (e.g. the one "
+        "benchmarks/step.py --model-dir wrote, to bench the step's own weights)",
+    )
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
     if len(set(ACTOR_ARMS) & set(args.process_state)) > 1:
@@ -906,12 +1125,20 @@ def main() -> None:
         attention_kernels.tile_keys = lambda head_dim: args.attention_tile_keys
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny shapes gain nothing from more; on a loaded machine OpenMP's waiting costs 10×
-    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype != "auto"
+        else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    )
     live = torch.empty(int(args.live_gb * 2**30), dtype=torch.uint8, device=device) if args.live_gb else None
     model = build_model(args.shape, dtype, device, args.model_dir)
-    process_state = step_process_state(args.process_state, model, device, args.pinned_gb,
-                                       (args.prompts, args.samples, args.prompt_len, args.new_tokens))
+    process_state = step_process_state(
+        args.process_state,
+        model,
+        device,
+        args.pinned_gb,
+        (args.prompts, args.samples, args.prompt_len, args.new_tokens),
+    )
     if args.release_state:
         process_state["released"] = release_process_state(device)
     if args.stack_reset:
@@ -920,28 +1147,49 @@ def main() -> None:
         process_state["l2_reset"] = reset_persisting_l2(device)
     process_state["device_limits"] = device_limits(device)
     cases = ("single", "grpo", "multiturn") if args.case == "all" else (args.case,)
-    rows = {"single": args.batch, "grpo": args.prompts * args.samples,
-            "multiturn": min(args.max_rows or args.trajectories, args.trajectories)}
-    result = {"shape": args.shape, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-              "torch": torch.__version__, "transformers": transformers.__version__,
-              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "kv_block_size": args.kv_block_size,
-              "kernels": not args.no_kernels, "cuda_graphs": not args.no_cuda_graphs,
-              "model_dir": args.model_dir, "live_gb": args.live_gb, "process_state": process_state}
+    rows = {
+        "single": args.batch,
+        "grpo": args.prompts * args.samples,
+        "multiturn": min(args.max_rows or args.trajectories, args.trajectories),
+    }
+    result = {
+        "shape": args.shape,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "kv_block_size": args.kv_block_size,
+        "kernels": not args.no_kernels,
+        "cuda_graphs": not args.no_cuda_graphs,
+        "model_dir": args.model_dir,
+        "live_gb": args.live_gb,
+        "process_state": process_state,
+    }
     # More trajectories than rows: room for every trajectory's whole context, so a turn back from its tool finds its
     # prefix still cached (by demand, the cache holds only the rows' sequences and evicts the waiting ones' prefixes).
     context = args.prompt_len + args.new_tokens + args.turns * args.tool_tokens
-    kv_blocks = 1 + args.trajectories * -(-context // args.kv_block_size) if rows["multiturn"] < args.trajectories else 0
+    kv_blocks = (
+        1 + args.trajectories * -(-context // args.kv_block_size) if rows["multiturn"] < args.trajectories else 0
+    )
     for case in cases:
         engine = build_engine(model, args, max(rows[c] for c in cases), kv_blocks if case == "multiturn" else 0)
         result[case] = {"single": case_single, "grpo": case_grpo, "multiturn": case_multiturn}[case](
-            model, engine, args, device)
+            model, engine, args, device
+        )
         result[case]["pdl_mode_final"] = engine.runner.pdl_mode
         choice = engine.runner.pdl_choice
         if choice is not None and choice.verdict is not None:  # `--pdl auto`'s last verdict
             v = choice.verdict
-            result[case]["pdl_verdict"] = {"pdl": v.pdl, "on_ms": v.on_ms, "off_ms": v.off_ms, "gain": v.gain,
-                                           "choices": choice.choices}
+            result[case]["pdl_verdict"] = {
+                "pdl": v.pdl,
+                "on_ms": v.on_ms,
+                "off_ms": v.off_ms,
+                "gain": v.gain,
+                "choices": choice.choices,
+            }
         if device.type == "cuda":
             result[case]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
         engine.shutdown()

@@ -39,10 +39,18 @@ from hybridrl.engines.native.kernels.rope_cache import rope_write_triton
 
 # (name, rows, N, K, bias): the fused projections of one layer at the benchmark's decode batch, and the lm_head.
 SHAPES = {
-    "0.5b": [("qkv", 64, 1152, 896, True), ("o", 64, 896, 896, False), ("gate_up", 64, 9728, 896, False),
-             ("down", 64, 896, 4864, False)],
-    "1.5b": [("qkv", 256, 2048, 1536, True), ("o", 256, 1536, 1536, False), ("gate_up", 256, 17920, 1536, False),
-             ("down", 256, 1536, 8960, False)],
+    "0.5b": [
+        ("qkv", 64, 1152, 896, True),
+        ("o", 64, 896, 896, False),
+        ("gate_up", 64, 9728, 896, False),
+        ("down", 64, 896, 4864, False),
+    ],
+    "1.5b": [
+        ("qkv", 256, 2048, 1536, True),
+        ("o", 256, 1536, 1536, False),
+        ("gate_up", 256, 17920, 1536, False),
+        ("down", 256, 1536, 8960, False),
+    ],
 }
 # (rows, q heads, kv heads, head dim, shortest and longest context, rows per prompt): the benchmarks' decode batches,
 # the 0.5B's 64 distinct prompts and the 1.5B's GRPO groups of 8, all with 128-token prompts.
@@ -79,14 +87,22 @@ def bench_shape(name: str, m: int, n: int, k: int, bias: bool) -> dict:
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
     b = torch.randn(n, device=dev, dtype=torch.bfloat16) if bias else None
     ref = F.linear(x, w, b)
-    row = {"name": name, "rows": m, "n": n, "k": k, "bound_us": n * k * 2 / HBM_BYTES_PER_S * 1e6,
-           "cublas_us": graph_time_us(lambda: F.linear(x, w, b))}
+    row = {
+        "name": name,
+        "rows": m,
+        "n": n,
+        "k": k,
+        "bound_us": n * k * 2 / HBM_BYTES_PER_S * 1e6,
+        "cublas_us": graph_time_us(lambda: F.linear(x, w, b)),
+    }
     results = []
     # Few rows: narrow tiles, 4 warps (i_linear.json); more rows: the taller tiles and 8 warps of a compute-bound GEMM.
-    block_ms, block_ns, block_ks, warp_set = (([64], [16, 32, 64, 128], [64, 128, 256], [4]) if m <= 64 else
-                                              ([64, 128], [64, 128, 256], [64, 128], [4, 8]))
-    for bm, bn, bk, splits, stages, warps in itertools.product(block_ms, block_ns, block_ks, [1, 2, 4, 8], [3, 4],
-                                                               warp_set):
+    block_ms, block_ns, block_ks, warp_set = (
+        ([64], [16, 32, 64, 128], [64, 128, 256], [4]) if m <= 64 else ([64, 128], [64, 128, 256], [64, 128], [4, 8])
+    )
+    for bm, bn, bk, splits, stages, warps in itertools.product(
+        block_ms, block_ns, block_ks, [1, 2, 4, 8], [3, 4], warp_set
+    ):
         if bn * bk * 2 * stages + bm * bk * 2 * stages > 200_000 or (n // bn) * splits > 8192:
             continue
         kw = dict(splits=splits, block_n=bn, block_k=bk, block_m=bm, stages=stages, warps=warps)
@@ -102,9 +118,14 @@ def bench_shape(name: str, m: int, n: int, k: int, bias: bool) -> dict:
     ok = [r for r in results if "us" in r]
     best = min(ok, key=lambda r: r["us"])
     best1 = min((r for r in ok if r["splits"] == 1), key=lambda r: r["us"])
-    row.update(best=best, best_one_split=best1, speedup=row["cublas_us"] / best["us"],
-               speedup_one_split=row["cublas_us"] / best1["us"], configs=len(ok),
-               top5=sorted(ok, key=lambda r: r["us"])[:5])
+    row.update(
+        best=best,
+        best_one_split=best1,
+        speedup=row["cublas_us"] / best["us"],
+        speedup_one_split=row["cublas_us"] / best1["us"],
+        configs=len(ok),
+        top5=sorted(ok, key=lambda r: r["us"])[:5],
+    )
     return row
 
 
@@ -130,6 +151,7 @@ def bench_pairs(shape: str) -> list[dict]:
 
             def consume(y, warps, cache=cache, cos=cos, sin=sin, pos=pos, slots=slots):
                 rope_write_triton(y, hq, hkv, cos, sin, pos, slots, *cache, None, None, 1e-6, warps=warps)
+
             warp_set = [1, 2, 4] if m <= 64 else [2, 4]
         else:
             x = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
@@ -137,23 +159,32 @@ def bench_pairs(shape: str) -> list[dict]:
 
             def consume(y, warps, x=x, nw=nw):
                 add_rms_norm_triton(x, y, nw, 1e-6, warps=warps)
+
             warp_set = [1, 2, 4, 8] if m <= 64 else [4, 8]
         plan = skinny_plan(m, n, k, sms)
-        row = {"shape": shape, "name": name, "rows": m, "n": n, "k": k, "plan": plan._asdict() if plan else None,
-               "cublas": {w_: graph_time_us(lambda w_=w_: consume(F.linear(a, w, b), w_)) for w_ in warp_set}}
+        row = {
+            "shape": shape,
+            "name": name,
+            "rows": m,
+            "n": n,
+            "k": k,
+            "plan": plan._asdict() if plan else None,
+            "cublas": {w_: graph_time_us(lambda w_=w_: consume(F.linear(a, w, b), w_)) for w_ in warp_set},
+        }
         res = []
         # Few rows: the skinny tiles of i_linear.json; more rows: taller tiles and 8 GEMM warps too.
-        tiles = ([(64, 32, 4), (64, 64, 4)] if m <= 64 else
-                 [(64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8)])
+        tiles = [(64, 32, 4), (64, 64, 4)] if m <= 64 else [(64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8)]
         for splits, (bm, bn, gemm_warps), warps in itertools.product([1, 2, 4, 8], tiles, warp_set):
             bk = 128 if k // splits >= 512 and bn <= 64 else 64
             kw = dict(splits=splits, block_n=bn, block_k=bk, block_m=bm, warps=gemm_warps)
             us = graph_time_us(lambda kw=kw, warps=warps: consume(linear_triton(a, w, b, **kw), warps))
             res.append({**kw, "consumer_warps": warps, "us": us})
         row["best"] = min(res, key=lambda r: r["us"])
-        row["plan_us"] = {r["consumer_warps"]: r["us"] for r in res
-                          if plan and (r["splits"], r["block_n"], r["block_k"], r["block_m"], r["warps"]) ==
-                          (*plan, 64, 4)}
+        row["plan_us"] = {
+            r["consumer_warps"]: r["us"]
+            for r in res
+            if plan and (r["splits"], r["block_n"], r["block_k"], r["block_m"], r["warps"]) == (*plan, 64, 4)
+        }
         row["all"] = res
         out.append(row)
     return out
@@ -197,15 +228,27 @@ def bench_attention(shape: str, block_size: int = 16) -> dict:
     current = split_count(rows, hkv, width, block_size, sms)
     ref = decode_attention_triton(q, k, v, table, seq_lens, d**-0.5, current)
     mean_len = lens.float().mean().item()
-    row = {"shape": shape, "rows": rows, "q_heads": hq, "kv_heads": hkv, "head_dim": d, "mean_len": mean_len,
-           "bound_us": rows * mean_len * hkv * d * 2 * 2 / HBM_BYTES_PER_S * 1e6,
-           "current": {"splits": current, "tile_keys": tile_keys(d), "warps": 4,
-                       "stages": pipeline_stages(rows * hkv, sms)}}
+    row = {
+        "shape": shape,
+        "rows": rows,
+        "q_heads": hq,
+        "kv_heads": hkv,
+        "head_dim": d,
+        "mean_len": mean_len,
+        "bound_us": rows * mean_len * hkv * d * 2 * 2 / HBM_BYTES_PER_S * 1e6,
+        "current": {
+            "splits": current,
+            "tile_keys": tile_keys(d),
+            "warps": 4,
+            "stages": pipeline_stages(rows * hkv, sms),
+        },
+    }
     results = []
     # Splits only help when rows × kv heads leave SMs idle; at more rows the sweep tries pipeline depths instead.
     few = rows * hkv < sms
-    split_set, warp_set, stage_set = (([1, 2, 3, 4, 6, 8, 12], [1, 2, 4, 8], [3]) if few else
-                                      ([1, 2], [2, 4, 8], [2, 3, 4]))
+    split_set, warp_set, stage_set = (
+        ([1, 2, 3, 4, 6, 8, 12], [1, 2, 4, 8], [3]) if few else ([1, 2], [2, 4, 8], [2, 3, 4])
+    )
     for splits, tile, warps, stages in itertools.product(split_set, [32, 64, 128], warp_set, stage_set):
         kw = dict(n_splits=splits, keys=tile, warps=warps, stages=stages)
         try:
@@ -216,9 +259,11 @@ def bench_attention(shape: str, block_size: int = 16) -> dict:
             continue
         results.append({**kw, "us": us, "max_abs_diff": err.item()})
     ok = [r for r in results if "us" in r]
-    row["current"]["us"] = next(r["us"] for r in ok
-                                if (r["n_splits"], r["keys"], r["warps"], r["stages"]) ==
-                                (current, tile_keys(d), 4, row["current"]["stages"]))
+    row["current"]["us"] = next(
+        r["us"]
+        for r in ok
+        if (r["n_splits"], r["keys"], r["warps"], r["stages"]) == (current, tile_keys(d), 4, row["current"]["stages"])
+    )
     row["best"] = min(ok, key=lambda r: r["us"])
     row["speedup"] = row["current"]["us"] / row["best"]["us"]
     row["top8"] = sorted(ok, key=lambda r: r["us"])[:8]
@@ -239,18 +284,27 @@ def bench_batched(shape: str) -> list[dict]:
             x = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
             nw = torch.ones(n, device=dev, dtype=torch.bfloat16)
             ref = F.linear(a, w).float()
-            row = {"shape": shape, "name": name, "rows": m, "n": n, "k": k, "plan": batched_splits(m, n, k),
-                   "cublas_us": graph_time_us(lambda: F.linear(a, w)),
-                   "cublas_with_norm_us": graph_time_us(lambda: add_rms_norm_triton(x, F.linear(a, w), nw, 1e-6))}
+            row = {
+                "shape": shape,
+                "name": name,
+                "rows": m,
+                "n": n,
+                "k": k,
+                "plan": batched_splits(m, n, k),
+                "cublas_us": graph_time_us(lambda: F.linear(a, w)),
+                "cublas_with_norm_us": graph_time_us(lambda: add_rms_norm_triton(x, F.linear(a, w), nw, 1e-6)),
+            }
             for splits in (2, 4, 8):
                 if k % (splits * 8):
                     continue
                 got = linear_batched(a, w, splits).sum(0)
                 row[f"split{splits}"] = {
                     "us": graph_time_us(lambda splits=splits: linear_batched(a, w, splits)),
-                    "with_norm_us": graph_time_us(lambda splits=splits: add_rms_norm_triton(
-                        x, linear_batched(a, w, splits), nw, 1e-6)),
-                    "max_abs_diff": (got - ref).abs().max().item()}
+                    "with_norm_us": graph_time_us(
+                        lambda splits=splits: add_rms_norm_triton(x, linear_batched(a, w, splits), nw, 1e-6)
+                    ),
+                    "max_abs_diff": (got - ref).abs().max().item(),
+                }
             out.append(row)
     return out
 
@@ -310,13 +364,22 @@ def bench_rope(shape: str, baseline_file: str | None) -> dict:
     for name, x in inputs.items():
         row = {}
         if base is not None:
-            row["baseline_us"] = graph_time_us(lambda x=x: base.rope_write_triton(x, hq, hkv, cos, sin, pos, slots,
-                                                                                  *cache, None, None, 1e-6))
+            row["baseline_us"] = graph_time_us(
+                lambda x=x: base.rope_write_triton(x, hq, hkv, cos, sin, pos, slots, *cache, None, None, 1e-6)
+            )
         res = []
         for heads, warps in itertools.product([1, 2, 4, 8, 16, 32], [1, 2, 4]):
             kw = dict(heads=heads, warps=warps)
-            res.append({**kw, "us": graph_time_us(lambda kw=kw, x=x: rope_cache.rope_write_triton(
-                x, hq, hkv, cos, sin, pos, slots, *cache, None, None, 1e-6, **kw))})
+            res.append(
+                {
+                    **kw,
+                    "us": graph_time_us(
+                        lambda kw=kw, x=x: rope_cache.rope_write_triton(
+                            x, hq, hkv, cos, sin, pos, slots, *cache, None, None, 1e-6, **kw
+                        )
+                    ),
+                }
+            )
         launch = rope_cache.rope_launch(x.dim() == 3)
         row["current"] = next(r for r in res if (r["heads"], r["warps"]) == launch)
         row["best"] = min(res, key=lambda r: r["us"])
@@ -334,30 +397,50 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
     keys = (torch.arange(rows, device=dev, dtype=torch.int64) * 2654435761 + 97) ^ 0x5DEECE66D
     key = step_key(3)
     torch_tok, _ = sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False)
-    row = {"rows": rows, "vocab": vocab, "read_bound_us": rows * vocab * 2 / HBM_BYTES_PER_S * 1e6,
-           "torch_path_us": graph_time_us(lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False),
-                                          calls=2, replays=10)}
+    row = {
+        "rows": rows,
+        "vocab": vocab,
+        "read_bound_us": rows * vocab * 2 / HBM_BYTES_PER_S * 1e6,
+        "torch_path_us": graph_time_us(
+            lambda: sample_tokens(logits, 1.0, keys=keys, step=3, kernel=False), calls=2, replays=10
+        ),
+    }
     if baseline_file:
         base = load_module(baseline_file, "sampler_baseline")
         tok, _ = base.sample_counter(logits, 1.0, keys, key)
         mine, mine_lp = sampling_kernel.sample_counter(logits, 1.0, keys, key)
         base_lp = base.sample_counter(logits, 1.0, keys, key)[1]
-        row["baseline"] = {"us": graph_time_us(lambda: base.sample_counter(logits, 1.0, keys, key)),
-                           "same_tokens_as_torch": float((tok == torch_tok).float().mean()),
-                           "same_tokens_as_current": float((tok == mine).float().mean()),
-                           "logprob_max_diff_to_current": float((base_lp - mine_lp).abs().max())}
+        row["baseline"] = {
+            "us": graph_time_us(lambda: base.sample_counter(logits, 1.0, keys, key)),
+            "same_tokens_as_torch": float((tok == torch_tok).float().mean()),
+            "same_tokens_as_current": float((tok == mine).float().mean()),
+            "logprob_max_diff_to_current": float((base_lp - mine_lp).abs().max()),
+        }
     res = []
     for segments, sub, warps in itertools.product([4, 8, 16, 32], [1, 2, 4], [4, 8]):
         kw = dict(segments=segments, sub=sub, warps=warps)
         tok, _ = sampling_kernel.sample_counter(logits, 1.0, keys, key, **kw)
-        res.append({**kw, "us": graph_time_us(lambda kw=kw: sampling_kernel.sample_counter(logits, 1.0, keys, key,
-                                                                                           **kw)),
-                    "same_tokens_as_torch": float((tok == torch_tok).float().mean())})
-    row["current"] = next(r for r in res if (r["segments"], r["sub"], r["warps"]) ==
-                          (sampling_kernel.segments_for(rows), sampling_kernel._SUB, sampling_kernel._WARPS))
+        res.append(
+            {
+                **kw,
+                "us": graph_time_us(lambda kw=kw: sampling_kernel.sample_counter(logits, 1.0, keys, key, **kw)),
+                "same_tokens_as_torch": float((tok == torch_tok).float().mean()),
+            }
+        )
+    row["current"] = next(
+        r
+        for r in res
+        if (r["segments"], r["sub"], r["warps"])
+        == (sampling_kernel.segments_for(rows), sampling_kernel._SUB, sampling_kernel._WARPS)
+    )
     # How often the kernel's draw is the torch path's over 16 steps (they round differently: see sampling_kernel).
-    same = [(sample_tokens(logits, 1.0, keys=keys, step=s)[0] == sample_tokens(logits, 1.0, keys=keys, step=s,
-                                                                               kernel=False)[0]) for s in range(16)]
+    same = [
+        (
+            sample_tokens(logits, 1.0, keys=keys, step=s)[0]
+            == sample_tokens(logits, 1.0, keys=keys, step=s, kernel=False)[0]
+        )
+        for s in range(16)
+    ]
     row["same_tokens_as_torch_16_steps"] = float(torch.stack(same).float().mean())
     row["best"] = min(res, key=lambda r: r["us"])
     row["all"] = res
@@ -366,15 +449,28 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", nargs="+", default=["linear", "attention"],
-                    choices=("linear", "pairs", "attention", "sampler", "blas", "batched", "rope"))
+    ap.add_argument(
+        "--what",
+        nargs="+",
+        default=["linear", "attention"],
+        choices=("linear", "pairs", "attention", "sampler", "blas", "batched", "rope"),
+    )
     ap.add_argument("--shapes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--sampler-baseline", default=None, help="a module file whose sample_counter is timed beside")
     ap.add_argument("--rope-baseline", default=None, help="a module file whose rope_write_triton is timed beside")
     args = ap.parse_args()
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "attention": {},
-              "pairs": {}, "sampler": {}, "blas": {}, "batched": {}, "rope": {}}
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shapes": {},
+        "attention": {},
+        "pairs": {},
+        "sampler": {},
+        "blas": {},
+        "batched": {},
+        "rope": {},
+    }
 
     def save() -> None:  # after each shape, so a run cut short keeps what it measured
         if args.out:
@@ -386,9 +482,13 @@ def main() -> None:
             report["sampler"][rows] = bench_sampler(rows, args.sampler_baseline)
             save()
     # One report entry per shape, in this order.
-    per_shape = {"blas": bench_blas, "batched": bench_batched,
-                 "rope": lambda s: bench_rope(s, args.rope_baseline), "attention": bench_attention,
-                 "pairs": bench_pairs}
+    per_shape = {
+        "blas": bench_blas,
+        "batched": bench_batched,
+        "rope": lambda s: bench_rope(s, args.rope_baseline),
+        "attention": bench_attention,
+        "pairs": bench_pairs,
+    }
     for s in args.shapes:
         for what, bench in per_shape.items():
             if what in args.what:

@@ -17,7 +17,6 @@ import os
 import sys
 from pathlib import Path
 
-
 import torch  # noqa: E402
 
 from benchmarks.common import Timer, add_model_args, bench_config, bench_worker, make_model_dir, random_prompts  # noqa: E402
@@ -42,9 +41,17 @@ def main() -> None:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = "params,optimizer" if device.type == "cuda" else "none"
-    cfg = bench_config(path, device, [f"trainer.offload={offload}", "algorithm.kl_coef=0",
-                                      f"engine.max_new_tokens={args.new_tokens}", f"engine.native.impl={args.impl}",
-                                      f"engine.native.max_batch_size={max(256, args.batch)}"])
+    cfg = bench_config(
+        path,
+        device,
+        [
+            f"trainer.offload={offload}",
+            "algorithm.kl_coef=0",
+            f"engine.max_new_tokens={args.new_tokens}",
+            f"engine.native.impl={args.impl}",
+            f"engine.native.max_batch_size={max(256, args.batch)}",
+        ],
+    )
     roles = bench_worker(cfg, device)
     trainer, engine, rollout = roles.actor, roles.rollout.engine, roles.rollout
     # Adam state exists only after a step: take one so the optimizer footprint is real.
@@ -72,14 +79,21 @@ def main() -> None:
                 stats = rollout.resharder.sync(trainer.model)
         with t(f"wake_kv_after_sleep{level}"):
             engine.wake_up(["kv_cache"])
-        out = {"engine_footprint_gb": footprint / 1e9, "freed_gb": freed / 1e9,
-               "freed_share": freed / footprint if footprint else None}
+        out = {
+            "engine_footprint_gb": footprint / 1e9,
+            "freed_gb": freed / 1e9,
+            "freed_share": freed / footprint if footprint else None,
+        }
         if level == 2:
             out["reshard_gb"] = stats.bytes_moved / 1e9
         return out
 
-    result = {"shape": args.shape, "device": str(device), "engine": type(engine).__name__,
-              "engine_impl": getattr(engine, "impl", args.impl)}
+    result = {
+        "shape": args.shape,
+        "device": str(device),
+        "engine": type(engine).__name__,
+        "engine_impl": getattr(engine, "impl", args.impl),
+    }
     for level in (1, 2):
         round_trip(level, Timer(device))  # warm-up
         t = Timer(device)

@@ -31,7 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-
 import torch  # noqa: E402
 
 from benchmarks.common import add_model_args, bench_config, bench_controller, make_model_dir, random_prompts  # noqa: E402
@@ -57,8 +56,12 @@ def trainer_state_bytes(roles) -> dict[str, int]:
     local = [(p.to_local() if hasattr(p, "to_local") else p, p.requires_grad) for p in actor.model.parameters()]
     trainable = sum(t.numel() * t.element_size() for t, g in local if g)
     frozen = sum(t.numel() * t.element_size() for t, g in local if not g)
-    optim = sum(v.to_local().numel() * v.element_size() if hasattr(v, "to_local") else v.numel() * v.element_size()
-                for st in actor.optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.ndim)
+    optim = sum(
+        v.to_local().numel() * v.element_size() if hasattr(v, "to_local") else v.numel() * v.element_size()
+        for st in actor.optimizer.state.values()
+        for v in st.values()
+        if torch.is_tensor(v) and v.ndim
+    )
     ref = 0 if roles.ref is None else sum(p.numel() * p.element_size() for p in roles.ref.model.parameters())
     return {"trainable_params": trainable, "frozen_params": frozen, "grads": trainable, "optimizer": optim, "ref": ref}
 
@@ -98,9 +101,14 @@ def run_variant(name: str, cfg, prompts, device: torch.device, warmup: int, step
         _sync(device)
         wall = time.perf_counter() - t0
         if step > warmup:
-            per_step.append({"step_s": wall, "peak_gb": max(peaks.values()) if peaks else None,
-                             "phase_peak_gb": peaks,
-                             **{k: v for k, v in metrics.items() if k.startswith(("time/", "reshard/"))}})
+            per_step.append(
+                {
+                    "step_s": wall,
+                    "peak_gb": max(peaks.values()) if peaks else None,
+                    "phase_peak_gb": peaks,
+                    **{k: v for k, v in metrics.items() if k.startswith(("time/", "reshard/"))},
+                }
+            )
     roles = controller.group.worker.roles
     state = trainer_state_bytes(roles)
     out = {
@@ -133,10 +141,16 @@ def reshard_times(controller, device: torch.device, repeat: int) -> dict:
             plain.append(time.perf_counter() - t0)
     rollout.resharder.sync(actor.model)  # leave the engine with the policy's weights
     m, p = statistics.median(merged[1:]), statistics.median(plain[1:])
-    return {"merge_s": m, "plain_s": p, "ratio": m / p, "phases_s": {k: getattr(stats, k) for k in
-            ("gather_s", "merge_s", "fuse_split_s", "deliver_s")}, "lora_merged": stats.lora_merged,
-            "bytes_moved": stats.bytes_moved, "peak_extra_bytes": stats.peak_extra_bytes,
-            "cuda_peak_delta_bytes": stats.cuda_peak_delta_bytes}
+    return {
+        "merge_s": m,
+        "plain_s": p,
+        "ratio": m / p,
+        "phases_s": {k: getattr(stats, k) for k in ("gather_s", "merge_s", "fuse_split_s", "deliver_s")},
+        "lora_merged": stats.lora_merged,
+        "bytes_moved": stats.bytes_moved,
+        "peak_extra_bytes": stats.peak_extra_bytes,
+        "cuda_peak_delta_bytes": stats.cuda_peak_delta_bytes,
+    }
 
 
 #: Bytes per parameter that full fine-tuning keeps on the device during its update (one rank, bf16 compute):
@@ -153,9 +167,14 @@ def full_estimate_gb(lora: dict, n_params: int) -> dict:
     lora_state = s["trainable_params"] + s["frozen_params"] + s["grads"] + s["optimizer"] + s["ref"]
     full_state = n_params * sum(FULL_UPDATE_BYTES.values()) / GIB
     update_peak = max(st["phase_peak_gb"].get("update", 0.0) for st in lora["per_step"])
-    return {"peak_gb": update_peak - lora_state + full_state, "lora_update_peak_gb": update_peak,
-            "lora_state_gb": lora_state, "full_state_gb": full_state, "bytes_per_param": FULL_UPDATE_BYTES,
-            "method": "LoRA update-phase peak - LoRA trainer state + full trainer state"}
+    return {
+        "peak_gb": update_peak - lora_state + full_state,
+        "lora_update_peak_gb": update_peak,
+        "lora_state_gb": lora_state,
+        "full_state_gb": full_state,
+        "bytes_per_param": FULL_UPDATE_BYTES,
+        "method": "LoRA update-phase peak - LoRA trainer state + full trainer state",
+    }
 
 
 def main() -> None:
@@ -171,8 +190,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reshard-repeat", type=int, default=5)
-    ap.add_argument("--full", choices=["auto", "run", "estimate", "skip"], default="auto",
-                    help="full fine-tuning: run it when its estimate fits (auto), always, never (estimate), or skip")
+    ap.add_argument(
+        "--full",
+        choices=["auto", "run", "estimate", "skip"],
+        default="auto",
+        help="full fine-tuning: run it when its estimate fits (auto), always, never (estimate), or skip",
+    )
     ap.add_argument("--offload", default="params,optimizer", help="trainer.offload on GPU (none to keep all resident)")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--set", action="append", default=[], help="any other config override, for both variants")
@@ -182,17 +205,23 @@ def main() -> None:
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = args.offload if device.type == "cuda" else "none"
     common = [
-        f"data.train_batch_size={args.prompts}", f"algorithm.group_size={args.group}",
-        f"engine.max_new_tokens={args.new_tokens}", f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
-        f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}",
-        f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *args.set,
+        f"data.train_batch_size={args.prompts}",
+        f"algorithm.group_size={args.group}",
+        f"engine.max_new_tokens={args.new_tokens}",
+        f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
+        f"trainer.micro_batch_size={args.micro}",
+        f"trainer.offload={offload}",
+        f"trainer.steps={args.warmup + args.steps}",
+        "reward.name=format",
+        *args.set,
     ]
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(path).vocab_size
     prompts = random_prompts(args.prompts * 4, args.prompt_len, vocab)
-    lora_cfg = bench_config(path, device, [*common, "trainer.lr=1e-5", f"model.lora.rank={args.rank}",
-                                           f"model.lora.alpha={args.alpha}"])
+    lora_cfg = bench_config(
+        path, device, [*common, "trainer.lr=1e-5", f"model.lora.rank={args.rank}", f"model.lora.alpha={args.alpha}"]
+    )
     lora, controller = run_variant("lora", lora_cfg, prompts, device, args.warmup, args.steps)
     n_params = sum(p.numel() for p in controller.group.worker.roles.actor.model.parameters() if not p.requires_grad)
     lora["reshard"] = reshard_times(controller, device, args.reshard_repeat)
@@ -200,11 +229,23 @@ def main() -> None:
     del controller
     _free(device)
 
-    result = {"shape": args.shape, "device": str(device), "base_params": n_params, "lora_rank": args.rank,
-              "lora_alpha": args.alpha, "trainer_offload": offload, "overrides": args.set,
-              "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
-                          "new_tokens": args.new_tokens, "micro": args.micro},
-              "lora": lora}
+    result = {
+        "shape": args.shape,
+        "device": str(device),
+        "base_params": n_params,
+        "lora_rank": args.rank,
+        "lora_alpha": args.alpha,
+        "trainer_offload": offload,
+        "overrides": args.set,
+        "rollout": {
+            "prompts": args.prompts,
+            "group": args.group,
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "micro": args.micro,
+        },
+        "lora": lora,
+    }
     if device.type == "cuda" and args.full != "skip":
         estimate = full_estimate_gb(lora, n_params)
         result["full_estimate"] = estimate

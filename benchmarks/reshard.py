@@ -45,9 +45,15 @@ SHAPES = {
 def build_model(shape: str, device: torch.device) -> torch.nn.Module:
     """A random bf16 Qwen2 model of `shape`, allocated directly on `device`."""
     h, n, heads, kv, inter, vocab, tied = SHAPES[shape]
-    config = transformers.Qwen2Config(hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
-                                      num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
-                                      tie_word_embeddings=tied)
+    config = transformers.Qwen2Config(
+        hidden_size=h,
+        num_hidden_layers=n,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+    )
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.to_empty(device=device)  # no forward is run, so meta-built buffers (rotary) need no re-init
@@ -86,8 +92,12 @@ def baseline(model: torch.nn.Module, dst: dict[str, torch.Tensor], device: torch
 
 
 def median_dict(runs: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float)) and runs[0][k] is not None
-            else runs[0][k] for k in runs[0]}
+    return {
+        k: statistics.median(r[k] for r in runs)
+        if isinstance(runs[0][k], (int, float)) and runs[0][k] is not None
+        else runs[0][k]
+        for k in runs[0]
+    }
 
 
 def main() -> None:
@@ -122,8 +132,12 @@ def run_rank(rank: int, args, store: str) -> None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.workers))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            store=dist.FileStore(store, args.workers), rank=rank, world_size=args.workers)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=dist.FileStore(store, args.workers),
+        rank=rank,
+        world_size=args.workers,
+    )
     topology = Topology(args.workers, args.tp_size, rank)
     tp_rank = topology.engine_tp_rank if args.workers > 1 else args.tp_rank
     t0 = time.perf_counter()
@@ -136,8 +150,9 @@ def run_rank(rank: int, args, store: str) -> None:
     config = model.config
     layout = build_layout(config, args.style, tp_rank, args.tp_size)
     engine = TensorDictEngine.from_layout(layout, dtype=torch.bfloat16, device=device, fill=0.0)
-    resharder = Resharder(ReshardConfig(bucket_mb=args.bucket_mb), engine, config,
-                          tp_rank=tp_rank, tp_size=args.tp_size, style=args.style)
+    resharder = Resharder(
+        ReshardConfig(bucket_mb=args.bucket_mb), engine, config, tp_rank=tp_rank, tp_size=args.tp_size, style=args.style
+    )
     hf_dst = {n: torch.zeros(s, dtype=torch.bfloat16, device=device) for n, s in layout.shape.hf_shapes().items()}
 
     resharder.sync(model)  # warm-up (allocator, first collective)
@@ -152,14 +167,24 @@ def run_rank(rank: int, args, store: str) -> None:
     r = max((x[0] for x in slowest), key=lambda d: d["total_s"])
     b = max((x[1] for x in slowest), key=lambda d: d["seconds"])
     result = {
-        "shape": args.shape, "device": str(device), "style": args.style, "workers": args.workers,
-        "tp_size": args.tp_size, "bucket_mb": args.bucket_mb, "dtype": "bfloat16", "params": n_params,
-        "repeat": args.repeat, "build_s": round(build_s, 2),
+        "shape": args.shape,
+        "device": str(device),
+        "style": args.style,
+        "workers": args.workers,
+        "tp_size": args.tp_size,
+        "bucket_mb": args.bucket_mb,
+        "dtype": "bfloat16",
+        "params": n_params,
+        "repeat": args.repeat,
+        "build_s": round(build_s, 2),
         "reshard": {
-            "seconds": r["total_s"], "bytes_moved_per_rank": r["bytes_moved"],
+            "seconds": r["total_s"],
+            "bytes_moved_per_rank": r["bytes_moved"],
             "gb_per_s_per_rank": r["bytes_moved"] / r["total_s"] / 1e9,
-            "peak_extra_bytes": r["peak_extra_bytes"], "cuda_peak_delta_bytes": r["cuda_peak_delta_bytes"],
-            "pushes": r["pushes"], "tensors": r["tensors"],
+            "peak_extra_bytes": r["peak_extra_bytes"],
+            "cuda_peak_delta_bytes": r["cuda_peak_delta_bytes"],
+            "pushes": r["pushes"],
+            "tensors": r["tensors"],
             "phases_s": {k: r[k] for k in ("gather_s", "fuse_split_s", "deliver_s")},
         },
         "baseline_state_dict_copy": {**b, "gb_per_s": b["bytes"] / b["seconds"] / 1e9},
@@ -173,7 +198,9 @@ def run_rank(rank: int, args, store: str) -> None:
         text = json.dumps(result, indent=2)
         print(text)
         if os.environ.get("OUT"):
-            Path(os.environ["OUT"], f"bench_reshard_{args.shape}_w{args.workers}_tp{args.tp_size}_{args.style}.json").write_text(text)
+            Path(
+                os.environ["OUT"], f"bench_reshard_{args.shape}_w{args.workers}_tp{args.tp_size}_{args.style}.json"
+            ).write_text(text)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -36,15 +36,21 @@ import statistics
 import sys
 from pathlib import Path
 
-
 import torch  # noqa: E402
-
-from benchmarks.common import Timer, add_model_args, bench_config, bench_controller, gpu_peak_flops, make_model_dir, random_prompts  # noqa: E402
-from benchmarks.trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
-from benchmarks.engine import reset_persisting_l2  # noqa: E402
-from benchmarks.device_monitor import DeviceMonitor  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from benchmarks.common import (
+    Timer,
+    add_model_args,
+    bench_config,
+    bench_controller,
+    gpu_peak_flops,
+    make_model_dir,
+    random_prompts,
+)  # noqa: E402
+from benchmarks.device_monitor import DeviceMonitor  # noqa: E402
+from benchmarks.engine import reset_persisting_l2  # noqa: E402
+from benchmarks.trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
 from hybridrl.data.prompts import Prompt  # noqa: E402
 from hybridrl.phases import Phase  # noqa: E402
 from hybridrl.training.config import TrainerConfig  # noqa: E402
@@ -109,12 +115,20 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--micro", type=int, default=TrainerConfig.micro_batch_size,
-                    help="trainer.micro_batch_size (sequences; default: the trainer's own default)")
+    ap.add_argument(
+        "--micro",
+        type=int,
+        default=TrainerConfig.micro_batch_size,
+        help="trainer.micro_batch_size (sequences; default: the trainer's own default)",
+    )
     ap.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up steps")
-    ap.add_argument("--warmup", type=int, default=2,
-                    help="untimed steps first: the first update creates Adam state, whose pinned host buffers "
-                         "are allocated at the following offload")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed steps first: the first update creates Adam state, whose pinned host buffers "
+        "are allocated at the following offload",
+    )
     ap.add_argument("--workers", type=int, default=1, help="1: cluster=inline; more: cluster=local, one per GPU")
     ap.add_argument("--tp", type=int, default=1, help="engine.tp_size")
     ap.add_argument("--tp-batch", type=int, default=8, help="throughput test: sequences")
@@ -124,72 +138,135 @@ def main() -> None:
     ap.add_argument("--offload", default="params,optimizer", help="trainer.offload on GPU (none to keep all resident)")
     ap.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo", help="ppo adds a critic of the same shape")
     ap.add_argument("--reward-models", type=int, default=0, help="reward models of the same shape, scored in turn")
-    ap.add_argument("--eager-offload", action="store_true",
-                    help="trainer.offload_lazy=false: free the offloaded memory at wake-up even where the engine has room")
+    ap.add_argument(
+        "--eager-offload",
+        action="store_true",
+        help="trainer.offload_lazy=false: free the offloaded memory at wake-up even where the engine has room",
+    )
     ap.add_argument("--set", action="append", default=[], help="any other config override, e.g. engine.native.impl=hf")
-    ap.add_argument("--probe-first", action="store_true",
-                    help="with --probe-rollout: bench_engine's GRPO run in this process before the first step too "
-                         "(rollout_probe.bench_engine_before_steps): slow from what the process built, or from "
-                         "the steps")
-    ap.add_argument("--probe-after-steps", type=int, nargs="*", default=[],
-                    help="with --probe-rollout: bench_engine's GRPO run also right after these steps (1-based, warm-up "
-                         "steps counted; rollout_probe.bench_engine_after_step): does the first update slow it, or "
-                         "does it grow with the steps")
-    ap.add_argument("--probe-after-phases", nargs="*", default=[], choices=[p.value for p in Phase],
-                    help="with --probe-rollout (one worker): bench_engine's GRPO run also inside one step (see "
-                         "--probe-phases-step), right after each of these phase commands "
-                         "(rollout_probe.bench_engine_after_phase): which phase leaves the device slower")
-    ap.add_argument("--probe-phases-step", type=int, default=1,
-                    help="the step (1-based, warm-up steps counted) whose phases --probe-after-phases probes")
-    ap.add_argument("--l2-reset-after-update", action="store_true",
-                    help="one worker: cudaCtxResetPersistingL2Cache after every update phase command (lines the "
-                         "trainer's kernels left persisting in L2 handed back before the reshard and next rollout)")
-    ap.add_argument("--probe-l2-reset", action="store_true",
-                    help="with --probe-rollout: after the probe that follows the steps, the same run after "
-                         "cudaCtxResetPersistingL2Cache (rollout_probe.bench_engine_after_l2_reset)")
-    ap.add_argument("--probe-pdl-off", action="store_true",
-                    help="with --probe-rollout: each probe also times the run on an engine captured without PDL "
-                         "(launch_timing_pdl_off): where both launch alike, this process has lost PDL's overlap")
-    ap.add_argument("--probe-pdl-completion", action="store_true",
-                    help="with --probe-rollout: each probe also times the run on an engine whose kernels let the next "
-                         "launch only at their completion (launch_timing_pdl_completion; the runner's pdl_trigger)")
-    ap.add_argument("--probe-release", action="store_true",
-                    help="with --probe-rollout, after the probe that follows the steps: the same run after "
-                         "torch.cuda.empty_cache() (the trainer's cached segments handed back), after --probe-idle-s "
-                         "seconds idle, and after the controller's cleanup (trainer, engine and groups freed); "
-                         "rollout_probe.bench_engine_released. Skips the trainer throughput test")
+    ap.add_argument(
+        "--probe-first",
+        action="store_true",
+        help="with --probe-rollout: bench_engine's GRPO run in this process before the first step too "
+        "(rollout_probe.bench_engine_before_steps): slow from what the process built, or from "
+        "the steps",
+    )
+    ap.add_argument(
+        "--probe-after-steps",
+        type=int,
+        nargs="*",
+        default=[],
+        help="with --probe-rollout: bench_engine's GRPO run also right after these steps (1-based, warm-up "
+        "steps counted; rollout_probe.bench_engine_after_step): does the first update slow it, or "
+        "does it grow with the steps",
+    )
+    ap.add_argument(
+        "--probe-after-phases",
+        nargs="*",
+        default=[],
+        choices=[p.value for p in Phase],
+        help="with --probe-rollout (one worker): bench_engine's GRPO run also inside one step (see "
+        "--probe-phases-step), right after each of these phase commands "
+        "(rollout_probe.bench_engine_after_phase): which phase leaves the device slower",
+    )
+    ap.add_argument(
+        "--probe-phases-step",
+        type=int,
+        default=1,
+        help="the step (1-based, warm-up steps counted) whose phases --probe-after-phases probes",
+    )
+    ap.add_argument(
+        "--l2-reset-after-update",
+        action="store_true",
+        help="one worker: cudaCtxResetPersistingL2Cache after every update phase command (lines the "
+        "trainer's kernels left persisting in L2 handed back before the reshard and next rollout)",
+    )
+    ap.add_argument(
+        "--probe-l2-reset",
+        action="store_true",
+        help="with --probe-rollout: after the probe that follows the steps, the same run after "
+        "cudaCtxResetPersistingL2Cache (rollout_probe.bench_engine_after_l2_reset)",
+    )
+    ap.add_argument(
+        "--probe-pdl-off",
+        action="store_true",
+        help="with --probe-rollout: each probe also times the run on an engine captured without PDL "
+        "(launch_timing_pdl_off): where both launch alike, this process has lost PDL's overlap",
+    )
+    ap.add_argument(
+        "--probe-pdl-completion",
+        action="store_true",
+        help="with --probe-rollout: each probe also times the run on an engine whose kernels let the next "
+        "launch only at their completion (launch_timing_pdl_completion; the runner's pdl_trigger)",
+    )
+    ap.add_argument(
+        "--probe-release",
+        action="store_true",
+        help="with --probe-rollout, after the probe that follows the steps: the same run after "
+        "torch.cuda.empty_cache() (the trainer's cached segments handed back), after --probe-idle-s "
+        "seconds idle, and after the controller's cleanup (trainer, engine and groups freed); "
+        "rollout_probe.bench_engine_released. Skips the trainer throughput test",
+    )
     ap.add_argument("--probe-idle-s", type=float, default=30.0, help="--probe-release: seconds the device idles")
-    ap.add_argument("--probe-rollout", action="store_true",
-                    help="inline: in each timed step, after the step's own generate, generate the same prompts again "
-                         "through the worker, then through the engine directly, then prefill only, and after the steps "
-                         "run bench_engine's GRPO case on a fresh engine in this process (rollout_probe; the step's "
-                         "time/generate then includes the repeats): tells a rollout slowed by the state the update "
-                         "leaves (first slower than the repeats), by the worker's path (direct faster), or by the "
-                         "process (bench_engine slower here than in its own process)")
-    ap.add_argument("--probe-subprocess", action="store_true",
-                    help="with --probe-rollout: bench_engine's GRPO run (PDL on, then off) also in a process of its "
-                         "own, started before step 1 and after the steps while this process holds what it holds "
-                         "(rollout_probe.bench_engine_child): slow there after the steps too, the device carries the "
-                         "slowdown; fast there, this process's state does")
-    ap.add_argument("--probe-profile",
-                    help="with --probe-rollout, GPU: a profiler table of one more run of bench_engine's GRPO case in "
-                         "this process, to this file (bench_engine.py --profile: its own process's)")
+    ap.add_argument(
+        "--probe-rollout",
+        action="store_true",
+        help="inline: in each timed step, after the step's own generate, generate the same prompts again "
+        "through the worker, then through the engine directly, then prefill only, and after the steps "
+        "run bench_engine's GRPO case on a fresh engine in this process (rollout_probe; the step's "
+        "time/generate then includes the repeats): tells a rollout slowed by the state the update "
+        "leaves (first slower than the repeats), by the worker's path (direct faster), or by the "
+        "process (bench_engine slower here than in its own process)",
+    )
+    ap.add_argument(
+        "--probe-subprocess",
+        action="store_true",
+        help="with --probe-rollout: bench_engine's GRPO run (PDL on, then off) also in a process of its "
+        "own, started before step 1 and after the steps while this process holds what it holds "
+        "(rollout_probe.bench_engine_child): slow there after the steps too, the device carries the "
+        "slowdown; fast there, this process's state does",
+    )
+    ap.add_argument(
+        "--probe-profile",
+        help="with --probe-rollout, GPU: a profiler table of one more run of bench_engine's GRPO case in "
+        "this process, to this file (bench_engine.py --profile: its own process's)",
+    )
     args = ap.parse_args()
     if args.probe_after_phases and not 1 <= args.probe_phases_step <= args.warmup + args.steps:
-        ap.error(f"--probe-phases-step {args.probe_phases_step}: the run has steps 1..{args.warmup + args.steps} "
-                 "(warm-up steps counted)")
+        ap.error(
+            f"--probe-phases-step {args.probe_phases_step}: the run has steps 1..{args.warmup + args.steps} "
+            "(warm-up steps counted)"
+        )
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = args.offload if device.type == "cuda" else "none"
-    cluster = ["cluster.name=inline"] if args.workers == 1 else ["cluster.name=local", f"cluster.workers_per_node={args.workers}"]
-    cfg = bench_config(path, device, [
-        *cluster, f"engine.tp_size={args.tp}", f"data.train_batch_size={args.prompts}", f"algorithm.group_size={args.group}",
-        f"engine.max_new_tokens={args.new_tokens}", f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
-        f"trainer.micro_batch_size={args.micro}", f"trainer.offload={offload}", f"trainer.offload_lazy={not args.eager_offload}", "trainer.lr=1e-6",
-        f"trainer.steps={args.warmup + args.steps}", "reward.name=format", *algorithm_overrides(args.algorithm),
-        *reward_model_overrides(args.reward_models, path), *args.set,
-    ])
+    cluster = (
+        ["cluster.name=inline"]
+        if args.workers == 1
+        else ["cluster.name=local", f"cluster.workers_per_node={args.workers}"]
+    )
+    cfg = bench_config(
+        path,
+        device,
+        [
+            *cluster,
+            f"engine.tp_size={args.tp}",
+            f"data.train_batch_size={args.prompts}",
+            f"algorithm.group_size={args.group}",
+            f"engine.max_new_tokens={args.new_tokens}",
+            f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
+            f"trainer.micro_batch_size={args.micro}",
+            f"trainer.offload={offload}",
+            f"trainer.offload_lazy={not args.eager_offload}",
+            "trainer.lr=1e-6",
+            f"trainer.steps={args.warmup + args.steps}",
+            "reward.name=format",
+            *algorithm_overrides(args.algorithm),
+            *reward_model_overrides(args.reward_models, path),
+            *args.set,
+        ],
+    )
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(path).vocab_size
@@ -206,6 +283,7 @@ def main() -> None:
         worker = controller.group.worker
         for phase in Phase:
             if hasattr(worker, phase.value):
+
                 def tagged(*a, _run=getattr(worker, phase.value), _name=phase.value, **k):
                     monitor.tag = _name if timing["on"] else None
                     try:
@@ -214,9 +292,14 @@ def main() -> None:
                         monitor.tag = None
                         if _name == "update" and args.l2_reset_after_update:
                             reset_persisting_l2(device)
-                        if args.probe_rollout and timing["step"] == args.probe_phases_step \
-                                and _name in args.probe_after_phases and _name not in after_phase:
+                        if (
+                            args.probe_rollout
+                            and timing["step"] == args.probe_phases_step
+                            and _name in args.probe_after_phases
+                            and _name not in after_phase
+                        ):
                             after_phase[_name] = {**here(f"after_{_name}"), "step": timing["step"]}
+
                 setattr(worker, phase.value, tagged)
     probe = RolloutProbe(controller.group.worker, device, timing) if args.probe_rollout and args.workers == 1 else None
     # Before any step the process holds what it built (trainer, asleep engine, groups) but nothing the steps did.
@@ -234,22 +317,41 @@ def main() -> None:
     total = times["time/step"]
     switching = statistics.median(switching_s(m) for m in steps)
     result = {
-        "shape": args.shape, "device": str(device), "workers": args.workers, "engine_tp": args.tp,
-        "trainer_offload": offload, "offload_lazy": not args.eager_offload, "micro_batch_size": args.micro,
+        "shape": args.shape,
+        "device": str(device),
+        "workers": args.workers,
+        "engine_tp": args.tp,
+        "trainer_offload": offload,
+        "offload_lazy": not args.eager_offload,
+        "micro_batch_size": args.micro,
         "l2_reset_after_update": args.l2_reset_after_update,
         "overrides": args.set,
-        "freed_gb_per_step": statistics.median(sum(v for k, v in m.items() if re.match(r"^offload/[^/]+/offload_gb$", k))
-                                               for m in steps),
-        "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
-        "step_s_median": total, "phases_s_median": times,
-        "per_step": [{k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/", "mismatch/", "engine/"))}
-                     for m in steps],
-        "algorithm": args.algorithm, "reward_models": args.reward_models,
-        "switching_s": switching, "switching_share": switching / total,
+        "freed_gb_per_step": statistics.median(
+            sum(v for k, v in m.items() if re.match(r"^offload/[^/]+/offload_gb$", k)) for m in steps
+        ),
+        "rollout": {
+            "prompts": args.prompts,
+            "group": args.group,
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+        },
+        "step_s_median": total,
+        "phases_s_median": times,
+        "per_step": [
+            {k: v for k, v in m.items() if k.startswith(("time/", "offload/", "reshard/", "mismatch/", "engine/"))}
+            for m in steps
+        ],
+        "algorithm": args.algorithm,
+        "reward_models": args.reward_models,
+        "switching_s": switching,
+        "switching_share": switching / total,
         "critic_and_reward_model_switching_s": statistics.median(extra_switching_s(m) for m in steps),
         "critic_and_reward_model_switching_share": statistics.median(extra_switching_s(m) for m in steps) / total,
-        "peak_memory_gb_per_phase": {k.split("/")[1]: v for k, v in steps[-1].items()
-                                     if k.startswith("memory/") and k.endswith("/peak_allocated_gb")},
+        "peak_memory_gb_per_phase": {
+            k.split("/")[1]: v
+            for k, v in steps[-1].items()
+            if k.startswith("memory/") and k.endswith("/peak_allocated_gb")
+        },
         "reward_phase": reward_phase_memory(steps[-1]),
         "rollout_tokens_per_s": statistics.median(m["perf/rollout_tokens_per_s"] for m in steps),
         # Host seconds inside time/generate spent capturing the CUDA graphs that the last sleep dropped.
@@ -261,8 +363,10 @@ def main() -> None:
         "device_state_per_phase": {k: v for k, v in monitor.summary().items() if not k.startswith("probe/")},
     }
     if probe is not None:
-        result["rollout_probe"] = {**probe.summary(args.prompts * args.group, args.new_tokens),
-                                   "bench_engine_here": here("after_steps")}
+        result["rollout_probe"] = {
+            **probe.summary(args.prompts * args.group, args.new_tokens),
+            "bench_engine_here": here("after_steps"),
+        }
         if child:
             child["after_steps"] = bench_engine_child(path, args)
             result["rollout_probe"]["bench_engine_child"] = child
@@ -284,12 +388,17 @@ def main() -> None:
         controller.cleanup()
     monitor.stop()
     if probe is not None:  # SM clock, power and temperature during each of bench_engine's runs in this process
-        result["rollout_probe"]["device_state"] = {k[len("probe/"):]: v for k, v in monitor.summary().items()
-                                                   if k.startswith("probe/")}
+        result["rollout_probe"]["device_state"] = {
+            k[len("probe/") :]: v for k, v in monitor.summary().items() if k.startswith("probe/")
+        }
     print(json.dumps(result, indent=2))
     out = os.environ.get("OUT")
     if out:
-        name = f"bench_step_{args.algorithm}_rm{args.reward_models}_{args.shape}_w{args.workers}_tp{args.tp}_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}{'-eager' if args.eager_offload else ''}"
+        eager = "-eager" if args.eager_offload else ""
+        name = (
+            f"bench_step_{args.algorithm}_rm{args.reward_models}_{args.shape}_w{args.workers}_tp{args.tp}"
+            f"_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}{eager}"
+        )
         Path(out, name + ".json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
@@ -322,16 +431,21 @@ class RolloutProbe:
         if not self.timing["on"]:
             return self.run(prompts, step, params, prompt_offset)
         engine = self.worker.roles.rollout.engine
-        direct = dataclasses.replace(params, seed=sampling_seed(self.worker.cfg.trainer.seed, step),
-                                     prompt_offset=prompt_offset)
+        direct = dataclasses.replace(
+            params, seed=sampling_seed(self.worker.cfg.trainer.seed, step), prompt_offset=prompt_offset
+        )
         from benchmarks.engine import launch_timing
 
         first, out = self.timed(lambda: self.run(prompts, step, params, prompt_offset))
         again = self.timed(lambda: self.run(prompts, step, params, prompt_offset))[0]
         with launch_timing(engine) as launches:
             direct_s = self.timed(lambda: engine.generate(prompts, direct))[0]
-        times = (first, again, direct_s,
-                 self.timed(lambda: engine.generate(prompts, dataclasses.replace(direct, max_new_tokens=1)))[0])
+        times = (
+            first,
+            again,
+            direct_s,
+            self.timed(lambda: engine.generate(prompts, dataclasses.replace(direct, max_new_tokens=1)))[0],
+        )
         for kind, seconds in zip(self.KINDS, times):
             self.seconds[kind].append(seconds)
         self.launches.append(launches)
@@ -340,11 +454,16 @@ class RolloutProbe:
 
     def summary(self, rows: int, new_tokens: int) -> dict:
         med = {k: statistics.median(v) for k, v in self.seconds.items()}
-        return {**{k: {"seconds": self.seconds[k], "tokens_per_s_median": rows * new_tokens / med[k]}
-                   for k in self.KINDS[:3]},
-                "prefill_only_s": self.seconds["prefill_only"],
-                "decode_step_ms": (med["engine_direct"] - med["prefill_only"]) / max(1, new_tokens - 1) * 1e3,
-                "engine_direct_launches": self.launches, "engine_settings": self.settings}
+        return {
+            **{
+                k: {"seconds": self.seconds[k], "tokens_per_s_median": rows * new_tokens / med[k]}
+                for k in self.KINDS[:3]
+            },
+            "prefill_only_s": self.seconds["prefill_only"],
+            "decode_step_ms": (med["engine_direct"] - med["prefill_only"]) / max(1, new_tokens - 1) * 1e3,
+            "engine_direct_launches": self.launches,
+            "engine_settings": self.settings,
+        }
 
 
 def engine_settings(engine) -> dict:
@@ -355,11 +474,15 @@ def engine_settings(engine) -> dict:
 
     r, m = engine.runner, engine.model
     runner_keys = ("width", "long_keys", "shared_prefix_tokens", "use_graphs", "rows")
-    return {"options": dataclasses.asdict(engine.options), "eos": sorted(engine.scheduler.eos),
-            "runner": {k: getattr(r, k, None) for k in runner_keys},
-            "model": {k: getattr(m, k, None) for k in ("gemm_sms", "rope_attention", "kernels")},
-            "pdl": pdl.is_enabled(), "pdl_mode": r.pdl_mode,
-            "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None}
+    return {
+        "options": dataclasses.asdict(engine.options),
+        "eos": sorted(engine.scheduler.eos),
+        "runner": {k: getattr(r, k, None) for k in runner_keys},
+        "model": {k: getattr(m, k, None) for k in ("gemm_sms", "rope_attention", "kernels")},
+        "pdl": pdl.is_enabled(),
+        "pdl_mode": r.pdl_mode,
+        "kv_blocks": engine.cache.num_blocks if engine.cache is not None else None,
+    }
 
 
 def process_memory(device: torch.device) -> dict:
@@ -368,10 +491,12 @@ def process_memory(device: torch.device) -> dict:
     if device.type != "cuda":
         return {}
     stats = torch.cuda.memory_stats(device)
-    return {"allocated_gb": torch.cuda.memory_allocated(device) / 2**30,
-            "reserved_gb": torch.cuda.memory_reserved(device) / 2**30,
-            "segments": stats.get("segment.all.current", 0),
-            "device_free_gb": torch.cuda.mem_get_info(device)[0] / 2**30}
+    return {
+        "allocated_gb": torch.cuda.memory_allocated(device) / 2**30,
+        "reserved_gb": torch.cuda.memory_reserved(device) / 2**30,
+        "segments": stats.get("segment.all.current", 0),
+        "device_free_gb": torch.cuda.mem_get_info(device)[0] / 2**30,
+    }
 
 
 def probe_released(controller, here, args, device: torch.device) -> dict:
@@ -395,15 +520,16 @@ def probe_released(controller, here, args, device: torch.device) -> dict:
     return out
 
 
-def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMonitor | None = None,
-                      name: str = "") -> dict:
+def bench_engine_here(
+    path: str, args, device: torch.device, monitor: DeviceMonitor | None = None, name: str = ""
+) -> dict:
     """benchmarks/engine.py's GRPO run in this process on a fresh engine over the saved model's weights: after the
     steps, and with --probe-first before them, --probe-after-steps between them, --probe-release after freeing.
     Slower here than in bench_engine's own process (--model-dir, same machine): the process's state slows it, not
     the step's engine or its path. `monitor`'s readings during the run are filed under `probe/<name>`."""
     import transformers
-    from benchmarks.engine import build_engine, device_limits, run_generate, timed_launches
 
+    from benchmarks.engine import build_engine, device_limits, run_generate, timed_launches
     from hybridrl.engines.base import SamplingParams
     from hybridrl.engines.native.kernels import pdl
 
@@ -411,8 +537,15 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     switches = pdl.is_enabled(), pdl.early_trigger()  # the step's engine's; a probe engine sets its own
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     # One fixed kind of launch, the step's switch (`--probe-pdl-off` times the other).
-    ns = argparse.Namespace(no_cuda_graphs=False, no_kernels=False, kv_block_size=16, join_step_tokens=[512],
-                            no_skinny_gemm=False, no_rope_attention=False, pdl=["on" if switches[0] else "off"])
+    ns = argparse.Namespace(
+        no_cuda_graphs=False,
+        no_kernels=False,
+        kv_block_size=16,
+        join_step_tokens=[512],
+        no_skinny_gemm=False,
+        no_rope_attention=False,
+        pdl=["on" if switches[0] else "off"],
+    )
     engine = build_engine(model, ns, args.prompts * args.group)
     prompts = random_prompts(args.prompts, args.prompt_len, model.config.vocab_size, seed=5)
     if monitor is not None:
@@ -429,8 +562,12 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
     out["process_memory_before"] = held
     out["device_limits_before"] = limits
     busy = out["launch_timing"].get("busy_ms_median")
-    print(f"probe {name or 'here'}: {out['tokens_per_s']:.0f} tok/s, decode launch "
-          f"{'-' if busy is None else f'{busy:.4f} ms'}", file=sys.stderr, flush=True)  # kept if a run is cut short
+    print(
+        f"probe {name or 'here'}: {out['tokens_per_s']:.0f} tok/s, decode launch "
+        f"{'-' if busy is None else f'{busy:.4f} ms'}",
+        file=sys.stderr,
+        flush=True,
+    )  # kept if a run is cut short
     engine.shutdown()
     # The same run on engines launched otherwise: without PDL (equal figures mean this process has lost PDL's
     # overlap), and with each kernel letting the next launch only at its completion. A new engine sets the process-wide
@@ -440,8 +577,14 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
         if args.probe_pdl_off:
             arms.append(("pdl_off", "without PDL", lambda r: setattr(r, "pdl", False), lambda r: r.pdl))
         if args.probe_pdl_completion:
-            arms.append(("pdl_completion", "PDL triggered at completion",
-                         lambda r: setattr(r, "pdl_trigger", "completion"), lambda r: r.pdl_trigger))
+            arms.append(
+                (
+                    "pdl_completion",
+                    "PDL triggered at completion",
+                    lambda r: setattr(r, "pdl_trigger", "completion"),
+                    lambda r: r.pdl_trigger,
+                )
+            )
     try:
         for key, label, switch, setting in arms:
             engine = build_engine(model, ns, args.prompts * args.group)
@@ -450,8 +593,11 @@ def bench_engine_here(path: str, args, device: torch.device, monitor: DeviceMoni
             timing = timed_launches(engine, prompts, params, device)
             out[f"launch_timing_{key}"] = timing
             out[f"{key}_engine_setting"] = setting(engine.runner)  # what its graphs were captured with
-            print(f"probe {name or 'here'} {label}: decode launch {timing.get('busy_ms_median', '-')} ms",
-                  file=sys.stderr, flush=True)
+            print(
+                f"probe {name or 'here'} {label}: decode launch {timing.get('busy_ms_median', '-')} ms",
+                file=sys.stderr,
+                flush=True,
+            )
             engine.shutdown()
     finally:  # the step's engine goes on with the switches it was built with
         pdl.set_enabled(switches[0])
@@ -470,10 +616,31 @@ def bench_engine_child(path: str, args) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="bench_child_") as tmp:
         out = Path(tmp, "bench_engine.json")
-        cmd = [sys.executable, str(Path(__file__).with_name("engine.py")), "--case", "grpo", "--shape", args.shape,
-               "--device", args.device, "--model-dir", path, "--prompts", str(args.prompts), "--samples",
-               str(args.group), "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
-               "--pdl", "on", "off", "--out", str(out)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).with_name("engine.py")),
+            "--case",
+            "grpo",
+            "--shape",
+            args.shape,
+            "--device",
+            args.device,
+            "--model-dir",
+            path,
+            "--prompts",
+            str(args.prompts),
+            "--samples",
+            str(args.group),
+            "--prompt-len",
+            str(args.prompt_len),
+            "--new-tokens",
+            str(args.new_tokens),
+            "--pdl",
+            "on",
+            "off",
+            "--out",
+            str(out),
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not out.exists():  # the step's figures are still worth having: say why, go on
             print(f"probe child: bench_engine exited {r.returncode}", file=sys.stderr, flush=True)
@@ -483,8 +650,11 @@ def bench_engine_child(path: str, args) -> dict:
     res["launch_busy_ms_median"] = grpo["launch_timing"].get("busy_ms_median")
     res["pdl_off"] = grpo["pdl_mode_variants"]["off"]
     res["device_state"] = grpo["device_state"]
-    print(f"probe child: {res['tokens_per_s']:.0f} tok/s with PDL, {res['pdl_off']['tokens_per_s']:.0f} without",
-          file=sys.stderr, flush=True)
+    print(
+        f"probe child: {res['tokens_per_s']:.0f} tok/s with PDL, {res['pdl_off']['tokens_per_s']:.0f} without",
+        file=sys.stderr,
+        flush=True,
+    )
     return res
 
 
@@ -507,8 +677,12 @@ def trainer_rates(steps: list[dict], args, params: int) -> dict:
         rows.append((tokens / m["time/logprob"] / args.workers, tokens / m["time/update"] / args.workers))
     logprob = statistics.median(r[0] for r in rows)
     update = statistics.median(r[1] for r in rows)
-    return {"logprob_tok_s": logprob, "update_tok_s": update, "update_mfu": 6 * params * update / gpu_peak_flops(),
-            "params": params}
+    return {
+        "logprob_tok_s": logprob,
+        "update_tok_s": update,
+        "update_mfu": 6 * params * update / gpu_peak_flops(),
+        "params": params,
+    }
 
 
 def reward_phase_memory(metrics: dict) -> dict:
@@ -518,8 +692,13 @@ def reward_phase_memory(metrics: dict) -> dict:
     sizes = [v for k, v in metrics.items() if k.startswith("memory/roles/reward_model/") and k.endswith("_host_gb")]
     if peak is None or before is None:
         return {}
-    return {"peak_gb": peak, "allocated_before_gb": before, "extra_peak_gb": peak - before,
-            "one_reward_model_gb": max(sizes) if sizes else None, "reward_models": len(sizes)}
+    return {
+        "peak_gb": peak,
+        "allocated_before_gb": before,
+        "extra_peak_gb": peak - before,
+        "one_reward_model_gb": max(sizes) if sizes else None,
+        "reward_models": len(sizes),
+    }
 
 
 def trainer_throughput(controller, args, path: str, device: torch.device, vocab: int) -> dict:
@@ -546,7 +725,11 @@ def trainer_throughput(controller, args, path: str, device: torch.device, vocab:
     n_params = sum(p.numel() for p in actor.model.parameters())
     peak = gpu_peak_flops()
     return {
-        "batch": args.tp_batch, "seq": args.tp_seq, "ours_tok_s": ours, "plain_fsdp2_tok_s": plain, "ratio": ours / plain,
+        "batch": args.tp_batch,
+        "seq": args.tp_seq,
+        "ours_tok_s": ours,
+        "plain_fsdp2_tok_s": plain,
+        "ratio": ours / plain,
         "ours_mfu": 6 * n_params * ours / peak if device.type == "cuda" else None,
         "plain_mfu": 6 * n_params * plain / peak if device.type == "cuda" else None,
     }

@@ -13,6 +13,7 @@ of one update of the baseline and of each variant.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -21,10 +22,16 @@ import sys
 import time
 from pathlib import Path
 
-
 import torch  # noqa: E402
 
-from benchmarks.common import add_model_args, bench_config, bench_worker, gpu_peak_flops, init_single_process, make_model_dir  # noqa: E402
+from benchmarks.common import (
+    add_model_args,
+    bench_config,
+    bench_worker,
+    gpu_peak_flops,
+    init_single_process,
+    make_model_dir,
+)  # noqa: E402
 from hybridrl.batch import Batch  # noqa: E402
 from hybridrl.models.config import ModelConfig  # noqa: E402
 from hybridrl.models.loading import load_causal_lm  # noqa: E402
@@ -52,11 +59,14 @@ def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
     """`batch` rows of `seq` tokens: `prompt` of prompt, the rest response, all trained on."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(300, vocab, (batch, seq), generator=g)
-    b = Batch([r[:prompt].tolist() for r in ids], {
-        "responses": ids[:, prompt:].clone(),
-        "response_mask": torch.ones(batch, seq - prompt),
-        "engine_logprobs": torch.full((batch, seq - prompt), -11.0),
-    })
+    b = Batch(
+        [r[:prompt].tolist() for r in ids],
+        {
+            "responses": ids[:, prompt:].clone(),
+            "response_mask": torch.ones(batch, seq - prompt),
+            "engine_logprobs": torch.full((batch, seq - prompt), -11.0),
+        },
+    )
     b["old_logprobs"] = torch.full((batch, seq - prompt), -11.0)
     b["ref_logprobs"] = torch.full((batch, seq - prompt), -11.0)
     b["advantages"] = torch.linspace(-1, 1, batch)
@@ -121,8 +131,15 @@ def plain_fsdp_step(path: str, device: torch.device, batch: int, seq: int, vocab
     return step, (model, opt)
 
 
-def plain_fsdp_tok_s(path: str, device: torch.device, batch: int, seq: int, vocab: int, iters: int,
-                     profiles: dict[str, str] | None = None) -> float:
+def plain_fsdp_tok_s(
+    path: str,
+    device: torch.device,
+    batch: int,
+    seq: int,
+    vocab: int,
+    iters: int,
+    profiles: dict[str, str] | None = None,
+) -> float:
     """Tokens/s of the plain FSDP2 baseline (median of `iters` steps after one warm-up); with `profiles`,
     also its profiler table under "plain"."""
     step, keep = plain_fsdp_step(path, device, batch, seq, vocab)
@@ -155,31 +172,50 @@ def main() -> None:
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(path).vocab_size
-    plain = [plain_fsdp_tok_s(path, device, args.batch, args.seq, vocab, args.iters,
-                              profiles if args.profile else None)]
+    plain = [
+        plain_fsdp_tok_s(path, device, args.batch, args.seq, vocab, args.iters, profiles if args.profile else None)
+    ]
     results = {}
     n_params = None
     for name in args.variants.split(","):
-        cfg = bench_config(path, device, ["trainer.lr=1e-6", f"trainer.micro_batch_size={args.batch}",
-                                          "trainer.steps=1000", "data.train_batch_size=1", *variant_overrides(name)])
+        cfg = bench_config(
+            path,
+            device,
+            [
+                "trainer.lr=1e-6",
+                f"trainer.micro_batch_size={args.batch}",
+                "trainer.steps=1000",
+                "data.train_batch_size=1",
+                *variant_overrides(name),
+            ],
+        )
         t_build = time.perf_counter()
         trainer = bench_worker(cfg, device, with_engine=False).actor
         n_params = sum(p.numel() for p in trainer.model.parameters())
         batch = throughput_batch(args.batch, args.seq, args.prompt_len, vocab)
         t_first = time.perf_counter()
-        times = _timed_runs(lambda: trainer.update(batch), device, args.warmup, args.iters)
+        update = functools.partial(trainer.update, batch)
+        times = _timed_runs(update, device, args.warmup, args.iters)
         warm_s = time.perf_counter() - t_first - sum(times)
-        results[name] = {"overrides": variant_overrides(name), "tok_s": tokens / statistics.median(times),
-                         "step_s_median": statistics.median(times), "steps_s": times,
-                         "build_s": t_first - t_build, "warmup_s": warm_s}
+        results[name] = {
+            "overrides": variant_overrides(name),
+            "tok_s": tokens / statistics.median(times),
+            "step_s_median": statistics.median(times),
+            "steps_s": times,
+            "build_s": t_first - t_build,
+            "warmup_s": warm_s,
+        }
         if device.type == "cuda":
             results[name]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             torch.cuda.reset_peak_memory_stats(device)
-        print(f"variant {name}: {results[name]['tok_s']:.0f} tok/s (plain first run {plain[0]:.0f}), "
-              f"warm-up {warm_s:.1f} s", flush=True)
+        print(
+            f"variant {name}: {results[name]['tok_s']:.0f} tok/s (plain first run {plain[0]:.0f}), "
+            f"warm-up {warm_s:.1f} s",
+            flush=True,
+        )
         if args.profile:
-            profiles[name] = _profile_table(lambda: trainer.update(batch), device)
-        del trainer
+            profiles[name] = _profile_table(update, device)
+        del trainer, update
         _free(device)
     plain.append(plain_fsdp_tok_s(path, device, args.batch, args.seq, vocab, args.iters))
     base = statistics.median(plain)
@@ -189,8 +225,14 @@ def main() -> None:
         if device.type == "cuda":
             r["mfu"] = 6 * n_params * r["tok_s"] / peak
     out = {
-        "shape": args.shape, "device": str(device), "params": n_params, "batch": args.batch, "seq": args.seq,
-        "plain_fsdp2_tok_s": plain, "plain_median_tok_s": base, "variants": results,
+        "shape": args.shape,
+        "device": str(device),
+        "params": n_params,
+        "batch": args.batch,
+        "seq": args.seq,
+        "plain_fsdp2_tok_s": plain,
+        "plain_median_tok_s": base,
+        "variants": results,
         "torch": torch.__version__,
     }
     text = json.dumps(out, indent=2)
@@ -200,7 +242,8 @@ def main() -> None:
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         Path(args.profile, f"profile_trainer_{args.shape}.txt").write_text(
-            "\n\n".join(f"===== {k} =====\n{v}" for k, v in profiles.items()))
+            "\n\n".join(f"===== {k} =====\n{v}" for k, v in profiles.items())
+        )
     sys.stdout.flush()
     os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
 

@@ -116,14 +116,16 @@ def _first_line(e: BaseException) -> str:
 def crash_line(e: BaseException, traceback_at: str) -> str:
     """`error in generate: RuntimeError: CUDA out of memory (full traceback in outputs/.../hybridrl.log)`."""
     phase = phase_of(e)
-    return f"error{f' in {phase}' if phase else ''}: {type(e).__name__}: {_first_line(e)} (full traceback in {traceback_at})"
+    where = f" in {phase}" if phase else ""
+    return f"error{where}: {type(e).__name__}: {_first_line(e)} (full traceback in {traceback_at})"
 
 
 def log_traceback(e: BaseException, run_dir: str) -> str:
     """Write `e`'s traceback to the run dir's log file only (not the console); returns where it went."""
     root = Path(run_dir).resolve()
     handlers = [
-        h for h in {*logging.getLogger().handlers, *log.handlers}
+        h
+        for h in {*logging.getLogger().handlers, *log.handlers}
         if isinstance(h, logging.FileHandler) and root in Path(h.baseFilename).resolve().parents
     ]
     if handlers:  # Hydra's file handler (hybridrl.log): the traceback lands between the run's own lines

@@ -109,7 +109,8 @@ def verify(path: Path) -> None:
         size = (path / name).stat().st_size
         if size != want.get("bytes"):
             raise CheckpointError(
-                f"checkpoint {path}: file {name} has {size} bytes, {want.get('bytes')} were written (truncated or replaced)"
+                f"checkpoint {path}: file {name} has {size} bytes, {want.get('bytes')} were written "
+                "(truncated or replaced)"
             )
     for name, digest in sorted(_hash_all(path, sorted(files)).items()):
         if digest != files[name].get("sha256"):

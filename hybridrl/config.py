@@ -22,8 +22,8 @@ from hybridrl.models.config import ModelConfig
 from hybridrl.reshard.config import ReshardConfig
 from hybridrl.rewards.config import RewardConfig
 from hybridrl.rewards.reward_model import RewardModelsConfig
-from hybridrl.tracking.config import LoggerConfig
 from hybridrl.topology import Topology
+from hybridrl.tracking.config import LoggerConfig
 from hybridrl.training.config import ReferenceConfig, TrainerConfig
 from hybridrl.training.critic_config import CriticConfig
 from hybridrl.workers.config import ClusterConfig
@@ -85,16 +85,19 @@ class RunConfig:
         if not self.algorithm.needs_critic:
             changed = self.critic.changed_keys()
             if changed:
-                raise ConfigError(f"{changed[0]} is set, but algorithm={self.algorithm.name} trains no critic "
-                                  "(only algorithm=ppo does); remove it or use algorithm=ppo")
+                raise ConfigError(
+                    f"{changed[0]} is set, but algorithm={self.algorithm.name} trains no critic "
+                    "(only algorithm=ppo does); remove it or use algorithm=ppo"
+                )
             return
         mini = self.critic.batching(self.trainer)[0]
         rows = self.data.train_batch_size * self.algorithm.group_size
         world = self.topology().world_size
         if mini and (rows % mini or mini % world):
             key = "critic.mini_batch_size" if self.critic.mini_batch_size is not None else "trainer.mini_batch_size"
-            raise ConfigError(f"{key}={mini} must divide the {rows} samples per step and be a multiple of the "
-                              f"{world} workers")
+            raise ConfigError(
+                f"{key}={mini} must divide the {rows} samples per step and be a multiple of the {world} workers"
+            )
 
     def topology(self, rank: int = 0) -> Topology:
         """The process layout this config asks for, seen from `rank`."""

@@ -65,7 +65,7 @@ def moved_message(key: str) -> str | None:
     """'engine.impl moved to engine.native.impl' when `key` (or a key under it) moved, else None."""
     for old, new in active_moves().items():
         if key == old or key.startswith(old + "."):
-            return f"{key} moved to {new}{key[len(old):]}; write {new}{key[len(old):]}=... instead"
+            return f"{key} moved to {new}{key[len(old) :]}; write {new}{key[len(old) :]}=... instead"
     return None
 
 

@@ -27,19 +27,20 @@ from hybridrl.checkpoints import CheckpointDir, read_meta
 from hybridrl.config import RunConfig
 from hybridrl.data.prompts import Prompt, PromptLoader, load_prompts
 from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.errors import in_phase
 from hybridrl.estimation import estimate, shaped_scores
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
-from hybridrl.tracking.samples import pick_samples, sample_rows
-from hybridrl.tracking.tracker import Tracker
-from hybridrl.errors import in_phase
 from hybridrl.phases import TIMED_PHASES, Phase
 from hybridrl.resume_policy import enforce_resume_policy
 from hybridrl.rewards.base import RewardScores
 from hybridrl.rewards.scoring import merge_scores
+from hybridrl.tracking.samples import pick_samples, sample_rows
+from hybridrl.tracking.tracker import Tracker
 from hybridrl.workers.backends import build_worker_group
 from hybridrl.workers.group import WorkerGroup
 
 log = logging.getLogger("hybridrl")
+
 
 def completions_to_batch(prompts: list[Prompt], comps: list[Completion]) -> Batch:
     """Response-aligned tensors (responses, mask, engine log-probs) for every completion."""
@@ -76,7 +77,9 @@ def mean_over_ranks(results: list[dict[str, float]]) -> dict[str, float]:
 class Controller:
     """Runs the RL loop for one composed config inside Hydra's run dir."""
 
-    def __init__(self, cfg: RunConfig, run_dir: str | Path, full_config: dict, job_name: str, sweep_group: str | None = None) -> None:
+    def __init__(
+        self, cfg: RunConfig, run_dir: str | Path, full_config: dict, job_name: str, sweep_group: str | None = None
+    ) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.full_config, self.job_name, self.sweep_group = full_config, job_name, sweep_group
         self.group: WorkerGroup | None = None
@@ -97,13 +100,21 @@ class Controller:
         self.loader = PromptLoader(self.train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
         stop = list(cfg.engine.stop_token_ids)
         self.sampling = SamplingParams(
-            n=cfg.algorithm.group_size, temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
-            top_k=cfg.engine.top_k, max_new_tokens=cfg.engine.max_new_tokens, stop_token_ids=stop,
+            n=cfg.algorithm.group_size,
+            temperature=cfg.engine.temperature,
+            top_p=cfg.engine.top_p,
+            top_k=cfg.engine.top_k,
+            max_new_tokens=cfg.engine.max_new_tokens,
+            stop_token_ids=stop,
         )
         self.tracker = Tracker(cfg.logger, self.run_dir, self.full_config, self.job_name, self.sweep_group)
         log.info(
             "%d training prompts, %d held out; %d worker(s), engine=%s tp=%d",
-            len(self.train_prompts), len(self.val_prompts), cfg.cluster.world_size, cfg.engine.name, cfg.engine.tp_size,
+            len(self.train_prompts),
+            len(self.val_prompts),
+            cfg.cluster.world_size,
+            cfg.engine.name,
+            cfg.engine.tp_size,
         )
         self.group = build_worker_group(cfg)
         self.start_step = 0
@@ -118,8 +129,9 @@ class Controller:
             return
         meta = read_meta(path)
         # Keys that may change on resume take their new values (one log line); the others must not have changed.
-        changed = enforce_resume_policy(meta["config"], self.full_config,
-                                        OmegaConf.to_container(OmegaConf.structured(RunConfig)))
+        changed = enforce_resume_policy(
+            meta["config"], self.full_config, OmegaConf.to_container(OmegaConf.structured(RunConfig))
+        )
         if changed:
             log.info(changed)
         self.group.run_all(Phase.LOAD_CHECKPOINT, str(path))
@@ -221,8 +233,12 @@ class Controller:
         warmup = self.cfg.critic.warmup_steps
         metrics["critic/warmup"] = float(step <= warmup)
         if step <= warmup:
-            log.info("step %d: critic warm-up (%d of critic.warmup_steps=%d): the actor's update is skipped",
-                     step, step, warmup)
+            log.info(
+                "step %d: critic warm-up (%d of critic.warmup_steps=%d): the actor's update is skipped",
+                step,
+                step,
+                warmup,
+            )
         return step > warmup
 
     def _filtered_rollout(self, step: int) -> tuple[Batch, list[float], dict[str, list[float]], dict[str, float]]:
@@ -249,14 +265,22 @@ class Controller:
             group.run_all(Phase.SLEEP)
         plan = refill.finish()
         if plan.filled_groups:
-            log.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds (algorithm.max_resample_rounds=%d); "
-                        "%d groups with equal rewards fill the batch", step, plan.kept_groups,
-                        self.cfg.data.train_batch_size, plan.rounds, algo.max_resample_rounds, plan.filled_groups)
+            log.warning(
+                "step %d: dynamic sampling kept %d of %d groups after %d rounds (algorithm.max_resample_rounds=%d); "
+                "%d groups with equal rewards fill the batch",
+                step,
+                plan.kept_groups,
+                self.cfg.data.train_batch_size,
+                plan.rounds,
+                algo.max_resample_rounds,
+                plan.filled_groups,
+            )
         generated = [s for _, sc, _ in rounds for s in sc]
         batch = Batch.concat([b.select(rows.tolist()) for (b, _, _), rows in zip(rounds, plan.rows)])
         scores = [sc[i] for (_, sc, _), rows in zip(rounds, plan.rows) for i in rows.tolist()]
-        extras = {k: [ex[k][i] for (_, _, ex), rows in zip(rounds, plan.rows) for i in rows.tolist()]
-                  for k in rounds[0][2]}
+        extras = {
+            k: [ex[k][i] for (_, _, ex), rows in zip(rounds, plan.rows) for i in rows.tolist()] for k in rounds[0][2]
+        }
         return batch, scores, extras, {**plan.metrics(), "reward/generated_mean": sum(generated) / len(generated)}
 
     def _rollout_batch(self, prompts: list[Prompt], outs: list) -> tuple[Batch, dict[str, float]]:
@@ -276,8 +300,11 @@ class Controller:
         prompt_tokens = sum(len(p) for p in batch.prompts)
         response_tokens = lengths.sum().item()
         # Every phase of the loop that ran, and the core ones always (0 when they took no time).
-        m: dict[str, Any] = {f"time/{p}": self.times.get(p, 0.0) for p in TIMED_PHASES
-                             if p in self.times or p not in ("values", "update_critic")}
+        m: dict[str, Any] = {
+            f"time/{p}": self.times.get(p, 0.0)
+            for p in TIMED_PHASES
+            if p in self.times or p not in ("values", "update_critic")
+        }
         m["time/step"] = step_time
         m["batch/samples"] = len(batch)
         m["response/length_mean"] = lengths.mean().item()
@@ -305,8 +332,12 @@ class Controller:
         `trainer.eval_samples=k` also k samples per prompt (`val/pass@k`, `val/mean@k`)."""
         cfg = self.cfg
         self.group.run_all(Phase.WAKE)
-        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.engine.max_new_tokens,
-                                stop_token_ids=list(cfg.engine.stop_token_ids))
+        greedy = SamplingParams(
+            n=1,
+            temperature=0.0,
+            max_new_tokens=cfg.engine.max_new_tokens,
+            stop_token_ids=list(cfg.engine.stop_token_ids),
+        )
         scores, correct, batch = self._score_val(greedy, step)
         out = {
             "val/reward_mean": sum(scores) / len(scores),

@@ -61,8 +61,9 @@ def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tenso
     }
 
 
-def estimate(algo: AlgorithmConfig, batch: Batch, scores: list[float], extras: dict[str, list[float]],
-             max_new_tokens: int) -> dict[str, Any]:
+def estimate(
+    algo: AlgorithmConfig, batch: Batch, scores: list[float], extras: dict[str, list[float]], max_new_tokens: int
+) -> dict[str, Any]:
     """Advantages (and returns, weights, loss mask) into `batch`; the step's reward and rollout metrics."""
     raw = torch.tensor(scores, dtype=torch.float32)
     mask = batch["response_mask"]
@@ -90,5 +91,7 @@ def estimate(algo: AlgorithmConfig, batch: Batch, scores: list[float], extras: d
     metrics.update({k: float(v) for k, v in corr.items()})
     if "entropy" in batch:  # of the rollout policy on its own samples (computed in the logprob pass)
         metrics["actor/entropy"] = masked_mean(batch["entropy"], mask).item()
-    metrics.update({k: float(v) for k, v in mismatch_metrics(batch["engine_logprobs"], batch["old_logprobs"], mask).items()})
+    metrics.update(
+        {k: float(v) for k, v in mismatch_metrics(batch["engine_logprobs"], batch["old_logprobs"], mask).items()}
+    )
     return metrics

@@ -6,9 +6,9 @@
 
 A LoRA checkpoint (`model.lora`) is written as a PEFT adapter folder (adapter_config.json,
 adapter_model.safetensors: load it with `PeftModel.from_pretrained(base, folder)`), or with `--merge` as the full
-model with the adapters merged in. The checkpoint is verified against its checksums first. The base model folder and whether its code may
-run (`--trust-remote-code`) come from the command line only, never from the checkpoint's metadata: a
-checkpoint someone hands you must not choose which code runs on your machine.
+model with the adapters merged in. The checkpoint is verified against its checksums first. The base model folder and
+whether its code may run (`--trust-remote-code`) come from the command line only, never from the checkpoint's
+metadata: a checkpoint someone hands you must not choose which code runs on your machine.
 """
 
 from __future__ import annotations
@@ -51,7 +51,11 @@ def model_config(meta: dict, model_path: str | None, trust_remote_code: bool):
 
 
 def export(
-    checkpoint: Path, output: Path, force: bool = False, model_path: str | None = None, trust_remote_code: bool = False,
+    checkpoint: Path,
+    output: Path,
+    force: bool = False,
+    model_path: str | None = None,
+    trust_remote_code: bool = False,
     merge: bool = False,
 ) -> Path:
     """Load the checkpoint's policy weights into the base model and save it with its tokenizer (a LoRA checkpoint:
@@ -89,11 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", required=True, type=Path, help="a checkpoints/step_N folder")
     ap.add_argument("--output", required=True, type=Path, help="folder to write the HF model into")
     ap.add_argument("--force", action="store_true", help="replace an existing output folder")
-    ap.add_argument("--model-path", default=None, help="the base model folder the run trained (model.path); "
-                    "needed unless the run used the tiny model")
+    ap.add_argument(
+        "--model-path",
+        default=None,
+        help="the base model folder the run trained (model.path); needed unless the run used the tiny model",
+    )
     ap.add_argument("--trust-remote-code", action="store_true", help="allow code shipped in the model folder to run")
-    ap.add_argument("--merge", action="store_true",
-                    help="LoRA checkpoint: write the merged model instead of the adapter folder (no effect otherwise)")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="LoRA checkpoint: write the merged model instead of the adapter folder (no effect otherwise)",
+    )
     args = ap.parse_args(argv)
     if not (args.checkpoint / "meta.json").is_file():
         print(f"error: {args.checkpoint} is not a complete checkpoint (no meta.json)", file=sys.stderr)

@@ -34,5 +34,14 @@ class Phase(str, Enum):
 
 #: The loop's timed phases, in order; `advantages` runs on the controller. Each gets a `time/<phase>` metric.
 TIMED_PHASES: tuple[str, ...] = (
-    "wake", "generate", "sleep", "logprob", "values", "reward", "advantages", "update_critic", "update", "reshard",
+    "wake",
+    "generate",
+    "sleep",
+    "logprob",
+    "values",
+    "reward",
+    "advantages",
+    "update_critic",
+    "update",
+    "reshard",
 )

@@ -143,9 +143,7 @@ def changed_keys(saved: dict, current: dict, defaults: dict | None = None) -> di
     return out
 
 
-def resume_config_diff(
-    saved: dict, current: dict, defaults: dict | None = None
-) -> tuple[list[str], list[str]]:
+def resume_config_diff(saved: dict, current: dict, defaults: dict | None = None) -> tuple[list[str], list[str]]:
     """(applied, refused): the changed keys the policy lets take effect, and those it refuses. Pure."""
     applied, refused = [], []
     for key in changed_keys(saved, current, defaults):
@@ -166,7 +164,8 @@ def enforce_resume_policy(saved: dict, current: dict, defaults: dict | None = No
         diff = changed_keys(saved, current, defaults)
         parts = [f"{k} ({diff[k][0]!r} -> {diff[k][1]!r}: {rule_for(k)[2]})" for k in refused]
         raise ConfigError(
-            "cannot resume with a changed " + "; ".join(parts)
+            "cannot resume with a changed "
+            + "; ".join(parts)
             + ". Resume with the checkpoint's values, or start a new run (another hydra.run.dir)"
         )
     if not applied:

@@ -83,7 +83,9 @@ class Topology:
     def prompt_slices(self, n_prompts: int) -> list[slice]:
         """Each engine replica's consecutive share of `n_prompts` (the last may be short when they do not divide)."""
         share = -(-n_prompts // self.engine_dp_size)
-        return [slice(min(dp * share, n_prompts), min((dp + 1) * share, n_prompts)) for dp in range(self.engine_dp_size)]
+        return [
+            slice(min(dp * share, n_prompts), min((dp + 1) * share, n_prompts)) for dp in range(self.engine_dp_size)
+        ]
 
     def prompt_slice(self, n_prompts: int) -> slice:
         """This rank's prompts: its replica's share."""

@@ -13,7 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-
 from hybridrl.tracking.plot import read_metrics  # noqa: E402
 
 VOLATILE = ("time/", "perf/", "memory/", "offload/", "reshard/")
@@ -28,7 +27,12 @@ def gaps(a: list[dict], b: list[dict], steps: int | None = None) -> dict[str, di
         other = by_step[row["step"]]
         for key, x in row.items():
             y = other.get(key)
-            if key == "step" or key.startswith(VOLATILE) or not isinstance(x, (int, float)) or not isinstance(y, (int, float)):
+            if (
+                key == "step"
+                or key.startswith(VOLATILE)
+                or not isinstance(x, (int, float))
+                or not isinstance(y, (int, float))
+            ):
                 continue
             diff = abs(x - y)
             rel = diff / max(abs(x), abs(y), 1e-12)

@@ -51,7 +51,9 @@ def make_rows(n: int, seed: int, count: tuple[int, int] = (3, 4), high: int = 50
             continue
         target, solution = found
         prompt = INSTRUCTION.format(numbers=", ".join(map(str, numbers)), target=target)
-        rows.append({"prompt": prompt, "numbers": numbers, "target": target, "answer": str(target), "solution": solution})
+        rows.append(
+            {"prompt": prompt, "numbers": numbers, "target": target, "answer": str(target), "solution": solution}
+        )
     return rows
 
 

@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metric", default="reward/mean")
     ap.add_argument("--last-frac", type=float, default=0.2, help="share of steps averaged at each end")
     args = ap.parse_args(argv)
-    jobs = [s for j in sorted(args.sweep_dir.iterdir()) if j.is_dir() and (s := summarize_job(j, args.metric, args.last_frac))]
+    jobs = [
+        s
+        for j in sorted(args.sweep_dir.iterdir())
+        if j.is_dir() and (s := summarize_job(j, args.metric, args.last_frac))
+    ]
     if not jobs:
         print(f"error: no job with {args.metric} in {args.sweep_dir}", file=sys.stderr)
         return 2
@@ -80,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     fig.savefig(args.sweep_dir / "summary.png", dpi=110)
     print("\n".join(table))
-    print(json.dumps({"jobs": len(jobs), "written": [str(args.sweep_dir / n) for n in ("summary.md", "summary.csv", "summary.png")]}))
+    print(
+        json.dumps(
+            {
+                "jobs": len(jobs),
+                "written": [str(args.sweep_dir / n) for n in ("summary.md", "summary.csv", "summary.png")],
+            }
+        )
+    )
     return 0
 
 

@@ -50,7 +50,9 @@ def process_group():
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
     """Token ids of `text` as a user turn with the generation prompt."""
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 

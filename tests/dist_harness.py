@@ -18,23 +18,35 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TORCH_PRELOAD = ["torch", "torch.distributed.fsdp", "torch.distributed.tensor", "transformers",
-                 "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
-                 "transformers.models.qwen3.modeling_qwen3"]
+TORCH_PRELOAD = [
+    "torch",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen3.modeling_qwen3",
+]
 
 
-def run_world(script: Path, world: int, tmp: Path, args: dict, timeout: float,
-              preload: list[str] = TORCH_PRELOAD) -> dict[int, dict]:
+def run_world(
+    script: Path, world: int, tmp: Path, args: dict, timeout: float, preload: list[str] = TORCH_PRELOAD
+) -> dict[int, dict]:
     """Start `world` ranks of `script`, wait up to `timeout` s in total, return {rank: results}.
 
     The script runs with `__name__ == "__dist_worker__"` (its guard for the entry point)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(preload)
-    common = dict(args, world=world, store_path=str(tmp / "store"), out_dir=str(tmp),
-                  paths=[str(script.parent), str(REPO)])
+    common = dict(
+        args, world=world, store_path=str(tmp / "store"), out_dir=str(tmp), paths=[str(script.parent), str(REPO)]
+    )
     procs = [
-        ctx.Process(target=runpy.run_path, kwargs=dict(
-            path_name=str(script), init_globals={"ARGS": {**common, "rank": rank}}, run_name="__dist_worker__"))
+        ctx.Process(
+            target=runpy.run_path,
+            kwargs=dict(
+                path_name=str(script), init_globals={"ARGS": {**common, "rank": rank}}, run_name="__dist_worker__"
+            ),
+        )
         for rank in range(world)
     ]
     for p in procs:
@@ -52,8 +64,10 @@ def run_world(script: Path, world: int, tmp: Path, args: dict, timeout: float,
         results[rank] = json.loads(path.read_text()) if path.exists() else {}
     fatal = {r: res["__fatal__"] for r, res in results.items() if "__fatal__" in res}
     if hung or fatal:
-        pytest.fail(f"{script.name}, world {world}: ranks {hung} hung past {timeout:.0f}s; fatal errors: {fatal}; "
-                    f"results: {results}")
+        pytest.fail(
+            f"{script.name}, world {world}: ranks {hung} hung past {timeout:.0f}s; fatal errors: {fatal}; "
+            f"results: {results}"
+        )
     return results
 
 
@@ -62,8 +76,9 @@ def results_by_case(results: dict[int, dict], cases: list[dict]) -> dict[str, li
     return {c["id"]: [results[r].get(c["id"], "missing") for r in sorted(results)] for c in cases}
 
 
-def worker_main(rank: int, world: int, store_path: str, out_dir: str, cases: list[dict], paths: list[str],
-                setup, check) -> None:
+def worker_main(
+    rank: int, world: int, store_path: str, out_dir: str, cases: list[dict], paths: list[str], setup, check
+) -> None:
     """The body every `*_dist_worker.py` runs on its rank: join the gloo group, `context = setup(rank, world)`
     (meshes, TP groups: made on every rank in the same order), `check(case, rank, world, context)` per case (a
     string: "ok" or what went wrong; an exception is written as one), then `rank<r>.json` and a hard exit (a plain

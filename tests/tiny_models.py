@@ -17,8 +17,9 @@ def tiny_config(kind: str, **overrides):
         kw = dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, vocab_size=99)
         return transformers.LlamaConfig(**{**common, **kw, **overrides})
     if kind == "qwen2":
-        kw = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, vocab_size=130,
-                  tie_word_embeddings=True)
+        kw = dict(
+            hidden_size=32, num_attention_heads=4, num_key_value_heads=1, vocab_size=130, tie_word_embeddings=True
+        )
         return transformers.Qwen2Config(**{**common, **kw, **overrides})
     if kind == "qwen3":
         kw = dict(hidden_size=34, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=100)

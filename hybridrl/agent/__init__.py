@@ -1,10 +1,10 @@
 """Agent rollouts (`rollout=agent`): multi-turn tool calling, token in and token out.
 
-    tools = prompt_tool_schemas(cfg.agent)                      # prompts: apply_chat_template(msgs, tools=tools)
-    loop = AgentLoop(cfg.agent, tokenizer)                      # tools, tool-call parser, chat template
-    trajs = loop.generate_sync(engine, prompt_ids, params)      # params.n per prompt; params.seed = step seed
-    batch = trajectories_to_batch(prompts, trajs)               # response_mask = 1 on model tokens only
-    metrics = agent_metrics(trajs)                              # agent/turns_mean, agent/tool_errors, ...
+tools = prompt_tool_schemas(cfg.agent)                      # prompts: apply_chat_template(msgs, tools=tools)
+loop = AgentLoop(cfg.agent, tokenizer)                      # tools, tool-call parser, chat template
+trajs = loop.generate_sync(engine, prompt_ids, params)      # params.n per prompt; params.seed = step seed
+batch = trajectories_to_batch(prompts, trajs)               # response_mask = 1 on model tokens only
+metrics = agent_metrics(trajs)                              # agent/turns_mean, agent/tool_errors, ...
 """
 
 from hybridrl.agent.batch import trajectories_to_batch

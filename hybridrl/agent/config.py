@@ -48,15 +48,15 @@ class AgentConfig:
     max_turns: int = 4
     """Most assistant turns (engine generations) per trajectory; a tool call in the last turn is not run (truncated)."""
     max_total_tokens: int = 1024
-    """Budget of the whole sequence (prompt + model tokens + tool tokens); reaching it ends the trajectory, truncated."""
+    """Budget of the whole sequence (prompt + model tokens + tool tokens); reaching it truncates the trajectory."""
     tools: list[str] = field(default_factory=lambda: ["calculator"])
     """Tools offered: built-in names (calculator, python, sandbox_fusion) or import paths `pkg.module:Class`."""
     tool_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Constructor keyword arguments per tool, keyed by built-in name or class name (`+agent.tool_options.python.memory_mb=512`)."""
+    """Keyword arguments per tool, by built-in or class name (`+agent.tool_options.python.memory_mb=512`)."""
     format: str = "hermes"
-    """Tool-call format the model writes: hermes (Qwen2.5/Qwen3 `<tool_call>`), llama3_json or mistral (`[TOOL_CALLS]`)."""
+    """Tool-call format: hermes (Qwen2.5/Qwen3 `<tool_call>`), llama3_json, mistral (`[TOOL_CALLS]`)."""
     tools_in_prompt: bool = True
-    """Render the tools' JSON schemas into the prompt (the chat template's `tools=`); off for models that cannot read."""
+    """Render the tools' JSON schemas into the prompt (the chat template's `tools=`); off for models that can't."""
     tool_timeout_s: float = 10.0
     """Wall-clock limit of one tool call, in seconds; a call that exceeds it returns an error message to the model."""
     tool_timeouts: dict[str, float] = field(default_factory=dict)

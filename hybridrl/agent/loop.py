@@ -141,14 +141,24 @@ class AgentLoop:
         await asyncio.gather(*(lane() for _ in range(lanes)))
         return out  # type: ignore[return-value]
 
-    def generate_sync(self, engine: object, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                      messages: Sequence[Sequence[dict[str, Any]]] | None = None) -> list[Trajectory]:
+    def generate_sync(
+        self,
+        engine: object,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        messages: Sequence[Sequence[dict[str, Any]]] | None = None,
+    ) -> list[Trajectory]:
         """`generate` from synchronous code (a worker's phase method): runs its own event loop."""
         return asyncio.run(self.generate(engine, prompts, params, messages))
 
     # -- one trajectory ---------------------------------------------------------------------------------------
     async def run_trajectory(
-        self, engine, prompt_ids: list[int], prompt_index: int, sample_index: int, params: SamplingParams,
+        self,
+        engine,
+        prompt_ids: list[int],
+        prompt_index: int,
+        sample_index: int,
+        params: SamplingParams,
         messages: list[dict[str, Any]] | None = None,
     ) -> Trajectory:
         """One trajectory of the loop in the module docstring (`prompt_index` local; the stream uses
@@ -163,8 +173,9 @@ class AgentLoop:
                 self._end(traj, "max_total_tokens")
                 break
             cap = min(params.max_new_tokens, room)
-            turn_params = dataclasses.replace(params, n=1, seed=turn_seed(params.seed, turn), max_new_tokens=cap,
-                                              prompt_offset=0)
+            turn_params = dataclasses.replace(
+                params, n=1, seed=turn_seed(params.seed, turn), max_new_tokens=cap, prompt_offset=0
+            )
             c = await engine.generate(GenerationRequest(list(context), request_index, sample_index), turn_params)
             traj.turns += 1
             traj.model_tokens += len(c.token_ids)
@@ -219,7 +230,9 @@ class AgentLoop:
         runnable = parsed.calls[:limit]
         outcomes = list(await asyncio.gather(*(self.runner.run(call) for call in runnable)))
         for call in parsed.calls[limit:]:
-            outcomes.append(self.runner.error(call.name, f"more than {limit} tool calls in one turn; this one was not run"))
+            outcomes.append(
+                self.runner.error(call.name, f"more than {limit} tool calls in one turn; this one was not run")
+            )
         outcomes += [self.runner.error("", msg) for msg in parsed.errors]
         return outcomes
 

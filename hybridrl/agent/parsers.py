@@ -52,7 +52,7 @@ def _call_from_obj(obj: Any, args_key: str) -> ToolCall | str:
         return f"a tool call must be a JSON object, got {type(obj).__name__}"
     name = obj.get("name")
     if not isinstance(name, str) or not name:
-        return "the tool call has no \"name\" string"
+        return 'the tool call has no "name" string'
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:

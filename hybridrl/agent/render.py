@@ -4,8 +4,9 @@ The model's own tokens are never re-rendered: only the text *after* an assistant
 rendering a fixed conversation whose last assistant message is a sentinel, with the tool messages appended and the
 generation prompt on, and keeping what follows the sentinel::
 
-    <|im_start|>assistant\\n SENTINEL <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n6\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
-                                      └──────────────────────────── the tool turn ────────────────────────────────────┘
+    <|im_start|>assistant\\n SENTINEL <|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n6\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
+    └──────────────────────────── the tool turn ─────────────────────────────────────┘
 
 When the model ended its turn with a stop token the template also writes (Qwen's `<|im_end|>`), that leading piece
 is dropped, since the model's token is already in the context; when the turn ended otherwise (a stop id of the

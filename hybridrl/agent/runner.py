@@ -102,11 +102,15 @@ class ToolRunner:
                     value = await asyncio.wait_for(fut, timeout)
                 text = to_text(value)
             except asyncio.TimeoutError:
-                return self.error(call.name, f"tool {call.name!r} timed out after {timeout:g} s", time.perf_counter() - t0)
+                return self.error(
+                    call.name, f"tool {call.name!r} timed out after {timeout:g} s", time.perf_counter() - t0
+                )
             except ToolError as e:
                 return self.error(call.name, str(e), time.perf_counter() - t0)
             except Exception as e:  # a tool's own bug must not end the run
-                return self.error(call.name, f"tool {call.name!r} raised {type(e).__name__}: {e}", time.perf_counter() - t0)
+                return self.error(
+                    call.name, f"tool {call.name!r} raised {type(e).__name__}: {e}", time.perf_counter() - t0
+                )
             return ToolOutcome(call.name, clip(text, self.max_output_chars), False, time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -34,7 +34,9 @@ def make_calc_rows(n: int, min_digits: int, max_digits: int, seed: int, exclude:
     """`n` distinct rows {prompt, answer, task, digits} drawn from `seed`: a*b with each factor of
     min_digits..max_digits digits; `digits` ("a*b") is the row's identity (what `exclude` holds)."""
     if not 1 <= min_digits <= max_digits:
-        raise ConfigError(f"data.synthetic.min_digits/max_digits must satisfy 1 <= min <= max, got {min_digits}, {max_digits}")
+        raise ConfigError(
+            f"data.synthetic.min_digits/max_digits must satisfy 1 <= min <= max, got {min_digits}, {max_digits}"
+        )
     rng = random.Random(seed)
     seen = set(exclude or ())
     space = sum(9 * 10 ** (k - 1) for k in range(min_digits, max_digits + 1)) ** 2
@@ -114,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     train = make_calc_rows(args.train, args.min_digits, args.max_digits, args.seed)
-    val = make_calc_rows(args.val, args.min_digits, args.max_digits, args.seed + 1, exclude={r["digits"] for r in train})
+    val = make_calc_rows(
+        args.val, args.min_digits, args.max_digits, args.seed + 1, exclude={r["digits"] for r in train}
+    )
     for name, rows in (("train", train), ("val", val)):
         with (out / f"{name}.jsonl").open("w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

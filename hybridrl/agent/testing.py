@@ -66,8 +66,9 @@ class ScriptedEngine:
 class ScriptedAsyncEngine(ScriptedEngine):
     """The same script behind `async generate(request, params)`, answering each request after `delay_s`."""
 
-    def __init__(self, script: Script, stop_ids: Sequence[int], default: Sequence[int] | None = None,
-                 delay_s: float = 0.0) -> None:
+    def __init__(
+        self, script: Script, stop_ids: Sequence[int], default: Sequence[int] | None = None, delay_s: float = 0.0
+    ) -> None:
         super().__init__(script, stop_ids, default)
         self.delay_s = delay_s
 

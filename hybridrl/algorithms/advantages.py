@@ -67,9 +67,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return _zero_equal_groups(groups, centered)
 
 
-def reinforce_pp_baseline_advantages(
-    rewards: torch.Tensor, mask: torch.Tensor, group_size: int
-) -> torch.Tensor:
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
     """REINFORCE++-baseline (Hu et al. 2025): r - group mean on every response token, then whitened
     over all response tokens of the batch (mean 0, unbiased std 1, token-weighted as in verl). [B, T]."""
     groups = _grouped(rewards, group_size)

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridrl.algorithms.correction import ROLLOUT_CORRECTIONS
 from hybridrl.algorithms.kl import KL_ALIASES, KL_ESTIMATORS, canonical_kl_estimator
 from hybridrl.algorithms.losses import LOSS_AGG_MODES
 from hybridrl.errors import ConfigError
 
+ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "seq_tis", "token_mis", "seq_mis")
+"""none; tis: token TIS; seq_tis: sequence TIS; token_mis / seq_mis: masked IS of tokens / sequences."""
+
 ALGORITHMS: tuple[str, ...] = (
-    "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo", "dapo", "cispo", "ppo",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gspo",
+    "dapo",
+    "cispo",
+    "ppo",
 )
 KL_PLACEMENTS: tuple[str, ...] = ("loss", "reward", "none")
 
@@ -172,9 +182,7 @@ class AlgorithmConfig:
         """
         n = self.overlong_buffer_len or max(min(3, max_new_tokens), max_new_tokens // 5)
         if n > max_new_tokens:
-            raise ConfigError(
-                f"algorithm.overlong_buffer_len={n} must be <= engine.max_new_tokens={max_new_tokens}"
-            )
+            raise ConfigError(f"algorithm.overlong_buffer_len={n} must be <= engine.max_new_tokens={max_new_tokens}")
         return n
 
     @property

@@ -14,17 +14,11 @@ ratio is the geometric mean of its token ratios, exp(mean over its response of l
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
+from hybridrl.algorithms.config import ROLLOUT_CORRECTIONS, AlgorithmConfig
 from hybridrl.algorithms.losses import masked_mean
-
-if TYPE_CHECKING:
-    from hybridrl.algorithms.config import AlgorithmConfig
-
-ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "seq_tis", "token_mis", "seq_mis")
-"""none; tis: token TIS; seq_tis: sequence TIS; token_mis / seq_mis: masked IS of tokens / sequences."""
 
 # Log-ratios are clamped to this before exp(), as verl's rollout correction does (its SAFETY_BOUND).
 _SAFETY_BOUND = 20.0
@@ -154,7 +148,8 @@ def rollout_correction(
         metrics = {
             "rollout_corr/weight_mean": masked_mean(w, stays),
             "rollout_corr/weight_max": torch.where(stays > 0, w, torch.zeros_like(w)).max()
-            if w.numel() else w.new_zeros(()),
+            if w.numel()
+            else w.new_zeros(()),
             "rollout_corr/masked_frac": masked_mean(1.0 - stays.float(), mask),
         }
         if keep is None:

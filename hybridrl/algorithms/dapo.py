@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 
-def overlong_penalty(
-    lengths: torch.Tensor, max_len: int, buffer_len: int, penalty_factor: float
-) -> torch.Tensor:
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, penalty_factor: float) -> torch.Tensor:
     """DAPO's soft overlong punishment, verl's DAPO reward manager formula, to add to the scores:
 
         expected_len = max_len - buffer_len
@@ -153,8 +151,10 @@ class GroupRefill:
                 f"the batch needs {self.target_groups}"
             )
         rows = [
-            (torch.tensor(sorted(gs), dtype=torch.long).unsqueeze(-1) * self.group_size
-             + torch.arange(self.group_size)).view(-1)
+            (
+                torch.tensor(sorted(gs), dtype=torch.long).unsqueeze(-1) * self.group_size
+                + torch.arange(self.group_size)
+            ).view(-1)
             for gs in chosen
         ]
         return RefillPlan(

@@ -96,6 +96,7 @@ def aggregate(
         raise ValueError(f"normalizer must be positive, got {normalizer}")
     return numerator / normalizer
 
+
 def ppo_clip_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

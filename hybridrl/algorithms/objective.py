@@ -107,10 +107,25 @@ def policy_loss(
         )
     if kind == "cispo":
         return cispo_loss(
-            logp, old_logp, advantages, mask, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.loss_agg_mode,
-            normalizer, is_weights,
+            logp,
+            old_logp,
+            advantages,
+            mask,
+            cfg.clip_ratio_low,
+            cfg.clip_ratio_high,
+            cfg.loss_agg_mode,
+            normalizer,
+            is_weights,
         )
     return ppo_clip_loss(
-        logp, old_logp, advantages, mask, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c,
-        cfg.loss_agg_mode, normalizer=normalizer, is_weights=is_weights,
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        cfg.clip_ratio_low,
+        cfg.clip_ratio_high,
+        cfg.clip_ratio_c,
+        cfg.loss_agg_mode,
+        normalizer=normalizer,
+        is_weights=is_weights,
     )

@@ -91,7 +91,8 @@ def check_prompt(raw: Any, where: str, key: str) -> None:
     for j, m in enumerate(raw):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise HybridRLError(
-                f"{where}: message {j} of column {key!r} is {_short(m)}; each message needs a string 'role' and 'content'"
+                f"{where}: message {j} of column {key!r} is {_short(m)}; "
+                "each message needs a string 'role' and 'content'"
             )
 
 
@@ -119,7 +120,9 @@ def tokenize_rows(rows: list[dict], tokenizer, cfg: DataConfig, source: str) -> 
         # Rows count from 0, as in a dataframe; a JSONL file's line number is one more.
         row_name = f"row {i} (from 0)"
         if cfg.prompt_key not in row:
-            raise HybridRLError(f"{source}: {row_name} has no column {cfg.prompt_key!r} (data.prompt_key); columns: {sorted(row)}")
+            raise HybridRLError(
+                f"{source}: {row_name} has no column {cfg.prompt_key!r} (data.prompt_key); columns: {sorted(row)}"
+            )
         where = f"{source}: {row_name}"
         check_prompt(row[cfg.prompt_key], where, cfg.prompt_key)
         text = render_prompt(row[cfg.prompt_key], tokenizer, cfg, where)
@@ -137,7 +140,9 @@ def tokenize_rows(rows: list[dict], tokenizer, cfg: DataConfig, source: str) -> 
             sample["answer"] = row[cfg.answer_key]
         prompts.append(Prompt(ids, text, sample))
     if dropped:
-        log.warning("%s: dropped %d prompts longer than data.max_prompt_tokens=%d", source, dropped, cfg.max_prompt_tokens)
+        log.warning(
+            "%s: dropped %d prompts longer than data.max_prompt_tokens=%d", source, dropped, cfg.max_prompt_tokens
+        )
     if not prompts:
         raise HybridRLError(f"{source}: no prompts left (all longer than data.max_prompt_tokens?)")
     return prompts
@@ -149,14 +154,23 @@ def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], list[Prompt]
         s = cfg.synthetic
         train_rows = make_synthetic_rows(s.task, s.num_prompts, s.min_digits, s.max_digits, cfg.seed)
         val_rows = make_synthetic_rows(
-            s.task, s.num_val_prompts, s.min_digits, s.max_digits, cfg.seed + 1, exclude={r["digits"] for r in train_rows}
+            s.task,
+            s.num_val_prompts,
+            s.min_digits,
+            s.max_digits,
+            cfg.seed + 1,
+            exclude={r["digits"] for r in train_rows},
         )
         return (
             tokenize_rows(train_rows, tokenizer, cfg, "data=synthetic"),
             tokenize_rows(val_rows, tokenizer, cfg, "data=synthetic (val)"),
         )
     train = tokenize_rows(read_rows(cfg.path, "data.path"), tokenizer, cfg, f"data.path={cfg.path}")
-    val = tokenize_rows(read_rows(cfg.val_path, "data.val_path"), tokenizer, cfg, f"data.val_path={cfg.val_path}") if cfg.val_path else []
+    val = (
+        tokenize_rows(read_rows(cfg.val_path, "data.val_path"), tokenizer, cfg, f"data.val_path={cfg.val_path}")
+        if cfg.val_path
+        else []
+    )
     return train, val
 
 

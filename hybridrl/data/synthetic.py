@@ -34,7 +34,9 @@ def _prompt(task: str, digits: str) -> str:
     return f"{task}: {digits}"
 
 
-def make_synthetic_rows(task: str, n: int, min_digits: int, max_digits: int, seed: int, exclude: set[str] | None = None) -> list[dict]:
+def make_synthetic_rows(
+    task: str, n: int, min_digits: int, max_digits: int, seed: int, exclude: set[str] | None = None
+) -> list[dict]:
     """`n` distinct rows {prompt, answer, task} drawn deterministically from `seed`."""
     if task == "calc":  # arithmetic too long to do in the head: the agent loop's calculator task
         from hybridrl.agent.tasks import make_calc_rows
@@ -46,8 +48,8 @@ def make_synthetic_rows(task: str, n: int, min_digits: int, max_digits: int, see
     space = sum(10**k for k in range(min_digits, max_digits + 1))
     if n > space - len(seen):
         raise ConfigError(
-            f"data.synthetic: only {space - len(seen)} distinct prompts with {min_digits}..{max_digits} digits are left, "
-            f"asked for {n}; lower data.synthetic.num_prompts / num_val_prompts or raise max_digits"
+            f"data.synthetic: only {space - len(seen)} distinct prompts with {min_digits}..{max_digits} digits "
+            f"are left, asked for {n}; lower data.synthetic.num_prompts / num_val_prompts or raise max_digits"
         )
     while len(rows) < n:
         k = rng.randint(min_digits, max_digits)

@@ -48,13 +48,27 @@ def build_engine(
         from hybridrl.engines.native.engine import FusedEngine
 
         eos = eos_ids(tokenizer, generation_config=load_generation_config(model_path, hf_config))
-        return FusedEngine(hf_config, eos, tokenizer.pad_token_id, device=device, dtype=dtype, options=cfg.native,
-                           tp_group=topology.engine_tp_group(), seed=seed)
+        return FusedEngine(
+            hf_config,
+            eos,
+            tokenizer.pad_token_id,
+            device=device,
+            dtype=dtype,
+            options=cfg.native,
+            tp_group=topology.engine_tp_group(),
+            seed=seed,
+        )
     if cfg.name == "vllm":
         from hybridrl.engines.vllm.engine import VllmEngine
 
-        return VllmEngine(model_path, cfg, topology=topology, seed=seed, device=device.type,
-                          trust_remote_code=model_cfg.trust_remote_code)
+        return VllmEngine(
+            model_path,
+            cfg,
+            topology=topology,
+            seed=seed,
+            device=device.type,
+            trust_remote_code=model_cfg.trust_remote_code,
+        )
     if cfg.name == "sglang":
         from hybridrl.engines.sglang.engine import SglangEngine
 

@@ -32,11 +32,15 @@ class VllmOptions:
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"engine.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ConfigError(
+                f"engine.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.kv_cache_memory_gb < 0:
             raise ConfigError(f"engine.vllm.kv_cache_memory_gb must be >= 0, got {self.kv_cache_memory_gb}")
         if self.max_model_len < 0:
-            raise ConfigError(f"engine.vllm.max_model_len must be >= 0 (0 = the model's limit), got {self.max_model_len}")
+            raise ConfigError(
+                f"engine.vllm.max_model_len must be >= 0 (0 = the model's limit), got {self.max_model_len}"
+            )
 
 
 @dataclass
@@ -129,7 +133,9 @@ class NativeOptions:
         if self.max_batch_size < 1:
             raise ConfigError(f"engine.native.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_model_len < 0:
-            raise ConfigError(f"engine.native.max_model_len must be >= 0 (0 = no fixed limit), got {self.max_model_len}")
+            raise ConfigError(
+                f"engine.native.max_model_len must be >= 0 (0 = no fixed limit), got {self.max_model_len}"
+            )
         if self.prefill_tokens < 1:
             raise ConfigError(f"engine.native.prefill_tokens must be >= 1, got {self.prefill_tokens}")
         if self.kv_block_size < 1 or self.kv_block_size & (self.kv_block_size - 1):
@@ -139,11 +145,13 @@ class NativeOptions:
         if self.join_wait_steps < 0:
             raise ConfigError(f"engine.native.join_wait_steps must be >= 0, got {self.join_wait_steps}")
         if self.join_step_tokens < 0:
-            raise ConfigError(f"engine.native.join_step_tokens must be >= 0 (0 = joins prefill apart), got "
-                              f"{self.join_step_tokens}")
+            raise ConfigError(
+                f"engine.native.join_step_tokens must be >= 0 (0 = joins prefill apart), got {self.join_step_tokens}"
+            )
         if self.shared_prefix_tokens < 0:
-            raise ConfigError(f"engine.native.shared_prefix_tokens must be >= 0 (0 = never), got "
-                              f"{self.shared_prefix_tokens}")
+            raise ConfigError(
+                f"engine.native.shared_prefix_tokens must be >= 0 (0 = never), got {self.shared_prefix_tokens}"
+            )
         if not 0 <= self.kv_memory_fraction < 1:
             raise ConfigError(f"engine.native.kv_memory_fraction must be in [0, 1), got {self.kv_memory_fraction}")
 

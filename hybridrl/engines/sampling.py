@@ -44,7 +44,7 @@ def step_key(step: int) -> int:
 
 
 def step_keys(steps: torch.Tensor) -> torch.Tensor:
-    """`step_key` of every entry of an int64 tensor of step indices (the same numbers: int64 products wrap mod 2**64)."""
+    """`step_key` of each entry of an int64 tensor of step indices (the same numbers: int64 products wrap mod 2**64)."""
     return _mix((steps + 1) * _GOLDEN)
 
 

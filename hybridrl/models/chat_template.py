@@ -80,9 +80,13 @@ def renders_tool_messages(tokenizer) -> bool:
     probe = "hybridrl-probe-7f3a"
     try:
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
-             {"role": "tool", "content": probe}],
-            tokenize=False, add_generation_prompt=True,
+            [
+                {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "a"},
+                {"role": "tool", "content": probe},
+            ],
+            tokenize=False,
+            add_generation_prompt=True,
         )
     except Exception:
         return False

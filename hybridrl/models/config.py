@@ -71,8 +71,9 @@ class LoraOptions:
             raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
         names = list(self.target_modules)
         if not names or any(not n or "." in n for n in names) or len(set(names)) != len(names):
-            raise ConfigError(f"model.lora.target_modules must be distinct module names such as q_proj (no dots), "
-                              f"got {names}")
+            raise ConfigError(
+                f"model.lora.target_modules must be distinct module names such as q_proj (no dots), got {names}"
+            )
 
 
 @dataclass

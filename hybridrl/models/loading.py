@@ -72,7 +72,8 @@ def check_supported_architecture(model_path: str, trust_remote_code: bool = Fals
             import transformers
 
             raise ConfigError(
-                f"{where}: model_type {model_type!r} is unknown to the installed transformers {transformers.__version__}"
+                f"{where}: model_type {model_type!r} is unknown to the installed transformers "
+                f"{transformers.__version__}"
             )
     archs = config.get("architectures") or []
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):

@@ -125,7 +125,8 @@ def ensure_tiny_model(
     if "pretrain" in spec:
         log.info(
             "making the tiny model: %d steps of pre-training on digit text, once (cached in %s)",
-            pretrain_spec.steps, target,
+            pretrain_spec.steps,
+            target,
         )
         losses = pretrain(model, tokenizer, pretrain_spec)
         log.info("tiny model pre-trained: loss %.3f -> %.3f", losses[0], sum(losses[-50:]) / len(losses[-50:]))

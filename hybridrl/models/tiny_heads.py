@@ -21,12 +21,24 @@ import torch
 TINY_RM_FORMAT_VERSION = 1
 
 
-def tiny_reward_model_spec(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2, num_kv_heads: int = 1,
-                           intermediate_size: int = 192, seed: int = 1) -> dict:
+def tiny_reward_model_spec(
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 192,
+    seed: int = 1,
+) -> dict:
     """The tiny reward model's shape as a plain dict (also its cache key)."""
-    return {"hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
-            "num_key_value_heads": num_kv_heads, "intermediate_size": intermediate_size, "seed": seed,
-            "format": TINY_RM_FORMAT_VERSION}
+    return {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "seed": seed,
+        "format": TINY_RM_FORMAT_VERSION,
+    }
 
 
 def ensure_tiny_reward_model(cache_dir: str | os.PathLike | None = None, **shape) -> Path:
@@ -46,10 +58,17 @@ def ensure_tiny_reward_model(cache_dir: str | os.PathLike | None = None, **shape
     tmp = root / f".tmp-{target.name}-{os.getpid()}"
     tokenizer = build_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=spec["hidden_size"], num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"], num_key_value_heads=spec["num_key_value_heads"],
-        intermediate_size=spec["intermediate_size"], max_position_embeddings=512, num_labels=1,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=spec["hidden_size"],
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_key_value_heads"],
+        intermediate_size=spec["intermediate_size"],
+        max_position_embeddings=512,
+        num_labels=1,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])

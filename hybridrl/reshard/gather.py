@@ -145,8 +145,10 @@ def _all_gather_packed(
         local = p.to_local()
         expected = max(0, min(chunk, p.shape[0] - rank * chunk))
         if local.shape[0] != expected:
-            raise HybridRLError(f"reshard gather: {name} has {local.shape[0]} local rows on rank {rank}, expected "
-                                f"{expected} (torch.chunk split of {p.shape[0]} over {ws})")
+            raise HybridRLError(
+                f"reshard gather: {name} has {local.shape[0]} local rows on rank {rank}, expected "
+                f"{expected} (torch.chunk split of {p.shape[0]} over {ws})"
+            )
         send[off : off + local.numel()].copy_(local.reshape(-1))  # copy_ casts and moves (CPU-offloaded shards)
     gathered = torch.empty(ws * total, dtype=dtype, device=device)
     dist.all_gather_into_tensor(gathered, send, group=mesh.get_group(mesh_dim))

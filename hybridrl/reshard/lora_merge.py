@@ -82,8 +82,9 @@ class LoraMerge:
             m = _FACTOR.fullmatch(name)
             if m is None:
                 if ".lora_" in name:
-                    raise HybridRLError(f"reshard: cannot merge {name}: only LoRA on linear layers (lora_A/lora_B) is "
-                                        "supported")
+                    raise HybridRLError(
+                        f"reshard: cannot merge {name}: only LoRA on linear layers (lora_A/lora_B) is supported"
+                    )
                 plain.append((name, t))
             else:
                 factors.setdefault((m["module"], m["adapter"]), {})[m["ab"]] = t
@@ -94,8 +95,9 @@ class LoraMerge:
                 continue
             if set(ab) != {"A", "B"}:
                 missing = "".join(sorted({"A", "B"} - set(ab)))
-                raise HybridRLError(f"reshard: LoRA layer {module} ({adapter}) lacks its lora_{missing} factor in "
-                                    "this group")
+                raise HybridRLError(
+                    f"reshard: LoRA layer {module} ({adapter}) lacks its lora_{missing} factor in this group"
+                )
             i = index.get(f"{module}.weight")
             if i is None:
                 raise HybridRLError(f"reshard: LoRA factors of {module} have no base weight {module}.weight")

@@ -277,13 +277,17 @@ class Resharder:
         try:
             group = self.layout.group(name)
         except KeyError:
-            raise HybridRLError(f"reshard: model parameters {sorted(got)} have no place in the "
-                                f"{self.layout.style} layout of {self.layout.shape.model_type}") from None
+            raise HybridRLError(
+                f"reshard: model parameters {sorted(got)} have no place in the "
+                f"{self.layout.style} layout of {self.layout.shape.model_type}"
+            ) from None
         expected = set(group.sources())
         if set(got) != expected:
-            raise HybridRLError(f"reshard: layer group {name}: model has {sorted(set(got) - expected)} the layout "
-                                f"does not know, lacks {sorted(expected - set(got))} (tie_word_embeddings or bias "
-                                f"settings differ from the config?)")
+            raise HybridRLError(
+                f"reshard: layer group {name}: model has {sorted(set(got) - expected)} the layout "
+                f"does not know, lacks {sorted(expected - set(got))} (tie_word_embeddings or bias "
+                f"settings differ from the config?)"
+            )
         for n, shape in got.items():
             if shape != self._hf_shapes[n]:
                 raise HybridRLError(f"reshard: {n} has shape {shape}, the config implies {self._hf_shapes[n]}")
@@ -300,19 +304,28 @@ class Resharder:
         t = self._clock.now()
         held = self._engine_weights()
         for spec in specs:
-            ref = reference_shard(self.hf_config, spec.name, sources, style=self.layout.style,
-                                  tp_rank=self.layout.tp_rank, tp_size=self.layout.tp_size)
+            ref = reference_shard(
+                self.hf_config,
+                spec.name,
+                sources,
+                style=self.layout.style,
+                tp_rank=self.layout.tp_rank,
+                tp_size=self.layout.tp_size,
+            )
             got = held.get(spec.name)
             if got is None:
                 raise HybridRLError(f"reshard verify: the engine holds no tensor named {spec.name}")
             if got.shape != ref.shape:
-                raise HybridRLError(f"reshard verify: {spec.name} has shape {tuple(got.shape)} in the engine, "
-                                    f"the reference shard {tuple(ref.shape)}")
+                raise HybridRLError(
+                    f"reshard verify: {spec.name} has shape {tuple(got.shape)} in the engine, "
+                    f"the reference shard {tuple(ref.shape)}"
+                )
             ref = ref.to(device=got.device, dtype=got.dtype)
             if not torch.equal(got, ref):
                 diff = (got.double() - ref.double()).abs().max().item()
-                raise HybridRLError(f"reshard verify: {spec.name} differs from the reference shard "
-                                    f"(max abs diff {diff:.3g})")
+                raise HybridRLError(
+                    f"reshard verify: {spec.name} differs from the reference shard (max abs diff {diff:.3g})"
+                )
         self._clock.add("verify_s", t)
 
     def _check_coverage(self) -> None:

@@ -19,8 +19,13 @@ class TensorDictEngine:
         self.weight_layout_style = style
 
     @classmethod
-    def from_layout(cls, layout: WeightLayout, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu", fill: float = float("nan")) -> TensorDictEngine:
+    def from_layout(
+        cls,
+        layout: WeightLayout,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        fill: float = float("nan"),
+    ) -> TensorDictEngine:
         """One tensor per spec of `layout`, filled with `fill` (NaN: an unwritten tensor never passes a check)."""
         tensors = {s.name: torch.full(s.shape, fill, dtype=dtype, device=device) for s in layout.specs()}
         return cls(tensors, layout.style)

@@ -12,12 +12,13 @@ from hybridrl.rewards.base import (
     normalize_results,
     per_sample,
 )
-from hybridrl.rewards.registry import register_reward, registered_rewards, resolve_reward
 from hybridrl.rewards.config import RewardConfig
+
 # Importing these modules registers their rewards.
 from hybridrl.rewards.countdown import countdown_reward
 from hybridrl.rewards.format import format_reward, math_with_format_reward
 from hybridrl.rewards.math_answer import answers_match, extract_answer, math_reward, normalize_number
+from hybridrl.rewards.registry import register_reward, registered_rewards, resolve_reward
 
 __all__ = [
     "PerSampleRewardFn",

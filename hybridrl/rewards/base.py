@@ -30,12 +30,10 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from hybridrl.errors import HybridRLError
-
-if TYPE_CHECKING:
-    from hybridrl.rewards.config import RewardConfig
+from hybridrl.rewards.config import RewardConfig
 
 log = logging.getLogger(__name__)
 FLOAT32_MAX = 3.4028234663852886e38
@@ -215,7 +213,9 @@ def _score_one_by_one(fn: RewardFn, items: list[RewardInput], cfg: RewardConfig,
             f"{type(e).__name__}: {_first_line(e)}; on {describe_item(items[i])}"
         )
         if len(failed) > cfg.max_error_frac * len(items):
-            raise HybridRLError(f"{summary}. That is more than reward.max_error_frac={cfg.max_error_frac}: fix the function")
+            raise HybridRLError(
+                f"{summary}. That is more than reward.max_error_frac={cfg.max_error_frac}: fix the function"
+            )
         log.warning("%s (scored reward.error_score=%s)", summary, cfg.error_score)
     scores = [cfg.error_score] * len(items)
     extras: dict[str, list[float]] = {}

@@ -86,8 +86,10 @@ class RewardScorer:
             stats[f"time/reward_model/{rm.cfg.name}"] = time.perf_counter() - t0
         for name in sources:
             if name in extras:
-                raise HybridRLError(f"the reward function logs a component {name!r}, which is also a reward source's "
-                                    "name; rename the reward model (reward_model.models[i].name)")
+                raise HybridRLError(
+                    f"the reward function logs a component {name!r}, which is also a reward source's "
+                    "name; rename the reward model (reward_model.models[i].name)"
+                )
         if self.combine is None:
             weights = {FUNCTION_SOURCE: self.weight, **{rm.cfg.name: rm.cfg.weight for rm in self.models}}
             scores = weighted_sum(sources, weights)

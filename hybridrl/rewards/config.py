@@ -17,9 +17,41 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.errors import ConfigError
-from hybridrl.rewards.remote import RemoteRewardConfig
 
 _FN_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass
+class RemoteRewardConfig:
+    """The endpoint `reward=remote` posts to (`reward.remote.*`)."""
+
+    url: Optional[str] = None
+    """http(s) URL that takes the JSON batch; required with reward=remote."""
+    timeout_s: float = 60.0
+    """Seconds one request may take before it counts as failed (and is retried)."""
+    max_retries: int = 3
+    """Further attempts after a failed one (timeouts, refused connections, HTTP 429/5xx); 0 = no retry."""
+    backoff_s: float = 1.0
+    """Wait before the first retry; doubled before each next one."""
+    batch_size: int = 0
+    """Items per request; 0 = this worker's whole shard in one request."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Extra HTTP headers (e.g. Authorization)."""
+
+    def check(self) -> None:
+        """ConfigError naming `reward.remote.<key>` for a bad value (the caller knows whether a URL is needed)."""
+        if not self.url or not self.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"reward.remote.url must be an http:// or https:// URL with reward=remote, got {self.url!r}"
+            )
+        if self.timeout_s <= 0:
+            raise ConfigError(f"reward.remote.timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_retries < 0:
+            raise ConfigError(f"reward.remote.max_retries must be >= 0, got {self.max_retries}")
+        if self.backoff_s < 0:
+            raise ConfigError(f"reward.remote.backoff_s must be >= 0, got {self.backoff_s}")
+        if self.batch_size < 0:
+            raise ConfigError(f"reward.remote.batch_size must be >= 0, got {self.batch_size}")
 
 
 @dataclass

@@ -15,7 +15,12 @@ from hybridrl.rewards.base import RewardInput
 from hybridrl.rewards.registry import register_reward
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 
 
 def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
@@ -32,7 +37,7 @@ def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
 def extract_equation(text: str) -> str | None:
     """The candidate equation: the last <answer> block, else the last non-empty line; `= target` dropped."""
     found = _ANSWER.findall(text)
-    cand = found[-1] if found else next((l for l in reversed(text.strip().splitlines()) if l.strip()), "")
+    cand = found[-1] if found else next((s for s in reversed(text.strip().splitlines()) if s.strip()), "")
     cand = cand.split("=")[0].strip()
     return cand or None
 

@@ -77,9 +77,7 @@ _GROUPED_RE = re.compile(_GROUPED, _A)
 _SEP_RE = re.compile(_SEP)
 _BODY = r"(\d+(?:\.\d*)?|\.\d+)"
 _POW = r"(?:\s*(#|\^)\s*([-+]?\d+))?"  # "#": times ten to the power (scientific); "^": power of the base
-_FINAL_RE = re.compile(
-    rf"([-+]?)\s*(?:(\d+)\s+(?=\d+\s*/))?{_BODY}{_POW}(?:\s*/\s*([-+]?)\s*{_BODY}{_POW})?", _A
-)
+_FINAL_RE = re.compile(rf"([-+]?)\s*(?:(\d+)\s+(?=\d+\s*/))?{_BODY}{_POW}(?:\s*/\s*([-+]?)\s*{_BODY}{_POW})?", _A)
 
 _MAX_DIGITS = 500
 _MAX_EXPONENT = 400
@@ -322,7 +320,9 @@ def math_reward(item: RewardInput) -> float:
     truth = ground_truth(item.sample)  # a missing field is a data error: raise, don't score 0 forever
     try:
         if truth is None or (parse_number(truth) is None and not math_symbolic.parse_answer(str(truth))):
-            _warn_once("truth", f"math reward: reference answer {truth!r} is not a number or expression; such rows score 0")
+            _warn_once(
+                "truth", f"math reward: reference answer {truth!r} is not a number or expression; such rows score 0"
+            )
             return 0.0
         response = _MINUS_RE.sub("-", str(item.response))
         if parse_number(truth) is None:  # an expression: compare symbolically, reading the response as math-verify does

@@ -18,45 +18,14 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from dataclasses import asdict
+from typing import Any
 
-from hybridrl.errors import ConfigError, HybridRLError
+from hybridrl.errors import HybridRLError
 from hybridrl.rewards.base import RewardInput, RewardResult, normalize_results
+from hybridrl.rewards.config import RemoteRewardConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RemoteRewardConfig:
-    """The endpoint `reward=remote` posts to (`reward.remote.*`)."""
-
-    url: Optional[str] = None
-    """http(s) URL that takes the JSON batch; required with reward=remote."""
-    timeout_s: float = 60.0
-    """Seconds one request may take before it counts as failed (and is retried)."""
-    max_retries: int = 3
-    """Further attempts after a failed one (timeouts, refused connections, HTTP 429/5xx); 0 = no retry."""
-    backoff_s: float = 1.0
-    """Wait before the first retry; doubled before each next one."""
-    batch_size: int = 0
-    """Items per request; 0 = this worker's whole shard in one request."""
-    headers: dict[str, str] = field(default_factory=dict)
-    """Extra HTTP headers (e.g. Authorization)."""
-
-    def check(self) -> None:
-        """ConfigError naming `reward.remote.<key>` for a bad value (the caller knows whether a URL is needed)."""
-        if not self.url or not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"reward.remote.url must be an http:// or https:// URL with reward=remote, "
-                              f"got {self.url!r}")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"reward.remote.timeout_s must be > 0, got {self.timeout_s}")
-        if self.max_retries < 0:
-            raise ConfigError(f"reward.remote.max_retries must be >= 0, got {self.max_retries}")
-        if self.backoff_s < 0:
-            raise ConfigError(f"reward.remote.backoff_s must be >= 0, got {self.backoff_s}")
-        if self.batch_size < 0:
-            raise ConfigError(f"reward.remote.batch_size must be >= 0, got {self.batch_size}")
 
 
 class _Retryable(Exception):
@@ -88,10 +57,17 @@ class RemoteReward:
             except _Retryable as e:
                 if attempt == cfg.max_retries:
                     raise HybridRLError(
-                        f"reward.remote.url={cfg.url}: {e} (gave up after {attempt + 1} attempts)") from None
+                        f"reward.remote.url={cfg.url}: {e} (gave up after {attempt + 1} attempts)"
+                    ) from None
                 wait = cfg.backoff_s * 2**attempt
-                log.warning("reward.remote.url=%s: %s; retrying in %.1f s (%d of %d)", cfg.url, e, wait, attempt + 1,
-                            cfg.max_retries)
+                log.warning(
+                    "reward.remote.url=%s: %s; retrying in %.1f s (%d of %d)",
+                    cfg.url,
+                    e,
+                    wait,
+                    attempt + 1,
+                    cfg.max_retries,
+                )
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -122,12 +98,14 @@ class RemoteReward:
             data: Any = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             snippet = raw[:60].decode("utf-8", "replace").replace("\n", " ")
-            raise HybridRLError(f"reward.remote.url={url}: the answer is not JSON (starts with {snippet!r}); "
-                                'expected {"scores": [...]}') from None
+            raise HybridRLError(
+                f"reward.remote.url={url}: the answer is not JSON (starts with {snippet!r}); "
+                'expected {"scores": [...]}'
+            ) from None
         scores = data.get("scores") if isinstance(data, dict) else data
         if not isinstance(scores, list) or len(scores) != n:
             got = f"{len(scores)} scores" if isinstance(scores, list) else f"a {type(data).__name__}"
-            raise HybridRLError(f"reward.remote.url={url}: expected {{\"scores\": [...]}} with {n} scores, got {got}")
+            raise HybridRLError(f'reward.remote.url={url}: expected {{"scores": [...]}} with {n} scores, got {got}')
         try:
             normalize_results(scores, expected=n)  # numbers (or dicts with "score"), finite
         except HybridRLError as e:

@@ -28,8 +28,17 @@ log = logging.getLogger(__name__)
 
 #: Names a reward model cannot take: `reward/<name>` would collide with the controller's own reward metrics, or
 #: with the reward function's score ("function").
-RESERVED_NAMES = ("mean", "std", "max", "solve_none_frac", "zero_std_frac", "kl_penalty_mean", "overlong_penalty_mean",
-                  "generated_mean", "function")
+RESERVED_NAMES = (
+    "mean",
+    "std",
+    "max",
+    "solve_none_frac",
+    "zero_std_frac",
+    "kl_penalty_mean",
+    "overlong_penalty_mean",
+    "generated_mean",
+    "function",
+)
 TINY = "tiny"
 """`path` of the tiny reward model made locally."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -59,14 +68,18 @@ class RewardModelConfig:
     def check(self, where: str) -> None:
         """ConfigError naming `<where>.<key>` for a bad value."""
         if not self.name or not _NAME_RE.match(self.name):
-            raise ConfigError(f"{where}.name must be a non-empty name of letters, digits, '_', '.', '-'; "
-                              f"got {self.name!r}")
+            raise ConfigError(
+                f"{where}.name must be a non-empty name of letters, digits, '_', '.', '-'; got {self.name!r}"
+            )
         if self.name in RESERVED_NAMES:
-            raise ConfigError(f"{where}.name={self.name!r} is reserved (reward/{self.name} is another metric); "
-                              "pick another")
+            raise ConfigError(
+                f"{where}.name={self.name!r} is reserved (reward/{self.name} is another metric); pick another"
+            )
         if not self.path or self.path == "???":
-            raise ConfigError(f"{where}.path is required: the folder of a sequence-classification model, or tiny "
-                              f"(e.g. {where.replace('[', '.').replace(']', '')}.path=/path/to/reward-model)")
+            raise ConfigError(
+                f"{where}.path is required: the folder of a sequence-classification model, or tiny "
+                f"(e.g. {where.replace('[', '.').replace(']', '')}.path=/path/to/reward-model)"
+            )
         if self.micro_batch_size < 1:
             raise ConfigError(f"{where}.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.max_length < 2:
@@ -89,8 +102,9 @@ class RewardModelsConfig:
             seen.add(m.name)
 
 
-def render_for_reward_model(item: RewardInput, tokenizer, prompt_key: str = "prompt",
-                            system_prompt: str | None = None) -> str:
+def render_for_reward_model(
+    item: RewardInput, tokenizer, prompt_key: str = "prompt", system_prompt: str | None = None
+) -> str:
     """The text a reward model reads: the dataset's prompt (`sample[prompt_key]`: a string or chat messages) and the
     response, through the reward model's chat template when it has one, else the prompt followed by the response.
     Without the raw prompt in the sample, the policy's rendered prompt text stands in."""
@@ -113,25 +127,37 @@ def load_reward_model(path: str, dtype: torch.dtype, device: torch.device, trust
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype,
-                                                                   trust_remote_code=trust_remote_code)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code
+        )
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:  # any loading failure stops the run at setup, naming the folder
         first = (str(e).strip().splitlines() or [""])[0]
         raise HybridRLError(f"{where}: cannot load the reward model at {path!r}: {type(e).__name__}: {first}") from e
     if model.config.num_labels != 1:
         arch = ", ".join(getattr(model.config, "architectures", None) or ["?"])
-        raise HybridRLError(f"{where}: the model at {path!r} ({arch}) has num_labels={model.config.num_labels}; "
-                            "a reward model is a sequence classifier with one score per sequence (num_labels=1)")
+        raise HybridRLError(
+            f"{where}: the model at {path!r} ({arch}) has num_labels={model.config.num_labels}; "
+            "a reward model is a sequence classifier with one score per sequence (num_labels=1)"
+        )
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 
 class RewardModel:
     """One reward model role: sharded, frozen, in host memory outside its turn."""
 
-    def __init__(self, cfg: RewardModelConfig, path: str, device: torch.device, mesh, precision,
-                 prompt_key: str = "prompt", system_prompt: str | None = None, trust_remote_code: bool = False,
-                 where: str = "reward_model") -> None:
+    def __init__(
+        self,
+        cfg: RewardModelConfig,
+        path: str,
+        device: torch.device,
+        mesh,
+        precision,
+        prompt_key: str = "prompt",
+        system_prompt: str | None = None,
+        trust_remote_code: bool = False,
+        where: str = "reward_model",
+    ) -> None:
         from hybridrl.training.fsdp import shard_model
         from hybridrl.training.offload import HostOffloader
 
@@ -148,8 +174,9 @@ class RewardModel:
             head.register_forward_hook(self._keep_head_output)
         self.per_token_head = isinstance(head, torch.nn.Module)
         self.model = shard_model(model, mesh, precision.policy)
-        self.offloader = HostOffloader(lambda: list(self.model.parameters()), device,
-                                       enabled=cfg.offload and device.type == "cuda")
+        self.offloader = HostOffloader(
+            lambda: list(self.model.parameters()), device, enabled=cfg.offload and device.type == "cuda"
+        )
         self.offload()  # to host memory until its turn (built one at a time, so one is on the device at most)
 
     @property
@@ -195,7 +222,7 @@ class RewardModel:
         for item in items:
             text = render_for_reward_model(item, self.tokenizer, self.prompt_key, self.system_prompt)
             ids = self.tokenizer(text, add_special_tokens=not templated)["input_ids"]
-            out.append(ids[-self.cfg.max_length:] or [self.pad_id])
+            out.append(ids[-self.cfg.max_length :] or [self.pad_id])
         return out
 
     @torch.no_grad()
@@ -211,8 +238,9 @@ class RewardModel:
 
     def _score_micro(self, seqs: list[list[int]]) -> list[float]:
         if not self.per_token_head:  # the model's own pooling, one unpadded row at a time: always the last token
-            return [self.model(input_ids=torch.tensor([s], device=self.device)).logits[0, 0].float().item()
-                    for s in seqs]
+            return [
+                self.model(input_ids=torch.tensor([s], device=self.device)).logits[0, 0].float().item() for s in seqs
+            ]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)

@@ -18,8 +18,17 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 # reward/* keys that are statistics of the reward, not components of it.
-REWARD_STATS = ("reward/mean", "reward/std", "reward/max", "reward/kl_penalty_mean", "reward/solve_none_frac",
-                "reward/zero_std_frac", "reward/errors", "reward/overlong_penalty_mean", "reward/generated_mean")
+REWARD_STATS = (
+    "reward/mean",
+    "reward/std",
+    "reward/max",
+    "reward/kl_penalty_mean",
+    "reward/solve_none_frac",
+    "reward/zero_std_frac",
+    "reward/errors",
+    "reward/overlong_penalty_mean",
+    "reward/generated_mean",
+)
 
 
 def reward_components(rows: list[dict]) -> list[str]:
@@ -52,8 +61,12 @@ def plot_run(metrics_path: str | Path, out_path: str | Path) -> Path:
         if not points:
             continue
         first, last = first_last_means([v for _, v in points])
-        axes[0].plot(*zip(*points), label=f"{key}  {first:.2f} → {last:.2f}", linewidth=2 if i == 0 else 1.2,
-                     linestyle="-" if i == 0 else "--")
+        axes[0].plot(
+            *zip(*points),
+            label=f"{key}  {first:.2f} → {last:.2f}",
+            linewidth=2 if i == 0 else 1.2,
+            linestyle="-" if i == 0 else "--",
+        )
     val = [(r["step"], r["val/reward_mean"]) for r in rows if "val/reward_mean" in r]
     if val:
         axes[0].plot(*zip(*val), "o-", label="val/reward_mean")

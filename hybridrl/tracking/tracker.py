@@ -38,7 +38,9 @@ class Tracker:
     """Writes metrics rows; `resume_at(step)` drops rows past a checkpoint so steps never repeat, and a run
     that resumed nothing moves an earlier run's metrics.jsonl aside before its first row."""
 
-    def __init__(self, cfg: LoggerConfig, run_dir: str | Path, full_config: dict, job_name: str, sweep_group: str | None) -> None:
+    def __init__(
+        self, cfg: LoggerConfig, run_dir: str | Path, full_config: dict, job_name: str, sweep_group: str | None
+    ) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._continuing = False  # set by resume_at: the rows already in metrics.jsonl belong to this run
@@ -78,7 +80,7 @@ class Tracker:
             except (json.JSONDecodeError, KeyError):
                 continue
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(l + "\n" for l in keep))
+        tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, self.metrics_path)
         self.sample_log.resume_at(step)
 
@@ -113,7 +115,9 @@ class Tracker:
         while dest.exists():
             dest, n = self.metrics_path.with_name(f"metrics.jsonl.stale-{stamp}-{n}"), n + 1
         os.replace(self.metrics_path, dest)
-        log.warning("metrics.jsonl of an earlier run in this folder moved to %s (this run resumed no checkpoint)", dest.name)
+        log.warning(
+            "metrics.jsonl of an earlier run in this folder moved to %s (this run resumed no checkpoint)", dest.name
+        )
 
     def samples_due(self, step: int) -> bool:
         """Whether `step` writes samples (step 1 and every logger.samples_every steps)."""

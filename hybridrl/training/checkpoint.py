@@ -60,7 +60,9 @@ class _MetadataUnpickler(pickle.Unpickler):
             obj = getattr(md, name, None)
             if isinstance(obj, type) and obj.__module__ == _DCP_METADATA:  # its dataclasses and enums only
                 return obj
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
 
@@ -183,7 +185,9 @@ def read_rank_state(path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         why = _unpickler_reason(e)
-        raise CheckpointError(f"checkpoint file {path} holds objects that could run code on load; refused ({why})") from None
+        raise CheckpointError(
+            f"checkpoint file {path} holds objects that could run code on load; refused ({why})"
+        ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"checkpoint file {path} cannot be read ({e})") from None
 
@@ -214,13 +218,17 @@ def _options(trainable_only: bool) -> StateDictOptions:
 
 def _trained_only(model: torch.nn.Module, msd: dict) -> dict:
     """The entries of trained parameters: `ignore_frozen_params` keeps a tied head whose embedding is frozen."""
-    names = {n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
-             for n, p in model.named_parameters() if p.requires_grad}
+    names = {
+        n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
     return {k: v for k, v in msd.items() if k in names}
 
 
-def save_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path,
-                 trainable_only: bool = False) -> None:
+def save_trainer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path, trainable_only: bool = False
+) -> None:
     """Write this rank's part of the checkpoint into `path` (every rank calls it; collective)."""
     path = Path(path)
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
@@ -236,7 +244,11 @@ def save_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
 
 
 def load_trainer(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path, lr: float | None = None,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    path: str | Path,
+    lr: float | None = None,
     trainable_only: bool = False,
 ) -> None:
     """Restore model, optimizer, scheduler and RNG from `path` (every rank calls it; collective).

@@ -31,8 +31,15 @@ class ChunkedLogprobs(torch.autograd.Function):
     """(log-prob [N], entropy [N]) of `targets` under softmax((hidden @ weight.T) / temperature)."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                chunk: int, with_entropy: bool):
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+    ):
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
@@ -80,20 +87,33 @@ class ChunkedLogprobs(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
-def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                           chunk: int, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies of `targets` ([...]) for `hidden` ([..., H]) under the head `weight` [V, H]."""
     shape = targets.shape
-    lp, ent = ChunkedLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
-                                    float(temperature), int(chunk), bool(with_entropy))
+    lp, ent = ChunkedLogprobs.apply(
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        targets.reshape(-1),
+        float(temperature),
+        int(chunk),
+        bool(with_entropy),
+    )
     return lp.view(shape), ent.view(shape)
 
 
 class _LogprobHead(torch.nn.Module):
     """Stands in for `lm_head` for one forward: returns [B, T, 2] = (log-prob, entropy) of `targets`."""
 
-    def __init__(self, head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk: int,
-                 with_entropy: bool) -> None:
+    def __init__(
+        self, head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk: int, with_entropy: bool
+    ) -> None:
         super().__init__()
         if getattr(head, "bias", None) is not None:
             raise NotImplementedError("trainer.logprob_chunk_size needs an output head without bias")
@@ -101,8 +121,9 @@ class _LogprobHead(torch.nn.Module):
         self.targets, self.temperature, self.chunk, self.with_entropy = targets, temperature, chunk, with_entropy
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        lp, ent = chunked_token_logprobs(hidden, self.head.weight, self.targets, self.temperature, self.chunk,
-                                         self.with_entropy)
+        lp, ent = chunked_token_logprobs(
+            hidden, self.head.weight, self.targets, self.temperature, self.chunk, self.with_entropy
+        )
         return torch.stack([lp, ent], dim=-1)
 
 

@@ -56,7 +56,7 @@ class TrainerConfig:
     min_lr_ratio: float = 0.0
     """Floor of the cosine schedule as a fraction of lr."""
     max_nonfinite_steps: int = 5
-    """Optimizer steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops; 0 = never."""
+    """Optimizer steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (<= 0 disables clipping; the norm is still logged)."""
     mini_batch_size: int = 0
@@ -125,7 +125,9 @@ class TrainerConfig:
         if self.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"trainer.lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
         if not math.isfinite(self.offload_headroom_gb) or self.offload_headroom_gb < 0:
-            raise ConfigError(f"trainer.offload_headroom_gb must be a finite number >= 0, got {self.offload_headroom_gb}")
+            raise ConfigError(
+                f"trainer.offload_headroom_gb must be a finite number >= 0, got {self.offload_headroom_gb}"
+            )
         if self.micro_batch_size < 1:
             raise ConfigError(f"trainer.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.mini_batch_size < 0:
@@ -137,8 +139,15 @@ class TrainerConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda, got {self.device!r}")
         self.offload = parse_offload(self.offload)
-        for key in ("save_every", "eval_every", "warmup_steps", "logprob_chunk_size", "eval_samples", "max_nonfinite_steps",
-                    "fsdp_layers_per_unit"):
+        for key in (
+            "save_every",
+            "eval_every",
+            "warmup_steps",
+            "logprob_chunk_size",
+            "eval_samples",
+            "max_nonfinite_steps",
+            "fsdp_layers_per_unit",
+        ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         if self.keep_last < 1:

@@ -51,12 +51,20 @@ def load_value_model(path: str, model_cfg: ModelConfig, dtype: torch.dtype, devi
     with torch.random.fork_rng(devices=[]), quiet_transformers():
         torch.manual_seed(head_seed)
         model, info = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=dtype, attn_implementation=model_cfg.attn_implementation,
-            trust_remote_code=model_cfg.trust_remote_code, output_loading_info=True,
+            path,
+            config=config,
+            dtype=dtype,
+            attn_implementation=model_cfg.attn_implementation,
+            trust_remote_code=model_cfg.trust_remote_code,
+            output_loading_info=True,
         )
     if info.get("missing_keys"):
-        log.info("critic: %s has no value head; a fresh one (%s) was drawn with seed %d", path,
-                 ", ".join(sorted(info["missing_keys"])), head_seed)
+        log.info(
+            "critic: %s has no value head; a fresh one (%s) was drawn with seed %d",
+            path,
+            ", ".join(sorted(info["missing_keys"])),
+            head_seed,
+        )
     return model.to(device)
 
 
@@ -74,8 +82,9 @@ def quiet_transformers():
         hf_logging.set_verbosity(level)
 
 
-def response_values(model: torch.nn.Module, prompts: list[list[int]], responses: torch.Tensor,
-                    response_mask: torch.Tensor, pad_id: int) -> torch.Tensor:
+def response_values(
+    model: torch.nn.Module, prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int
+) -> torch.Tensor:
     """The value model's V(s_t) for every response token, response-aligned [B, R] in float32, 0 at padding.
 
     Rows are packed right-padded (`pack_sequences`); token t of row i is scored at position plen_i - 1 + t, the
@@ -96,9 +105,19 @@ class Critic(FSDPLearner):
 
     name = "critic"
 
-    def __init__(self, model_path: str, model_cfg: ModelConfig, cfg: CriticConfig, trainer: TrainerConfig,
-                 algo: AlgorithmConfig, device: torch.device, mesh, pad_token_id: int, total_optimizer_steps: int,
-                 head_seed: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        model_cfg: ModelConfig,
+        cfg: CriticConfig,
+        trainer: TrainerConfig,
+        algo: AlgorithmConfig,
+        device: torch.device,
+        mesh,
+        pad_token_id: int,
+        total_optimizer_steps: int,
+        head_seed: int = 0,
+    ) -> None:
         self.cfg, self.algo, self.pad_token_id = cfg, algo, pad_token_id
         self.mini_batch_size, self.micro_batch_size, self.ppo_epochs = cfg.batching(trainer)
         self.world = mesh.size()
@@ -108,8 +127,13 @@ class Critic(FSDPLearner):
             model.gradient_checkpointing_enable()
         if use_compile(trainer.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
-        super().__init__(shard_model(model, mesh, precision.policy), cfg.optim(trainer), cfg.offload_parts(trainer),
-                         device, total_optimizer_steps)
+        super().__init__(
+            shard_model(model, mesh, precision.policy),
+            cfg.optim(trainer),
+            cfg.offload_parts(trainer),
+            device,
+            total_optimizer_steps,
+        )
 
     # -- memory (the base class moves synchronously; the critic's copies hide behind other roles) ----
     def onload_params(self, wait: bool = True) -> dict[str, float]:
@@ -127,8 +151,9 @@ class Critic(FSDPLearner):
             self.param_offload.offload(wait=False)
             self.optim_offload.offload(wait=False)
             return {}
-        return timed_moves("offload/critic/offload", self.device, self.param_offload.complete,
-                           self.optim_offload.complete)
+        return timed_moves(
+            "offload/critic/offload", self.device, self.param_offload.complete, self.optim_offload.complete
+        )
 
     def _join_params(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -192,7 +217,14 @@ class Critic(FSDPLearner):
     def _micro_step(self, mb: Batch, normalizer: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, torch.Tensor]]:
         resp, mask = mb["responses"].to(self.device), mb["response_mask"].to(self.device).float()
         vpred = response_values(self.model, mb.prompts, resp, mask, self.pad_token_id)
-        loss, metrics = clipped_value_loss(vpred, mb["values"].to(self.device), mb["returns"].to(self.device), mask,
-                                           self.cfg.cliprange_value, self.algo.loss_agg_mode, normalizer=normalizer)
+        loss, metrics = clipped_value_loss(
+            vpred,
+            mb["values"].to(self.device),
+            mb["returns"].to(self.device),
+            mask,
+            self.cfg.cliprange_value,
+            self.algo.loss_agg_mode,
+            normalizer=normalizer,
+        )
         loss.backward()
         return loss.item(), mask, metrics

@@ -97,8 +97,9 @@ class CriticConfig:
         if self.offload is not None:
             parts = {p.strip() for p in self.offload.split(",")} - {"none"}
             if parts - set(OFFLOAD_PARTS) or (self.offload.strip() != "none" and not parts):
-                raise ConfigError(f"critic.offload must be none or a comma list of {OFFLOAD_PARTS}, "
-                                  f"got {self.offload!r}")
+                raise ConfigError(
+                    f"critic.offload must be none or a comma list of {OFFLOAD_PARTS}, got {self.offload!r}"
+                )
 
     # -- what the critic uses, with the actor's values filled in ----------------------------
     def offload_parts(self, trainer: TrainerConfig) -> set[str]:
@@ -110,23 +111,37 @@ class CriticConfig:
     def optim(self, trainer: TrainerConfig) -> OptimFields:
         """The optimizer fields under `FSDPLearner`'s names (the fused-kernel choice follows the actor's)."""
         return OptimFields(
-            lr=trainer.lr if self.lr is None else self.lr, betas=list(self.betas), eps=self.eps,
+            lr=trainer.lr if self.lr is None else self.lr,
+            betas=list(self.betas),
+            eps=self.eps,
             weight_decay=self.weight_decay,
-            warmup_steps=self.lr_warmup_steps, lr_schedule=self.lr_schedule, min_lr_ratio=self.min_lr_ratio,
-            grad_clip=self.grad_clip, fused_optimizer=trainer.fused_optimizer,
+            warmup_steps=self.lr_warmup_steps,
+            lr_schedule=self.lr_schedule,
+            min_lr_ratio=self.min_lr_ratio,
+            grad_clip=self.grad_clip,
+            fused_optimizer=trainer.fused_optimizer,
         )
 
     def batching(self, trainer: TrainerConfig) -> tuple[int, int, int]:
         """(mini_batch_size, micro_batch_size, ppo_epochs) in effect."""
         pick = lambda mine, theirs: theirs if mine is None else mine  # noqa: E731
-        return (pick(self.mini_batch_size, trainer.mini_batch_size),
-                pick(self.micro_batch_size, trainer.micro_batch_size), pick(self.ppo_epochs, trainer.ppo_epochs))
+        return (
+            pick(self.mini_batch_size, trainer.mini_batch_size),
+            pick(self.micro_batch_size, trainer.micro_batch_size),
+            pick(self.ppo_epochs, trainer.ppo_epochs),
+        )
 
     def changed_keys(self) -> list[str]:
         """The `critic.*` keys set away from their defaults (what a run without a critic refuses)."""
         default = CriticConfig()
-        out = [f"critic.model.{f.name}" for f in fields(CriticModelOptions)
-               if getattr(self.model, f.name) != getattr(default.model, f.name)]
-        out += [f"critic.{f.name}" for f in fields(self) if f.name != "model"
-                and getattr(self, f.name) != getattr(default, f.name)]
+        out = [
+            f"critic.model.{f.name}"
+            for f in fields(CriticModelOptions)
+            if getattr(self.model, f.name) != getattr(default.model, f.name)
+        ]
+        out += [
+            f"critic.{f.name}"
+            for f in fields(self)
+            if f.name != "model" and getattr(self, f.name) != getattr(default, f.name)
+        ]
         return out

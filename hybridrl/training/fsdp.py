@@ -61,8 +61,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 ONE_UNIT_PARAMS = 2_000_000_000
 
 
-def unit_layout(num_layers: int, num_params: int, world: int, layers_per_unit: int = 0,
-                reshard_after_forward: bool | None = None) -> tuple[int, bool]:
+def unit_layout(
+    num_layers: int, num_params: int, world: int, layers_per_unit: int = 0, reshard_after_forward: bool | None = None
+) -> tuple[int, bool]:
     """(decoder layers per FSDP unit, whether to reshard after forward) for `trainer.fsdp_layers_per_unit` and
     `trainer.reshard_after_forward` (0 / None = auto); a unit of `num_layers` means the root is the only unit."""
     if world == 1:
@@ -76,9 +77,14 @@ def unit_layout(num_layers: int, num_params: int, world: int, layers_per_unit: i
     return per_unit, reshard_after_forward
 
 
-def shard_model(model: torch.nn.Module, mesh, mp: MixedPrecisionPolicy | None, layers_per_unit: int = 0,
-                reshard_after_forward: bool | None = None,
-                ignored_params: set[torch.nn.Parameter] | None = None) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module,
+    mesh,
+    mp: MixedPrecisionPolicy | None,
+    layers_per_unit: int = 0,
+    reshard_after_forward: bool | None = None,
+    ignored_params: set[torch.nn.Parameter] | None = None,
+) -> torch.nn.Module:
     """fully_shard groups of decoder layers (`unit_layout`), then the root (embeddings, final norm, heads).
 
     Layer units bound memory (one unit gathered at a time) and overlap its all-gather with compute; each unit

@@ -40,24 +40,32 @@ class FSDPLearner:
     #: The role's name in metrics and checkpoints ("actor", "critic").
     name = "learner"
 
-    def __init__(self, model: torch.nn.Module, optim, offload_parts: set[str], device: torch.device,
-                 total_optimizer_steps: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, optim, offload_parts: set[str], device: torch.device, total_optimizer_steps: int
+    ) -> None:
         self.model, self.optim, self.device = model, optim, device
         # Frozen parameters (a LoRA base) get neither gradients nor optimizer state.
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            trainable, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
+            trainable,
+            lr=optim.lr,
+            betas=tuple(optim.betas),
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
             fused=True if optim.fused_optimizer and device.type == "cuda" else None,
         )
-        self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps, total_optimizer_steps, optim.lr_schedule,
-                                         optim.min_lr_ratio)
+        self.scheduler = build_scheduler(
+            self.optimizer, optim.warmup_steps, total_optimizer_steps, optim.lr_schedule, optim.min_lr_ratio
+        )
         on_gpu = device.type == "cuda"
-        self.param_offload = HostOffloader(lambda: list(self.model.parameters()), device,
-                                           enabled="params" in offload_parts and on_gpu)
+        self.param_offload = HostOffloader(
+            lambda: list(self.model.parameters()), device, enabled="params" in offload_parts and on_gpu
+        )
         self.nonfinite_total = 0  # optimizer steps skipped for a non-finite gradient norm, over the run
         self.nonfinite_in_a_row = 0
         self.optim_offload = HostOffloader(
-            lambda: [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)], device,
+            lambda: [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)],
+            device,
             enabled="optimizer" in offload_parts and on_gpu,
         )
 
@@ -65,7 +73,9 @@ class FSDPLearner:
     def offload(self) -> dict[str, float]:
         """Parameters and/or optimizer state to pinned host memory, per the offload policy (for the rollout)."""
         reshard_units(self.model)  # offload moves shards, not the full copy a forward leaves at world size 1
-        return timed_moves(f"offload/{self.name}/offload", self.device, self.param_offload.offload, self.optim_offload.offload)
+        return timed_moves(
+            f"offload/{self.name}/offload", self.device, self.param_offload.offload, self.optim_offload.offload
+        )
 
     def lazy_offloaders(self) -> list[HostOffloader]:
         """The offloaders `offload` would run, for a lazy offload (workers/device_room.py) to run only if the engine
@@ -121,14 +131,19 @@ class FSDPLearner:
         else:
             self.nonfinite_total += 1
             self.nonfinite_in_a_row += 1
-            log.warning("%s: non-finite gradient norm %s: optimizer step skipped (%d in a row)", self.name,
-                        norm.item(), self.nonfinite_in_a_row)
+            log.warning(
+                "%s: non-finite gradient norm %s: optimizer step skipped (%d in a row)",
+                self.name,
+                norm.item(),
+                self.nonfinite_in_a_row,
+            )
             limit = self.optim.max_nonfinite_steps
             if limit and self.nonfinite_in_a_row >= limit:
                 raise HybridRLError(
-                    f"{self.name}: {self.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
-                    f"norm (trainer.max_nonfinite_steps={limit}); the run stops with its weights untouched since the "
-                    "last finite step. Lower trainer.lr, check the rewards and advantages, or resume from a checkpoint"
+                    f"{self.name}: {self.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or "
+                    f"gradient norm (trainer.max_nonfinite_steps={limit}); the run stops with its weights untouched "
+                    "since the last finite step. Lower trainer.lr, check the rewards and advantages, "
+                    "or resume from a checkpoint"
                 )
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -162,8 +177,10 @@ class FSDPLearner:
         """Model (its trained part), optimizer, scheduler and RNG of this rank into `path` (collective); never
         non-finite weights."""
         if not self.weights_finite():
-            raise HybridRLError(f"{self.name}: refusing to write a checkpoint: its weights hold NaN or inf values; "
-                                "the last checkpoint on disk stays the newest")
+            raise HybridRLError(
+                f"{self.name}: refusing to write a checkpoint: its weights hold NaN or inf values; "
+                "the last checkpoint on disk stays the newest"
+            )
         reshard_units(self.model)  # a forward at world size 1 leaves full copies, which the state-dict API trips on
         save_trainer(self.model, self.optimizer, self.scheduler, path, trainable_only=self.has_frozen_params)
 
@@ -172,5 +189,6 @@ class FSDPLearner:
         schedule (a changed lr is one of the keys a resume may change); frozen parameters keep what `model.path`
         gave them."""
         reshard_units(self.model)
-        load_trainer(self.model, self.optimizer, self.scheduler, path, lr=self.optim.lr,
-                     trainable_only=self.has_frozen_params)
+        load_trainer(
+            self.model, self.optimizer, self.scheduler, path, lr=self.optim.lr, trainable_only=self.has_frozen_params
+        )

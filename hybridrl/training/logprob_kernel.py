@@ -32,8 +32,9 @@ def available(logits: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _forward_kernel(logits_ptr, stride, targets_ptr, vocab, temperature, logp_ptr, lse_ptr, ent_ptr,
-                        BLOCK: tl.constexpr):
+    def _forward_kernel(
+        logits_ptr, stride, targets_ptr, vocab, temperature, logp_ptr, lse_ptr, ent_ptr, BLOCK: tl.constexpr
+    ):
         row = tl.program_id(0).to(tl.int64)
         base = logits_ptr + row * stride
         run_max = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -62,8 +63,21 @@ if triton is not None:
         tl.store(ent_ptr + row, lse - dot / total)
 
     @triton.jit
-    def _backward_kernel(logits_ptr, stride, grad_ptr, grad_stride, targets_ptr, vocab, temperature, lse_ptr,
-                         ent_ptr, g_logp_ptr, g_ent_ptr, HAS_ENT: tl.constexpr, BLOCK: tl.constexpr):
+    def _backward_kernel(
+        logits_ptr,
+        stride,
+        grad_ptr,
+        grad_stride,
+        targets_ptr,
+        vocab,
+        temperature,
+        lse_ptr,
+        ent_ptr,
+        g_logp_ptr,
+        g_ent_ptr,
+        HAS_ENT: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         base = logits_ptr + row * stride
         out = grad_ptr + row * grad_stride
@@ -96,8 +110,9 @@ class FusedTokenLogprobs(torch.autograd.Function):
         stats = torch.empty(3, n, dtype=torch.float32, device=logits.device)
         logp, lse, ent = stats[0], stats[1], stats[2]
         if n:
-            _forward_kernel[(n,)](logits, logits.stride(0), targets, vocab, float(temperature), logp, lse, ent,
-                                  BLOCK=_BLOCK, num_warps=8)
+            _forward_kernel[(n,)](
+                logits, logits.stride(0), targets, vocab, float(temperature), logp, lse, ent, BLOCK=_BLOCK, num_warps=8
+            )
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature = float(temperature)
         ctx.set_materialize_grads(False)  # an unused entropy gets no gradient pass
@@ -112,13 +127,28 @@ class FusedTokenLogprobs(torch.autograd.Function):
         has_ent = grad_ent is not None
         g_ent = grad_ent.float().contiguous() if has_ent else g_logp
         if n:
-            _backward_kernel[(n,)](logits, logits.stride(0), grad, grad.stride(0), targets, vocab, ctx.temperature,
-                                   lse, ent, g_logp, g_ent, HAS_ENT=has_ent, BLOCK=_BLOCK, num_warps=8)
+            _backward_kernel[(n,)](
+                logits,
+                logits.stride(0),
+                grad,
+                grad.stride(0),
+                targets,
+                vocab,
+                ctx.temperature,
+                lse,
+                ent,
+                g_logp,
+                g_ent,
+                HAS_ENT=has_ent,
+                BLOCK=_BLOCK,
+                num_warps=8,
+            )
         return grad, None, None
 
 
-def fused_token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
-                         temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log_softmax(logits / T)[target] and the entropy per position, for logits [..., V] and targets [...]."""
     shape = targets.shape
     lp, ent = FusedTokenLogprobs.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature)

@@ -74,8 +74,9 @@ def response_logprobs(
     from `chunked_logprobs` (no [tokens, vocab] float32 logits kept for the backward).
     """
     device = responses.device
-    ids, attn, plens = pack_sequences(prompts, responses, response_mask if attention_mask is None else attention_mask,
-                                      pad_id)
+    ids, attn, plens = pack_sequences(
+        prompts, responses, response_mask if attention_mask is None else attention_mask, pad_id
+    )
     ids, attn = ids.to(device), attn.to(device)
     B, R = responses.shape
     L = ids.shape[1]

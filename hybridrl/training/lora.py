@@ -28,8 +28,12 @@ from hybridrl.training.offload import local_tensor
 
 def decoder_linear_names(model: nn.Module) -> set[str]:
     """Names (last path component) of the nn.Linear modules inside the model's decoder layers."""
-    return {name.rsplit(".", 1)[-1] for layer in decoder_layers(model)[:1]
-            for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
+    return {
+        name.rsplit(".", 1)[-1]
+        for layer in decoder_layers(model)[:1]
+        for name, m in layer.named_modules()
+        if isinstance(m, nn.Linear)
+    }
 
 
 def check_target_modules(model_path: str, model_cfg: ModelConfig) -> None:
@@ -45,16 +49,24 @@ def check_target_modules(model_path: str, model_cfg: ModelConfig) -> None:
     known = decoder_linear_names(skeleton)
     unknown = [n for n in model_cfg.lora.target_modules if n not in known]
     if unknown:
-        raise ConfigError(f"model.lora.target_modules: {unknown} are not linear layers of the "
-                          f"{getattr(config, 'model_type', '?')} decoder; choose from {sorted(known)}")
+        raise ConfigError(
+            f"model.lora.target_modules: {unknown} are not linear layers of the "
+            f"{getattr(config, 'model_type', '?')} decoder; choose from {sorted(known)}"
+        )
 
 
 def peft_config(opts: LoraOptions):
     """PEFT's LoraConfig for `model.lora` (plain LoRA: no bias, no DoRA)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=opts.rank, lora_alpha=opts.alpha, lora_dropout=opts.dropout,
-                      target_modules=list(opts.target_modules), bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=opts.rank,
+        lora_alpha=opts.alpha,
+        lora_dropout=opts.dropout,
+        target_modules=list(opts.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def wrap_with_lora(model: nn.Module, opts: LoraOptions, seed: int):

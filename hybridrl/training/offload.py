@@ -64,7 +64,9 @@ class HostOffloader:
         """Device bytes an offload would free now: those of the offload in flight, else of what is on the device."""
         if self._freeing:
             return sum(t.untyped_storage().nbytes() for _, t in self._offloaded)
-        return 0 if self._offloaded or not self.enabled else sum(t.untyped_storage().nbytes() for _, t in self._unique())
+        return (
+            0 if self._offloaded or not self.enabled else sum(t.untyped_storage().nbytes() for _, t in self._unique())
+        )
 
     def _unique(self) -> list[tuple[int, torch.Tensor]]:
         """(key, local tensor) per distinct storage. The key is the id of the collected tensor (a parameter

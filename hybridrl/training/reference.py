@@ -26,8 +26,17 @@ class Reference:
 
     name = "ref"
 
-    def __init__(self, model_path: str, model_cfg: ModelConfig, cfg: TrainerConfig, device: torch.device, mesh,
-                 pad_token_id: int, temperature: float, offload: bool) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        model_cfg: ModelConfig,
+        cfg: TrainerConfig,
+        device: torch.device,
+        mesh,
+        pad_token_id: int,
+        temperature: float,
+        offload: bool,
+    ) -> None:
         self.cfg, self.device = cfg, device
         self.pad_token_id, self.temperature = pad_token_id, temperature
         precision = Precision.for_device(cfg.param_dtype, device)
@@ -35,8 +44,9 @@ class Reference:
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
         self.model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)
-        self.offloader = HostOffloader(lambda: list(self.model.parameters()), device,
-                                       enabled=offload and device.type == "cuda")
+        self.offloader = HostOffloader(
+            lambda: list(self.model.parameters()), device, enabled=offload and device.type == "cuda"
+        )
 
     def onload(self, wait: bool = True) -> dict[str, float]:
         """Parameters back on the device; with wait=False on a side stream (joined by `compute_logprobs`)."""

@@ -15,15 +15,22 @@ from collections import defaultdict
 
 import torch
 
-from hybridrl.algorithms import AlgorithmConfig, aggregate, aggregation_denominator, kl_penalty, masked_mean, policy_loss
+from hybridrl.algorithms import (
+    AlgorithmConfig,
+    aggregate,
+    aggregation_denominator,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+)
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.fsdp import Precision, compile_layers, shard_model, use_compile
 from hybridrl.training.learner import FSDPLearner
-from hybridrl.training.lora import check_target_modules, lora_memory_stats, wrap_with_lora
 from hybridrl.training.logprobs import response_logprobs
+from hybridrl.training.lora import check_target_modules, lora_memory_stats, wrap_with_lora
 
 #: One micro-batch as the log-prob passes take it: the rows, and their responses and mask already on the device.
 MicroBatch = tuple[Batch, torch.Tensor, torch.Tensor]
@@ -41,14 +48,29 @@ def attention_mask(mb: Batch) -> torch.Tensor | None:
     return mb["response_attention_mask"] if "response_attention_mask" in mb else None
 
 
-def model_logprobs(model: torch.nn.Module, micro: MicroBatch, cfg: TrainerConfig, temperature: float, pad_id: int,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def model_logprobs(
+    model: torch.nn.Module,
+    micro: MicroBatch,
+    cfg: TrainerConfig,
+    temperature: float,
+    pad_id: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` of one micro-batch with the trainer's temperature, padding and kernels."""
     mb, resp, mask = micro
     attn = attention_mask(mb)
-    return response_logprobs(model, mb.prompts, resp, mask, temperature, pad_id, with_entropy=with_entropy,
-                             chunk_size=cfg.logprob_chunk_size, kernel=cfg.fused_logprobs,
-                             attention_mask=None if attn is None else attn.to(resp.device))
+    return response_logprobs(
+        model,
+        mb.prompts,
+        resp,
+        mask,
+        temperature,
+        pad_id,
+        with_entropy=with_entropy,
+        chunk_size=cfg.logprob_chunk_size,
+        kernel=cfg.fused_logprobs,
+        attention_mask=None if attn is None else attn.to(resp.device),
+    )
 
 
 class Trainer(FSDPLearner):
@@ -56,8 +78,18 @@ class Trainer(FSDPLearner):
 
     name = "actor"
 
-    def __init__(self, model_path: str, model_cfg: ModelConfig, cfg: TrainerConfig, algo: AlgorithmConfig,
-                 device: torch.device, mesh, pad_token_id: int, temperature: float, total_optimizer_steps: int) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        model_cfg: ModelConfig,
+        cfg: TrainerConfig,
+        algo: AlgorithmConfig,
+        device: torch.device,
+        mesh,
+        pad_token_id: int,
+        temperature: float,
+        total_optimizer_steps: int,
+    ) -> None:
         self.cfg, self.algo = cfg, algo
         self.pad_token_id, self.temperature = pad_token_id, temperature
         self.world = mesh.size()
@@ -162,8 +194,9 @@ class Trainer(FSDPLearner):
         # The entropy needs a full softmax over the vocabulary: in the graph only when it is in the loss;
         # as a metric it comes from the no-grad log-prob pass (`compute_logprobs`).
         with_entropy = algo.entropy_coef > 0
-        logp, entropy = model_logprobs(self.model, (mb, resp, mask), self.cfg, self.temperature, self.pad_token_id,
-                                       with_entropy=with_entropy)
+        logp, entropy = model_logprobs(
+            self.model, (mb, resp, mask), self.cfg, self.temperature, self.pad_token_id, with_entropy=with_entropy
+        )
         old = mb["old_logprobs"].to(self.device)
         # Tokens a rollout correction dropped are out of every term of the loss and of its normalizer.
         lmask = loss_mask(mb).to(self.device).float()

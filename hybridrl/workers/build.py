@@ -66,8 +66,13 @@ class Components:
 
     def roles(self) -> dict[str, Any]:
         """Every role present, by name: what memory reports and checkpoints iterate over."""
-        roles = {"actor": self.actor, "ref": self.ref, "critic": self.critic, "engine": self.rollout,
-                 **{rm.name: rm for rm in self.reward_models}}
+        roles = {
+            "actor": self.actor,
+            "ref": self.ref,
+            "critic": self.critic,
+            "engine": self.rollout,
+            **{rm.name: rm for rm in self.reward_models},
+        }
         return {k: v for k, v in roles.items() if v is not None}
 
     def stateful(self) -> dict[str, Any]:
@@ -76,8 +81,8 @@ class Components:
 
     @staticmethod
     def state_dir(checkpoint: str, role: str) -> str:
-        """Where `role` keeps its state inside a checkpoint folder: the actor at its top (the layout `hybridrl/export.py`
-        reads), any other role in a subfolder of its name."""
+        """Where `role` keeps its state inside a checkpoint folder: the actor at its top (the layout
+        `hybridrl/export.py` reads), any other role in a subfolder of its name."""
         return checkpoint if role == "actor" else str(Path(checkpoint) / role)
 
     def shutdown(self) -> None:
@@ -97,8 +102,7 @@ def optimizer_steps(cfg: RunConfig, mini_batch_size: int | None = None, ppo_epoc
     return cfg.trainer.steps * epochs * per_epoch
 
 
-def build_components(cfg: RunConfig, topology: Topology, device: torch.device,
-                     with_engine: bool = True) -> Components:
+def build_components(cfg: RunConfig, topology: Topology, device: torch.device, with_engine: bool = True) -> Components:
     """Build this rank's roles for `cfg` (collective: every rank of `topology` calls it at the same point).
     `with_engine=False` leaves the engine out (trainer-only benchmarks); a run always has one."""
     torch.manual_seed(cfg.trainer.seed)
@@ -106,20 +110,30 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device,
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
     mesh = topology.fsdp_mesh(device.type)
     pad, temperature = tokenizer.pad_token_id, cfg.engine.temperature
-    actor = Trainer(model_path, cfg.model, cfg.trainer, cfg.algorithm, device, mesh, pad, temperature,
-                    optimizer_steps(cfg))
+    actor = Trainer(
+        model_path, cfg.model, cfg.trainer, cfg.algorithm, device, mesh, pad, temperature, optimizer_steps(cfg)
+    )
     ref = None
     if cfg.algorithm.uses_reference and not actor.serves_reference:  # with LoRA the actor's base is the reference
-        ref = Reference(model_path, cfg.model, cfg.trainer, device, mesh, pad, temperature,
-                        offload=cfg.ref.resolve_offload(cfg.trainer))
+        ref = Reference(
+            model_path,
+            cfg.model,
+            cfg.trainer,
+            device,
+            mesh,
+            pad,
+            temperature,
+            offload=cfg.ref.resolve_offload(cfg.trainer),
+        )
     critic = build_critic(cfg, model_path, device, mesh, pad) if cfg.algorithm.needs_critic else None
     reward_models = build_reward_models(cfg, device, mesh)
     rollout = build_rollout(cfg, model_path, tokenizer, device, topology, actor.model) if with_engine else None
     reward_fn = RemoteReward(cfg.reward.remote) if cfg.reward.spec == "remote" else resolve_reward(cfg.reward.spec)
     scorer = RewardScorer(reward_fn, tokenizer, cfg.reward, reward_models)
     agent_loop = AgentLoop(cfg.agent, tokenizer) if cfg.rollout.name == "agent" else None
-    return Components(topology, device, tokenizer, actor, ref, rollout, reward_fn, critic, reward_models, scorer,
-                      agent_loop)
+    return Components(
+        topology, device, tokenizer, actor, ref, rollout, reward_fn, critic, reward_models, scorer, agent_loop
+    )
 
 
 def build_critic(cfg: RunConfig, policy_path: str, device: torch.device, mesh, pad_token_id: int) -> Critic:
@@ -129,8 +143,18 @@ def build_critic(cfg: RunConfig, policy_path: str, device: torch.device, mesh, p
     if not (Path(path) / "config.json").is_file():
         raise ConfigError(f"critic.model.path={c.model.path!r} is not a Hugging Face model folder (no config.json)")
     mini, _micro, epochs = c.batching(cfg.trainer)
-    return Critic(path, cfg.model, c, cfg.trainer, cfg.algorithm, device, mesh, pad_token_id,
-                  optimizer_steps(cfg, mini, epochs), head_seed=cfg.trainer.seed)
+    return Critic(
+        path,
+        cfg.model,
+        c,
+        cfg.trainer,
+        cfg.algorithm,
+        device,
+        mesh,
+        pad_token_id,
+        optimizer_steps(cfg, mini, epochs),
+        head_seed=cfg.trainer.seed,
+    )
 
 
 def build_reward_models(cfg: RunConfig, device: torch.device, mesh) -> list[RewardModel]:
@@ -143,17 +167,30 @@ def build_reward_models(cfg: RunConfig, device: torch.device, mesh) -> list[Rewa
         where = f"reward_model.models[{i}] ({m.name})"
         path = str(ensure_tiny_reward_model(cfg.model.cache_dir, seed=m.seed)) if m.path == TINY else m.path
         with torch.random.fork_rng(devices=[]):  # loading draws no number the run's other roles would see
-            out.append(RewardModel(m, path, device, mesh, precision, cfg.data.prompt_key, cfg.data.system_prompt,
-                                   cfg.model.trust_remote_code, where))
+            out.append(
+                RewardModel(
+                    m,
+                    path,
+                    device,
+                    mesh,
+                    precision,
+                    cfg.data.prompt_key,
+                    cfg.data.system_prompt,
+                    cfg.model.trust_remote_code,
+                    where,
+                )
+            )
     return out
 
 
-def build_rollout(cfg: RunConfig, model_path: str, tokenizer, device: torch.device, topology: Topology,
-                  policy: torch.nn.Module) -> Rollout:
+def build_rollout(
+    cfg: RunConfig, model_path: str, tokenizer, device: torch.device, topology: Topology, policy: torch.nn.Module
+) -> Rollout:
     """The engine for this rank and its resharder; an engine that starts empty gets `policy`'s weights now."""
     engine = build_engine(cfg.engine, cfg.model, model_path, tokenizer, device, topology, seed=cfg.trainer.seed)
-    resharder = Resharder(cfg.reshard, engine, policy.config, tp_rank=topology.engine_tp_rank,
-                          tp_size=topology.engine_tp_size)
+    resharder = Resharder(
+        cfg.reshard, engine, policy.config, tp_rank=topology.engine_tp_rank, tp_size=topology.engine_tp_size
+    )
     rollout = Rollout(engine, resharder, cfg.engine.sleep_level)
     if engine.starts_empty:
         rollout.sync(policy)  # its first weights: the actor's (the checkpoint's), as every later sync delivers them

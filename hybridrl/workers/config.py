@@ -34,11 +34,15 @@ class ClusterConfig:
         if self.nnodes < 1:
             raise ConfigError(f"cluster.nnodes must be >= 1, got {self.nnodes}")
         if self.name == "inline" and self.workers_per_node * self.nnodes != 1:
-            raise ConfigError("cluster=inline runs exactly one worker; use cluster=local for cluster.workers_per_node > 1")
+            raise ConfigError(
+                "cluster=inline runs exactly one worker; use cluster=local for cluster.workers_per_node > 1"
+            )
         if self.name == "local" and self.nnodes != 1:
             raise ConfigError(f"cluster=local runs on one node, got cluster.nnodes={self.nnodes}; use cluster=ray")
         if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ConfigError(f"cluster.cpu_threads must be >= 1 (or null for the automatic choice), got {self.cpu_threads}")
+            raise ConfigError(
+                f"cluster.cpu_threads must be >= 1 (or null for the automatic choice), got {self.cpu_threads}"
+            )
         if self.collective_timeout_s <= 0:
             raise ConfigError(f"cluster.collective_timeout_s must be > 0, got {self.collective_timeout_s}")
 

@@ -38,8 +38,9 @@ def device_free_bytes(device: torch.device) -> int | None:
 class DeviceRoom:
     """Offloadable parts still on the device, and the rule that moves them out on demand."""
 
-    def __init__(self, device: torch.device, headroom_bytes: int,
-                 free_bytes: Callable[[], int | None] | None = None) -> None:
+    def __init__(
+        self, device: torch.device, headroom_bytes: int, free_bytes: Callable[[], int | None] | None = None
+    ) -> None:
         self.device, self.headroom = device, headroom_bytes
         self.free_bytes = free_bytes or (lambda: device_free_bytes(device))
         self.pending: list[tuple[str, HostOffloader]] = []
@@ -54,6 +55,7 @@ class DeviceRoom:
     def make_room(self, nbytes: int | None) -> None:
         """Free deferred offloads, largest first, until `nbytes` plus the headroom are free (None: free them all).
         Off CUDA there is no free-memory figure, so a request for bytes moves nothing."""
+
         def enough() -> bool:
             if nbytes is None:
                 return False

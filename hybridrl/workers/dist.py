@@ -40,7 +40,9 @@ def init_process_group(rank: int, world_size: int, device: torch.device, timeout
     elif world_size == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
     else:
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+        dist.init_process_group(
+            backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout, **kwargs
+        )
 
 
 def memory_snapshot(device: torch.device) -> dict[str, float]:

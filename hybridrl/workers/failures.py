@@ -106,11 +106,15 @@ class Answers:
             ranks = sorted(self.pending)
             waited = time.monotonic() - self.start
             if failures and all(f.waited_on_peer for f in failures):
-                message = (f"worker rank {ranks[0]} stopped answering during {self.phase!r}: its peers timed out "
-                           f"waiting for it in a collective (cluster.collective_timeout_s={self.timeout_s:g})")
+                message = (
+                    f"worker rank {ranks[0]} stopped answering during {self.phase!r}: its peers timed out "
+                    f"waiting for it in a collective (cluster.collective_timeout_s={self.timeout_s:g})"
+                )
                 failures = [Failure("timeout", ranks[0], message)]
             else:
-                failures.append(Failure("timeout", ranks[0], timeout_message(ranks, self.phase, waited, self.timeout_s)))
+                failures.append(
+                    Failure("timeout", ranks[0], timeout_message(ranks, self.phase, waited, self.timeout_s))
+                )
         if not failures:
             return [self.values[r] for r in sorted(self.values)]
         raise_failure(self.phase, failures, on_failure)

@@ -45,8 +45,9 @@ class WorkerGroup(abc.ABC):
         """Each rank its shard of `batch` (the topology's row slices) for `phase`."""
         return self.run(phase, [(batch.select(s),) for s in self.topology.row_slices(len(batch))], **kwargs)
 
-    def generate(self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams,
-                 first_index: int = 0) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams, first_index: int = 0
+    ) -> list[Completion]:
         """Prompts split over the engine replicas; completions back in prompt order (indices into `prompts`).
         `first_index` is the global index of `prompts[0]` in the step's random streams (a later round of the
         same step passes the number of prompts already drawn, so it never repeats their samples)."""

@@ -104,8 +104,17 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="hybridrl-parent-watch").start()
 
 
-def _worker_main(conn: Connection, log_queue, cfg, rank: int, world_size: int, env: dict[str, str], parent_pid: int,
-                 log_level: int, modules: list[str]) -> None:
+def _worker_main(
+    conn: Connection,
+    log_queue,
+    cfg,
+    rank: int,
+    world_size: int,
+    env: dict[str, str],
+    parent_pid: int,
+    log_level: int,
+    modules: list[str],
+) -> None:
     """A worker process: build the HybridWorker, then answer commands until shutdown."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid)
@@ -186,7 +195,9 @@ class LocalWorkerGroup(WorkerGroup):
                 ours, theirs = ctx.Pipe(duplex=True)
                 rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world_size))
                 proc = ctx.Process(
-                    target=_worker_main, name=f"hybridrl-worker-{rank}", daemon=False,
+                    target=_worker_main,
+                    name=f"hybridrl-worker-{rank}",
+                    daemon=False,
                     args=(theirs, self.log_queue, cfg, rank, self.world_size, rank_env, os.getpid(), level, modules),
                 )
                 # A Ctrl-C while the workers start is the controller's to handle: the child must not see it

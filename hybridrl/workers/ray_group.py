@@ -111,8 +111,11 @@ class RayWorkerGroup(WorkerGroup):
         # A short folder of our own: Ray's socket paths must stay under ~107 bytes.
         temp_dir = f"/tmp/hybridrl-ray-{os.getpid()}"
         ray.init(
-            address="local", num_cpus=max(self.world_size, os.cpu_count() or 1), include_dashboard=False,
-            _temp_dir=temp_dir, log_to_driver=True,
+            address="local",
+            num_cpus=max(self.world_size, os.cpu_count() or 1),
+            include_dashboard=False,
+            _temp_dir=temp_dir,
+            log_to_driver=True,
         )
         return True, temp_dir
 
@@ -137,8 +140,8 @@ class RayWorkerGroup(WorkerGroup):
             ray.get(self.pg.ready(), timeout=self.deadline_s)
         except ray.exceptions.GetTimeoutError:
             raise HybridRLError(
-                f"cluster=ray: could not place {self.world_size} × {bundle} ({strategy}) within {self.deadline_s:.0f}s; "
-                "are the resources taken by another job?"
+                f"cluster=ray: could not place {self.world_size} × {bundle} ({strategy}) within "
+                f"{self.deadline_s:.0f}s; are the resources taken by another job?"
             ) from None
         # Ranks in node order, so the consecutive ranks of an engine TP group share a node.
         nodes = placement_group_table(self.pg)["bundles_to_node_id"]

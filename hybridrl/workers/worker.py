@@ -20,11 +20,11 @@ from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.cpu_threads import configure_threads
 from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.engines.native.fixed_memory import peak_mapped_bytes, reset_peak_mapped
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.rewards.base import RewardScores
 from hybridrl.workers.build import build_components
 from hybridrl.workers.device_room import DeviceRoom
-from hybridrl.engines.native.fixed_memory import peak_mapped_bytes, reset_peak_mapped
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
 
 
@@ -42,11 +42,16 @@ class HybridWorker:
         self.cfg = cfg
         self.topology = dataclasses.replace(cfg.topology(), rank=rank)
         if self.topology.world_size != world_size:
-            raise ValueError(f"worker started in a world of {world_size}, the config asks for {self.topology.world_size}")
+            raise ValueError(
+                f"worker started in a world of {world_size}, the config asks for {self.topology.world_size}"
+            )
         self.device = pick_device(cfg.trainer.device, local_rank)
         # Before any model is built: a tiny model on too many threads spins (seen: 12x slower beside another job).
-        configure_threads(cfg.cluster.cpu_threads, workers_on_node=cfg.cluster.workers_per_node,
-                          model_path=resolve_model_path(cfg.model))
+        configure_threads(
+            cfg.cluster.cpu_threads,
+            workers_on_node=cfg.cluster.workers_per_node,
+            model_path=resolve_model_path(cfg.model),
+        )
         init_process_group(rank, world_size, self.device, cfg.cluster.collective_timeout_s)
         self.roles = build_components(cfg, self.topology, self.device)
         self.room = DeviceRoom(self.device, int(cfg.trainer.offload_headroom_gb * 2**30))
@@ -100,7 +105,9 @@ class HybridWorker:
     ) -> list[Completion] | list[Trajectory]:
         """Sample completions (with rollout=agent: trajectories) for this worker's engine replica's prompts (global
         index `prompt_offset` on)."""
-        params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset)
+        params = dataclasses.replace(
+            params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset
+        )
         if self.roles.agent_loop is not None:  # trajectories: model tokens, tool results, masks
             out = self.roles.agent_loop.generate_sync(self.roles.rollout.engine, prompts, params)
         else:

@@ -2,7 +2,7 @@
 per-sequence softmax over a contiguous cache), and the Triton kernels against the torch paths.
 
 The Triton tests run on CUDA (`HYBRIDRL_TEST_DEVICE=cuda`, skipped without it) or, to check their logic on CPU,
-under Triton's interpreter: `TRITON_INTERPRET=1 python -m pytest tests/gpu/test_engine_kernels.py` with triton installed.
+under Triton's interpreter (triton installed): `TRITON_INTERPRET=1 python -m pytest tests/gpu/test_engine_kernels.py`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from hybridrl.engines.native.kernels import HAS_TRITON, attention, linear, norms
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available() and os.environ.get("HYBRIDRL_TEST_DEVICE", "cuda" if not INTERPRET else "") == "cuda"
 TRITON_DEVICE = "cuda" if CUDA else ("cpu" if INTERPRET else None)
-needs_triton = pytest.mark.skipif(not HAS_TRITON or TRITON_DEVICE is None,
-                                  reason="Triton kernels need CUDA, or TRITON_INTERPRET=1 with triton installed")
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON or TRITON_DEVICE is None,
+    reason="Triton kernels need CUDA, or TRITON_INTERPRET=1 with triton installed",
+)
 pytestmark = pytest.mark.interpreted  # every test: each is one kernel against its torch path
 # float32 under the interpreter or on CUDA; bfloat16 only on CUDA (the interpreter's bf16 is numpy emulation).
 DTYPES = [torch.float32] + ([torch.bfloat16] if CUDA else [])
@@ -88,16 +90,25 @@ def test_table_rows_let_queries_share_a_sequence():
     _, ks, vs, kc, vc, table, _ = attention_case(lens, 14, 2, 64, 16)
     rows, upto = [2, 2, 2, 1, 3, 2], [38, 39, 40, 17, 2, 1]
     q = torch.randn(len(rows), 14, 64, generator=torch.Generator().manual_seed(9))
-    want = naive_attention(q, [ks[r][:n] for r, n in zip(rows, upto)], [vs[r][:n] for r, n in zip(rows, upto)],
-                           64**-0.5)
-    got = attention.decode_attention_torch(q, kc, vc, table, torch.tensor(upto), max(lens), 64**-0.5,
-                                           torch.tensor(rows))
+    want = naive_attention(
+        q, [ks[r][:n] for r, n in zip(rows, upto)], [vs[r][:n] for r, n in zip(rows, upto)], 64**-0.5
+    )
+    got = attention.decode_attention_torch(
+        q, kc, vc, table, torch.tensor(upto), max(lens), 64**-0.5, torch.tensor(rows)
+    )
     assert (got.double() - want).abs().max().item() < 1e-5
     if HAS_TRITON and TRITON_DEVICE is not None:  # the kernel too, where it runs
         dev = TRITON_DEVICE
-        got = attention.decode_attention_triton(q.to(dev), kc.to(dev), vc.to(dev), table.to(dev),
-                                                torch.tensor(upto, device=dev), 64**-0.5, 2,
-                                                torch.tensor(rows, device=dev))
+        got = attention.decode_attention_triton(
+            q.to(dev),
+            kc.to(dev),
+            vc.to(dev),
+            table.to(dev),
+            torch.tensor(upto, device=dev),
+            64**-0.5,
+            2,
+            torch.tensor(rows, device=dev),
+        )
         assert (got.double().cpu() - want).abs().max().item() < 1e-5
 
 
@@ -130,12 +141,17 @@ def test_split_qkv_matches_transformers_rope_and_qk_norm():
     with torch.no_grad():
         qn.weight.copy_(1 + 0.3 * torch.randn(d, generator=gen))
         kn.weight.copy_(1 + 0.3 * torch.randn(d, generator=gen))
-        q, k, v = rope_cache.split_qkv_torch(qkv, hq, hkv, cos[pos][:, None], sin_signed[pos][:, None],
-                                             qn.weight, kn.weight, 1e-6)
+        q, k, v = rope_cache.split_qkv_torch(
+            qkv, hq, hkv, cos[pos][:, None], sin_signed[pos][:, None], qn.weight, kn.weight, 1e-6
+        )
         x = qkv.view(n, hq + 2 * hkv, d)
         # transformers: [batch, heads, seq, d] with cos/sin [batch, seq, d]; one sequence of n tokens here.
-        q_ref, k_ref = apply_rotary_pos_emb(qn(x[:, :hq]).transpose(0, 1)[None], kn(x[:, hq : hq + hkv]).transpose(0, 1)[None],
-                                            cos[pos][None], sin[pos][None])
+        q_ref, k_ref = apply_rotary_pos_emb(
+            qn(x[:, :hq]).transpose(0, 1)[None],
+            kn(x[:, hq : hq + hkv]).transpose(0, 1)[None],
+            cos[pos][None],
+            sin[pos][None],
+        )
     assert (q - q_ref[0].transpose(0, 1)).abs().max() < 1e-6
     assert (k - k_ref[0].transpose(0, 1)).abs().max() < 1e-6
     assert torch.equal(v, x[:, hq + hkv :])
@@ -153,8 +169,10 @@ def test_write_kv_places_each_token_at_its_slot():
 # -- Triton against torch ------------------------------------------------------------------------------------------
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hq,hkv,d,block_size,splits", [(14, 2, 64, 16, 1), (14, 2, 64, 16, 5), (4, 4, 16, 4, 3),
-                                                        (8, 1, 128, 32, 2), (16, 2, 64, 64, 7)])
+@pytest.mark.parametrize(
+    "hq,hkv,d,block_size,splits",
+    [(14, 2, 64, 16, 1), (14, 2, 64, 16, 5), (4, 4, 16, 4, 3), (8, 1, 128, 32, 2), (16, 2, 64, 64, 7)],
+)
 def test_triton_decode_attention_matches_torch(dtype, hq, hkv, d, block_size, splits):
     lens = [1, 17, 40, 5, 130]
     q, _, _, kc, vc, table, seq_lens = attention_case(lens, hq, hkv, d, block_size, seed=3)
@@ -218,16 +236,22 @@ def test_triton_rope_write_matches_torch(dtype, qk_norm, hq, heads):
     kn = (1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(dev) if qk_norm else None
     caches = [torch.zeros(8, hkv, bs, d, dtype=dtype, device=dev) for _ in range(4)]
     q_ref = rope_cache.rope_write_torch(qkv, hq, hkv, cos, sin, pos, slots, caches[0], caches[1], qn, kn, 1e-6)
-    q = rope_cache.rope_write_triton(qkv, hq, hkv, cos, sin, pos, slots, caches[2], caches[3], qn, kn, 1e-6,
-                                     heads=heads)
+    q = rope_cache.rope_write_triton(
+        qkv, hq, hkv, cos, sin, pos, slots, caches[2], caches[3], qn, kn, 1e-6, heads=heads
+    )
     # The same roundings in the same order, but rsqrt may differ by an ulp before them. Each output is
     # x·cos + swap(x)·sin: an ulp of either product can survive the sum, so the bound is an ulp (2^-7 in bf16) of
     # |x·cos| + |swap(x)·sin|, not of the result, which can cancel (seen on the H200: 0.03125 at a value of 4.56,
     # and beside it a small output off by more than its own ulp).
     x = qkv.float().view(n, hq + 2 * hkv, d)[:, : hq + hkv]
     if qk_norm:
-        x = torch.cat((x[:, :hq] * torch.rsqrt(x[:, :hq].pow(2).mean(-1, keepdim=True) + 1e-6) * qn.float(),
-                       x[:, hq:] * torch.rsqrt(x[:, hq:].pow(2).mean(-1, keepdim=True) + 1e-6) * kn.float()), dim=1)
+        x = torch.cat(
+            (
+                x[:, :hq] * torch.rsqrt(x[:, :hq].pow(2).mean(-1, keepdim=True) + 1e-6) * qn.float(),
+                x[:, hq:] * torch.rsqrt(x[:, hq:].pow(2).mean(-1, keepdim=True) + 1e-6) * kn.float(),
+            ),
+            dim=1,
+        )
     mag = rope_cache.rope_torch(x.abs(), cos.float()[pos][:, None].abs(), sin.float()[pos][:, None].abs())
     ulp = 1e-6 if dtype == torch.float32 else 2**-7
     tol = 2 * ulp * mag + 1e-6  # rounding of the normed input, and of the products
@@ -241,10 +265,13 @@ def test_triton_rope_write_matches_torch(dtype, qk_norm, hq, heads):
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm,partials", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("hq,hkv,d,block_size,splits", [(12, 2, 64, 16, 1), (14, 2, 64, 16, 3), (4, 4, 16, 4, 3),
-                                                        (8, 1, 128, 32, 2), (32, 2, 16, 4, 2)])
-def test_triton_rope_attention_matches_rope_write_then_attention(dtype, qk_norm, partials, hq, hkv, d, block_size,
-                                                                 splits):
+@pytest.mark.parametrize(
+    "hq,hkv,d,block_size,splits",
+    [(12, 2, 64, 16, 1), (14, 2, 64, 16, 3), (4, 4, 16, 4, 3), (8, 1, 128, 32, 2), (32, 2, 16, 4, 2)],
+)
+def test_triton_rope_attention_matches_rope_write_then_attention(
+    dtype, qk_norm, partials, hq, hkv, d, block_size, splits
+):
     """The one-kernel decode attention against the torch path it stands for (rope_write_torch, then
     decode_attention_torch over positions ≤ each token's): the output, the k and v it stores, nothing else written.
     Sequences of 1 key (only the token's own), and of 17 at block 16 (its own key alone in the last block)."""
@@ -266,14 +293,16 @@ def test_triton_rope_attention_matches_rope_write_then_attention(dtype, qk_norm,
     kn = (1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(dev) if qk_norm else None
     pos = (seq_lens - 1).to(dev)
     table = table.to(dev)
-    slots = (table.long().gather(1, (pos // block_size)[:, None]).squeeze(1) * block_size + pos % block_size)
+    slots = table.long().gather(1, (pos // block_size)[:, None]).squeeze(1) * block_size + pos % block_size
     qkv, kc, vc = qkv.to(dev), kc.to(dtype).to(dev), vc.to(dtype).to(dev)
     k_ref, v_ref, k_got, v_got = kc.clone(), vc.clone(), kc.clone(), vc.clone()
     scale = d**-0.5
-    want = rope_attention.rope_attention_torch(qkv, hq, hkv, cos, sin, pos, slots, k_ref, v_ref, qn, kn, 1e-6,
-                                               table, table.shape[1] * block_size, scale)
-    got = rope_attention.rope_attention_triton(qkv, hq, hkv, cos, sin, pos, slots, k_got, v_got, qn, kn, 1e-6,
-                                               table, scale, splits)
+    want = rope_attention.rope_attention_torch(
+        qkv, hq, hkv, cos, sin, pos, slots, k_ref, v_ref, qn, kn, 1e-6, table, table.shape[1] * block_size, scale
+    )
+    got = rope_attention.rope_attention_triton(
+        qkv, hq, hkv, cos, sin, pos, slots, k_got, v_got, qn, kn, 1e-6, table, scale, splits
+    )
     assert got.dtype == dtype
     # k: RoPE's roundings in the same order (an ulp of rsqrt aside, as for rope_write); v: copied as it is.
     ulp = 1e-6 if dtype == torch.float32 else 2**-7
@@ -301,8 +330,9 @@ def test_prefix_groups_share_the_blocks_every_row_attends():
     assert pack_prefix([([0, 1, 2], 2)], 5, 3) == [0, 1, 2, 2, -1, -1, -1, 0, 2, 2, 2, 0, 0]
 
 
-def shared_prefix_case(groups: list[tuple[int, int]], lens: list[int], hq: int, hkv: int, d: int, block_size: int,
-                       seed: int):
+def shared_prefix_case(
+    groups: list[tuple[int, int]], lens: list[int], hq: int, hkv: int, d: int, block_size: int, seed: int
+):
     """A paged cache where each group (rows, prompt length) shares its prompt's full blocks, as GRPO samples do: the
     block tables point at the same blocks, whose K/V are the prompt's; K/V per row as contiguous tensors too."""
     gen = torch.Generator().manual_seed(seed)
@@ -319,10 +349,14 @@ def shared_prefix_case(groups: list[tuple[int, int]], lens: list[int], hq: int, 
             own = [free.pop() for _ in range(-(-lens[r] // block_size) - len(shared))]
             table[r, : len(shared) + len(own)] = torch.tensor(shared + own, dtype=torch.int32)
         row += rows
-    ks = [kc[table[r, : -(-n // block_size)].long()].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
-          for r, n in enumerate(lens)]
-    vs = [vc[table[r, : -(-n // block_size)].long()].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
-          for r, n in enumerate(lens)]
+    ks = [
+        kc[table[r, : -(-n // block_size)].long()].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
+        for r, n in enumerate(lens)
+    ]
+    vs = [
+        vc[table[r, : -(-n // block_size)].long()].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
+        for r, n in enumerate(lens)
+    ]
     q = torch.randn(len(lens), hq, d, generator=gen)
     return q, ks, vs, kc, vc, table, torch.tensor(lens)
 
@@ -334,13 +368,30 @@ def test_triton_shared_prefix_attention_matches_a_softmax_per_row(dtype, hq, hkv
     """Groups of 3 rows over a 40-token prompt (two whole blocks of 16 shared, the partial third each row's own),
     a group larger than a slot, a group whose prompt is one block, and two rows alone: each row's output equals a
     float64 softmax over its own keys, and the torch path's."""
-    from hybridrl.engines.native.kernels.shared_prefix import (SharedPrefix, pack_prefix, prefix_groups, shared_prefix_attention,
-                                                        slot_members)
+    from hybridrl.engines.native.kernels.shared_prefix import (
+        SharedPrefix,
+        pack_prefix,
+        prefix_groups,
+        shared_prefix_attention,
+        slot_members,
+    )
 
     p = 2 * block_size + block_size // 2
     groups = [(3, p), (5, 4 * block_size), (2, block_size), (1, p), (1, p)]
-    lens = [p + 1, p + 9, p + 30, 4 * block_size + 1, 5 * block_size, 4 * block_size + 3, 6 * block_size + 2,
-            4 * block_size + 7, block_size + 1, 3 * block_size, p + 4, p + 5]
+    lens = [
+        p + 1,
+        p + 9,
+        p + 30,
+        4 * block_size + 1,
+        5 * block_size,
+        4 * block_size + 3,
+        6 * block_size + 2,
+        4 * block_size + 7,
+        block_size + 1,
+        3 * block_size,
+        p + 4,
+        p + 5,
+    ]
     q, ks, vs, kc, vc, table, seq_lens = shared_prefix_case(groups, lens, hq, hkv, d, block_size, seed=11)
     members = min(slot_members(hq, hkv), 3)  # 3 rows a slot: the group of 5 takes two slots
     found = prefix_groups(table.tolist(), lens, block_size, members)
@@ -348,8 +399,9 @@ def test_triton_shared_prefix_attention_matches_a_softmax_per_row(dtype, hq, hkv
     packed = torch.tensor(pack_prefix(found, len(lens), members), dtype=torch.int32)
     n_slots = len(lens) // 2
     dev = TRITON_DEVICE
-    prefix = SharedPrefix(packed[: n_slots * (members + 1)].view(n_slots, members + 1).to(dev),
-                          packed[n_slots * (members + 1) :].to(dev))
+    prefix = SharedPrefix(
+        packed[: n_slots * (members + 1)].view(n_slots, members + 1).to(dev), packed[n_slots * (members + 1) :].to(dev)
+    )
     want = naive_attention(q, ks, vs, d**-0.5)
     q, kc, vc, table, seq_lens = (t.to(dev) for t in (q.to(dtype), kc.to(dtype), vc.to(dtype), table, seq_lens))
     ref = attention.decode_attention_torch(q, kc, vc, table, seq_lens, table.shape[1] * block_size, d**-0.5)
@@ -372,27 +424,27 @@ def test_one_kernel_attention_where_measured_faster():
 def test_skinny_plans_are_the_measured_best():
     """On 132 SMs, the plans for the 0.5B's projections at batch 64 are the best of the H200 sweep
     (docs/measurements/h200_1201/i_linear.json); where cuBLAS won or tied (gate_up, 256 rows) there is no plan."""
-    assert linear.skinny_plan(64, 1152, 896, 132) == (8, 64, 64)     # qkv: 3.88 → 2.87 µs
-    assert linear.skinny_plan(64, 896, 896, 132) == (4, 32, 64)      # o_proj: 3.71 → 2.63 µs
-    assert linear.skinny_plan(64, 896, 4864, 132) == (8, 64, 128)    # down_proj: 7.22 → 4.28 µs
-    assert linear.skinny_plan(64, 9728, 896, 132) is None            # gate_up: cuBLAS 5.98, ours 6.13 µs
-    assert linear.skinny_plan(256, 1536, 1536, 132) is None          # 1.5B o_proj at 256 rows: cuBLAS 5.5, ours 6.3
-    assert linear.skinny_plan(64, 896, 896, 0) is None               # no SMs given: cuBLAS
-    assert linear.skinny_plan(4, 64, 96, 132).splits == 1            # K too short to split
-    assert linear.skinny_plan(0, 896, 896, 132) is None              # no rows: nothing to launch
+    assert linear.skinny_plan(64, 1152, 896, 132) == (8, 64, 64)  # qkv: 3.88 → 2.87 µs
+    assert linear.skinny_plan(64, 896, 896, 132) == (4, 32, 64)  # o_proj: 3.71 → 2.63 µs
+    assert linear.skinny_plan(64, 896, 4864, 132) == (8, 64, 128)  # down_proj: 7.22 → 4.28 µs
+    assert linear.skinny_plan(64, 9728, 896, 132) is None  # gate_up: cuBLAS 5.98, ours 6.13 µs
+    assert linear.skinny_plan(256, 1536, 1536, 132) is None  # 1.5B o_proj at 256 rows: cuBLAS 5.5, ours 6.3
+    assert linear.skinny_plan(64, 896, 896, 0) is None  # no SMs given: cuBLAS
+    assert linear.skinny_plan(4, 64, 96, 132).splits == 1  # K too short to split
+    assert linear.skinny_plan(0, 896, 896, 132) is None  # no rows: nothing to launch
 
 
 def test_batched_split_plans_are_the_measured_best():
     """The batched cuBLAS split (float32 K slices) where it beat F.linear on the H200
     (docs/measurements/h200_1201/x_batched_split.json), and nowhere else."""
-    assert linear.batched_splits(256, 1536, 8960) == 4      # 1.5B down_proj + norm at 256 rows: 20.1 → 15.3 µs
-    assert linear.batched_splits(128, 1536, 8960) == 4      # ... at 128 rows: 11.6 → 10.2 µs
-    assert linear.batched_splits(256, 896, 4864) == 4       # 0.5B down_proj + norm at 256 rows: 11.3 → 8.4 µs
-    assert linear.batched_splits(64, 896, 4864) == 0        # ≤ 64 rows: the skinny kernel's (4.3 µs against 4.9)
-    assert linear.batched_splits(256, 1536, 1536) == 0      # o_proj: K too short to gain (≤ 0.35 µs)
-    assert linear.batched_splits(256, 17920, 1536) == 0     # gate_up: a wide output loses (32 against 22.6 µs)
-    assert linear.batched_splits(256, 1536, 4100) == 0      # slices would not be 16-byte aligned
-    assert linear.batched_splits(2048, 1536, 8960) == 0     # a packed prefill: compute-bound, F.linear's
+    assert linear.batched_splits(256, 1536, 8960) == 4  # 1.5B down_proj + norm at 256 rows: 20.1 → 15.3 µs
+    assert linear.batched_splits(128, 1536, 8960) == 4  # ... at 128 rows: 11.6 → 10.2 µs
+    assert linear.batched_splits(256, 896, 4864) == 4  # 0.5B down_proj + norm at 256 rows: 11.3 → 8.4 µs
+    assert linear.batched_splits(64, 896, 4864) == 0  # ≤ 64 rows: the skinny kernel's (4.3 µs against 4.9)
+    assert linear.batched_splits(256, 1536, 1536) == 0  # o_proj: K too short to gain (≤ 0.35 µs)
+    assert linear.batched_splits(256, 17920, 1536) == 0  # gate_up: a wide output loses (32 against 22.6 µs)
+    assert linear.batched_splits(256, 1536, 4100) == 0  # slices would not be 16-byte aligned
+    assert linear.batched_splits(2048, 1536, 8960) == 0  # a packed prefill: compute-bound, F.linear's
 
 
 def test_batched_split_needs_a_bmm_with_float32_output():
@@ -413,7 +465,7 @@ def test_batched_split_matches_a_float64_product():
     assert got.dtype == torch.float32 and got.shape == (4, m, n)
     assert (got.double().sum(0).cpu() - want).abs().max().item() < 1e-4
     kc = k // 4
-    third = x[:, 2 * kc:3 * kc].double() @ w[:, 2 * kc:3 * kc].double().T
+    third = x[:, 2 * kc : 3 * kc].double() @ w[:, 2 * kc : 3 * kc].double().T
     assert (got[2].double().cpu() - third).abs().max().item() < 1e-4
     # `project` takes this path for such a shape, and F.linear's for one with a bias.
     assert linear.project(x.cuda(), w.cuda(), None, 132).shape == (4, m, n)
@@ -436,8 +488,10 @@ def test_project_is_f_linear_without_triton():
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k,splits,bias", [(5, 40, 70, 1, True), (64, 96, 256, 1, False), (17, 33, 300, 3, True),
-                                                (64, 128, 512, 8, False)])
+@pytest.mark.parametrize(
+    "m,n,k,splits,bias",
+    [(5, 40, 70, 1, True), (64, 96, 256, 1, False), (17, 33, 300, 3, True), (64, 128, 512, 8, False)],
+)
 def test_triton_linear_matches_a_float64_product(dtype, m, n, k, splits, bias):
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen) / k**0.5
@@ -446,8 +500,7 @@ def test_triton_linear_matches_a_float64_product(dtype, m, n, k, splits, bias):
     b = b.to(dtype) if bias else None
     want = x.double() @ w.double().T + (b.double() if bias else 0)
     dev = TRITON_DEVICE
-    got = linear.linear_triton(x.to(dev), w.to(dev), b.to(dev) if bias else None, splits=splits, block_n=32,
-                               block_k=64)
+    got = linear.linear_triton(x.to(dev), w.to(dev), b.to(dev) if bias else None, splits=splits, block_n=32, block_k=64)
     if splits == 1:
         assert got.dtype == dtype and got.shape == (m, n)
         assert (got.double().cpu() - want).abs().max().item() <= 2**-7 * want.abs().max().item() + 1e-4
@@ -489,8 +542,9 @@ def test_triton_consumers_sum_projection_partials(dtype):
     slots = torch.tensor([5, 0, 13, 14, 31], device=dev)
     caches = [torch.zeros(8, hkv, bs, d, dtype=dtype, device=dev) for _ in range(4)]
     q = rope_cache.rope_write_triton(qkv_parts, hq, hkv, cos, sin, pos, slots, caches[0], caches[1], None, None, 1e-6)
-    q_ref = rope_cache.rope_write_triton((qkv_parts[0] + qkv_parts[1]).to(dtype), hq, hkv, cos, sin, pos, slots,
-                                         caches[2], caches[3], None, None, 1e-6)
+    q_ref = rope_cache.rope_write_triton(
+        (qkv_parts[0] + qkv_parts[1]).to(dtype), hq, hkv, cos, sin, pos, slots, caches[2], caches[3], None, None, 1e-6
+    )
     assert q.dtype == dtype and torch.equal(q, q_ref)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
@@ -523,9 +577,13 @@ def test_triton_step_state_matches_torch(rows):
     assert torch.equal(step_state.cache_slots_triton(table, pos, 16), step_state.cache_slots_torch(table, pos, 16))
     tok = torch.randint(0, 50000, (rows,), generator=g).to(dev)
     lp = -torch.rand(rows, generator=g).to(dev)
-    state = [torch.zeros(rows, dtype=torch.long, device=dev), torch.zeros(rows, device=dev),
-             torch.randint(0, 9, (rows,), generator=g).to(dev), pos.clone(),
-             torch.randint(0, 99, (rows,), generator=g).to(dev)]
+    state = [
+        torch.zeros(rows, dtype=torch.long, device=dev),
+        torch.zeros(rows, device=dev),
+        torch.randint(0, 9, (rows,), generator=g).to(dev),
+        pos.clone(),
+        torch.randint(0, 99, (rows,), generator=g).to(dev),
+    ]
     active = (torch.rand(rows, generator=g) < 0.7).long().to(dev)
     ref = [t.clone() for t in state]
     step_state.advance_triton(tok, lp, *state, active)
@@ -625,4 +683,3 @@ def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch, early):
         for got, ref in zip(outs, want):
             assert not got.isnan().any()
             assert (got.float() - ref.float()).abs().max().item() <= 0.05
-

@@ -13,8 +13,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("vocab,temperature,dtype", [(151936, 1.0, torch.bfloat16), (1001, 0.7, torch.bfloat16),
-                                                     (5003, 1.3, torch.float32)])
+@pytest.mark.parametrize(
+    "vocab,temperature,dtype", [(151936, 1.0, torch.bfloat16), (1001, 0.7, torch.bfloat16), (5003, 1.3, torch.float32)]
+)
 @pytest.mark.parametrize("entropy_grad", [False, True])
 def test_fused_equals_torch_path(vocab, temperature, dtype, entropy_grad):
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -12,14 +12,16 @@ import pytest
 import torch
 
 import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
-from hybridrl.engines.native.kernels import sampling as sampling_kernel
 from hybridrl.engines.native.kernels import ON_CPU
+from hybridrl.engines.native.kernels import sampling as sampling_kernel
 from hybridrl.engines.sampling import counter_uniform, row_keys, sample_tokens, step_key
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [
-    pytest.mark.skipif(sampling_kernel.triton is None or not (torch.cuda.is_available() or ON_CPU),
-                       reason="the fused sampler needs Triton, and CUDA or the interpreter (HYBRIDRL_KERNELS_ON_CPU=1)"),
+    pytest.mark.skipif(
+        sampling_kernel.triton is None or not (torch.cuda.is_available() or ON_CPU),
+        reason="the fused sampler needs Triton, and CUDA or the interpreter (HYBRIDRL_KERNELS_ON_CPU=1)",
+    ),
     pytest.mark.interpreted,  # every test: the sampler's own checks are the kernel path
 ]
 ROWS, STEPS = (64, 10) if DEVICE == "cuda" else (6, 2)

@@ -11,9 +11,14 @@ import pytest
 from tests.integration.test_e2e import run_app
 from tests.paths import REPO
 
-
-FAST = ["model.tiny.pretrain_steps=0", "trainer.steps=2", "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false",
-        "trainer.eval_every=0"]
+FAST = [
+    "model.tiny.pretrain_steps=0",
+    "trainer.steps=2",
+    "data.train_batch_size=4",
+    "algorithm.group_size=4",
+    "logger.progress_bar=false",
+    "trainer.eval_every=0",
+]
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -32,8 +37,10 @@ def test_every_algorithm_runs(tmp_path, name):
 
 def test_dapo_refills_the_batch_and_logs_it(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_app(["algorithm=dapo", "reward.fn=tests.helpers.rewards:half_the_groups_flat", *FAST,
-                 f"hydra.run.dir={run_dir}"], REPO)
+    r = run_app(
+        ["algorithm=dapo", "reward.fn=tests.helpers.rewards:half_the_groups_flat", *FAST, f"hydra.run.dir={run_dir}"],
+        REPO,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = _rows(run_dir)
     # Flat groups were dropped and new prompts generated, yet every update saw 4 prompts x 4 samples.
@@ -58,7 +65,10 @@ def test_masked_importance_sampling_logs_its_weights(tmp_path):
     [
         (["algorithm=gspo", "algorithm.loss_agg_mode=token-mean"], "algorithm.loss_agg_mode"),
         (["engine.temperature=0"], "engine.temperature=0 with algorithm.group_size=8"),
-        (["algorithm=dapo", "algorithm.overlong_buffer_len=64"], "algorithm.overlong_buffer_len=64 must be <= engine.max_new_tokens=8"),
+        (
+            ["algorithm=dapo", "algorithm.overlong_buffer_len=64"],
+            "algorithm.overlong_buffer_len=64 must be <= engine.max_new_tokens=8",
+        ),
     ],
 )
 def test_bad_combinations_fail_at_composition(tmp_path, args, needle):

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.paths import TESTS
 
 FAULTS = TESTS / "faults"  # the test-only fault hook (a sitecustomize module)
@@ -40,7 +41,9 @@ def _ppid_map() -> dict[int, int]:
 
         # Processes come and go while we look (other tests, our own workers): ask for ppid in one pass, and
         # skip the ones already gone.
-        return {p.info["pid"]: p.info["ppid"] for p in psutil.process_iter(["pid", "ppid"]) if p.info["ppid"] is not None}
+        return {
+            p.info["pid"]: p.info["ppid"] for p in psutil.process_iter(["pid", "ppid"]) if p.info["ppid"] is not None
+        }
     except ImportError:
         out = {}
         for entry in os.listdir("/proc"):
@@ -102,7 +105,10 @@ class AppRun:
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hybridrl", *FAST, *args, f"hydra.run.dir={self.run_dir}"],
-                cwd=tmp, env=full_env, stdout=out, stderr=err,
+                cwd=tmp,
+                env=full_env,
+                stdout=out,
+                stderr=err,
             )
 
     def poll_until(self, done, timeout: float) -> None:
@@ -146,7 +152,12 @@ def assert_same_metrics(rows: list[dict], ref: list[dict], model_rewards: bool =
             elif key.startswith(("reward/", "response/")) and key != "reward/kl_penalty_mean":
                 assert row[key] == value, (row["step"], key, row[key], value)
             else:
-                assert math.isclose(row[key], value, rel_tol=REL_TOL, abs_tol=ABS_TOL), (row["step"], key, row[key], value)
+                assert math.isclose(row[key], value, rel_tol=REL_TOL, abs_tol=ABS_TOL), (
+                    row["step"],
+                    key,
+                    row[key],
+                    value,
+                )
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +214,10 @@ def test_deferred_gradient_sync_equals_a_reduce_per_micro_batch(tmp_path):
     runs = {}
     for defer in ("true", "false"):
         (tmp_path / defer).mkdir()
-        run = AppRun([*LOCAL2, "trainer.steps=2", "trainer.micro_batch_size=4", f"trainer.defer_grad_sync={defer}"],
-                     tmp_path / defer)
+        run = AppRun(
+            [*LOCAL2, "trainer.steps=2", "trainer.micro_batch_size=4", f"trainer.defer_grad_sync={defer}"],
+            tmp_path / defer,
+        )
         assert run.wait() == 0, run.output[-3000:]
         runs[defer] = run.metrics()
     assert_same_metrics(runs["true"], runs["false"])

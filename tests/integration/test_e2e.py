@@ -9,11 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.paths import REPO
 
 REQUIRED_METRICS = [
-    "step", "reward/mean", "response/length_mean", "perf/tokens_per_s", "actor/kl", "actor/entropy",
-    "actor/clip_frac", "actor/grad_norm", "mismatch/logp_abs_mean",
+    "step",
+    "reward/mean",
+    "response/length_mean",
+    "perf/tokens_per_s",
+    "actor/kl",
+    "actor/entropy",
+    "actor/clip_frac",
+    "actor/grad_norm",
+    "mismatch/logp_abs_mean",
 ] + [f"time/{p}" for p in ("wake", "generate", "sleep", "logprob", "reward", "advantages", "update", "reshard")]
 
 # The recipes a user can pick: the YAML files in recipes/recipe/.
@@ -73,9 +81,18 @@ def test_user_errors_exit_nonzero_with_a_short_message(tmp_path, args, needle):
 def test_multirun_sweep_runs_each_job_in_its_own_dir_and_groups_wandb_runs(tmp_path):
     sweep = tmp_path / "2026-01-01" / "12-00-00"
     r = run_app(
-        ["-m", "recipe=cpu_demo", "trainer.lr=1e-5,3e-5", "logger=wandb", "trainer.steps=1", "trainer.eval_every=0",
-         f"hydra.sweep.dir={sweep}", *FAST],
-        tmp_path, timeout=300,
+        [
+            "-m",
+            "recipe=cpu_demo",
+            "trainer.lr=1e-5,3e-5",
+            "logger=wandb",
+            "trainer.steps=1",
+            "trainer.eval_every=0",
+            f"hydra.sweep.dir={sweep}",
+            *FAST,
+        ],
+        tmp_path,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     dirs = sorted(p for p in sweep.iterdir() if p.is_dir())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -31,9 +30,17 @@ def test_default_run_matches_the_golden_metrics(tmp_path):
     r = run_app(
         # Two intra-op threads, as torch chose on the 2-core machine that recorded it (a float sum's order
         # follows the thread count; the automatic choice for a tiny model is now one thread).
-        ["model=hf", f"model.path={GOLDEN / 'tiny-qwen2'}", "trainer.steps=10", "trainer.eval_every=5", "cluster.cpu_threads=2",
-         "logger.progress_bar=false", f"hydra.run.dir={run_dir}"],
-        tmp_path, timeout=600,
+        [
+            "model=hf",
+            f"model.path={GOLDEN / 'tiny-qwen2'}",
+            "trainer.steps=10",
+            "trainer.eval_every=5",
+            "cluster.cpu_threads=2",
+            "logger.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     golden = [json.loads(line) for line in (GOLDEN / "metrics_10_steps.jsonl").read_text().splitlines()]
@@ -45,7 +52,8 @@ def test_default_run_matches_the_golden_metrics(tmp_path):
             assert same(key, value, got[key]), (
                 f"step {want['step']}: {key} = {got[key]!r}, golden {value!r} (if a change meant to alter the run, "
                 "e.g. the sampler's draws, re-record as tests/data/golden/README.md says, after checking that "
-                "nothing else moved)")
+                "nothing else moved)"
+            )
 
 
 def same(key: str, want: object, got: object) -> bool:

@@ -7,25 +7,55 @@ import signal
 
 import pytest
 
-from tests.unit.test_checkpoints import app, rows, volatile
 from tests.integration.test_e2e import run_app
+from tests.unit.test_checkpoints import app, rows, volatile
 
 FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.eval_every=0"]
-PHASES = ("wake", "generate", "sleep", "logprob", "values", "reward", "advantages", "update_critic", "update",
-          "reshard")
+PHASES = (
+    "wake",
+    "generate",
+    "sleep",
+    "logprob",
+    "values",
+    "reward",
+    "advantages",
+    "update_critic",
+    "update",
+    "reshard",
+)
 
 
 def test_ppo_run_with_two_reward_models(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_app(["algorithm=ppo", "reward_model=two_tiny", "critic.warmup_steps=1", "trainer.steps=2", *FAST,
-                 f"hydra.run.dir={run_dir}"], tmp_path)
+    r = run_app(
+        [
+            "algorithm=ppo",
+            "reward_model=two_tiny",
+            "critic.warmup_steps=1",
+            "trainer.steps=2",
+            *FAST,
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     first, second = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for row in (first, second):
-        for key in ("critic/value_loss", "critic/vf_clipfrac", "critic/values_mean", "critic/explained_var",
-                    "critic/grad_norm", "critic/lr", "reward/tiny_rm_a", "reward/tiny_rm_b", "reward/function",
-                    "time/reward_model/tiny_rm_a", "time/reward_model/tiny_rm_b", "memory/values/rss_gb",
-                    *(f"time/{p}" for p in PHASES)):
+        for key in (
+            "critic/value_loss",
+            "critic/vf_clipfrac",
+            "critic/values_mean",
+            "critic/explained_var",
+            "critic/grad_norm",
+            "critic/lr",
+            "reward/tiny_rm_a",
+            "reward/tiny_rm_b",
+            "reward/function",
+            "time/reward_model/tiny_rm_a",
+            "time/reward_model/tiny_rm_b",
+            "memory/values/rss_gb",
+            *(f"time/{p}" for p in PHASES),
+        ):
             assert key in row, (row["step"], key)
         # The combined score is the weighted sum of the logged sources (conf/reward_model/two_tiny.yaml).
         want = row["reward/function"] + 0.05 * row["reward/tiny_rm_a"] + 0.05 * row["reward/tiny_rm_b"]
@@ -39,8 +69,11 @@ def test_ppo_run_with_two_reward_models(tmp_path):
 
 def test_a_reward_model_that_fails_to_load_stops_the_run_at_setup(tmp_path):
     missing = tmp_path / "no-such-rm"
-    r = run_app(["reward_model=hf", f"reward_model.models.0.path={missing}", *FAST,
-                 f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, timeout=180)
+    r = run_app(
+        ["reward_model=hf", f"reward_model.models.0.path={missing}", *FAST, f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        timeout=180,
+    )
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert f"reward_model.models[0] (rm): cannot load the reward model at '{missing}'" in out, out[-2000:]
@@ -52,8 +85,15 @@ def test_a_reward_model_that_fails_to_load_stops_the_run_at_setup(tmp_path):
 def test_ppo_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     """The critic's weights, Adam state and schedule come back from `checkpoints/step_N/critic/`: the resumed run's
     metrics (critic/* included) equal an uninterrupted run's."""
-    args = ["algorithm=ppo", "critic.lr=5e-3", "data.train_batch_size=4", "algorithm.group_size=4",
-            "logger.progress_bar=false", "trainer.save_every=2", "trainer.steps=4"]
+    args = [
+        "algorithm=ppo",
+        "critic.lr=5e-3",
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "logger.progress_bar=false",
+        "trainer.save_every=2",
+        "trainer.steps=4",
+    ]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     p = app([*args, f"hydra.run.dir={straight}"], tmp_path)
     assert p.wait(timeout=600) == 0, p.stdout.read()[-3000:]

@@ -13,11 +13,10 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
-from pathlib import Path
 
 import pytest
-from tests.paths import REPO
 
+from tests.paths import REPO
 
 README = REPO / "README.md"
 RECIPES = sorted((REPO / "recipes" / "recipe").glob("*.yaml"))
@@ -117,7 +116,9 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
             choices.append([text])
             continue
         if not multirun:
-            raise ValueError(f"{text!r} is a sweep (Hydra reads the comma as a list of runs); without -m it does not run")
+            raise ValueError(
+                f"{text!r} is a sweep (Hydra reads the comma as a list of runs); without -m it does not run"
+            )
         key = o.get_key_element()
         if isinstance(o.value(), IntervalSweep):
             values = [str(o.value().start)]
@@ -186,7 +187,10 @@ def test_extraction_joins_continuations_and_drops_prefixes_comments_and_other_co
         (["engine=vllm"], False),
         (["trainer.steps=2"], False),
     ]
-    assert overrides_of("data.synthetic.task=sort   # copy | reverse | sort | add") == (["data.synthetic.task=sort"], False)
+    assert overrides_of("data.synthetic.task=sort   # copy | reverse | sort | add") == (
+        ["data.synthetic.task=sort"],
+        False,
+    )
     assert overrides_of("a=1 | tee log") == (["a=1"], False)
     assert overrides_of("-m --cfg job 'trainer.lr=interval(1e-4,1e-2)'") == (["trainer.lr=interval(1e-4,1e-2)"], True)
     header = "# @package _global_\n# Demo.\n#\n#   python -m hybridrl recipe=x \\\n#       a.b=1\nfoo: 1\n"
@@ -195,7 +199,8 @@ def test_extraction_joins_continuations_and_drops_prefixes_comments_and_other_co
 
 def test_expansion_runs_each_sweep_value_and_refuses_a_sweep_without_multirun() -> None:
     assert expand(["trainer.lr=1e-5,3e-5", "logger=wandb"], multirun=True) == [
-        ["trainer.lr=1e-05", "logger=wandb"], ["trainer.lr=3e-05", "logger=wandb"],
+        ["trainer.lr=1e-05", "logger=wandb"],
+        ["trainer.lr=3e-05", "logger=wandb"],
     ]
     assert expand(["trainer.lr=interval(1e-4,1e-2)"], multirun=True) == [["trainer.lr=0.0001"]]
     with pytest.raises(ValueError, match="trainer.offload=params,optimizer"):
@@ -222,7 +227,9 @@ def test_offload_accepts_hydras_list_form_and_plain_names(override: str, parts: 
         assert validate(compose(config_name="config", overrides=[override])).trainer.offload_parts() == parts
 
 
-@pytest.mark.parametrize("override", ["trainer.offload=[params,gradients]", "trainer.offload=gradients", "trainer.offload=3"])
+@pytest.mark.parametrize(
+    "override", ["trainer.offload=[params,gradients]", "trainer.offload=gradients", "trainer.offload=3"]
+)
 def test_offload_names_the_key_for_an_unknown_part(override: str) -> None:
     from hybridrl.errors import ConfigError
 
@@ -255,8 +262,12 @@ INLINE = readme_inline_overrides(README.read_text())
 
 @pytest.mark.parametrize(
     "span",
-    [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="README fix pending")) if s in AWAITING_README_FIX
-     else s for s in INLINE],
+    [
+        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="README fix pending"))
+        if s in AWAITING_README_FIX
+        else s
+        for s in INLINE
+    ],
 )
 def test_inline_override_parses_as_one_value(span: str) -> None:
     # Placeholders (`trainer.save_every=N`) cannot compose, but every span must parse, and not as a sweep.

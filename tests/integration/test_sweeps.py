@@ -17,7 +17,9 @@ def fake_job(root, name, overrides, rewards):
     job = root / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    (job / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "reward/mean": r}) + "\n" for i, r in enumerate(rewards)))
+    (job / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i + 1, "reward/mean": r}) + "\n" for i, r in enumerate(rewards))
+    )
 
 
 def test_summary_table_ranks_jobs_by_final_reward(tmp_path):
@@ -37,12 +39,25 @@ def test_summary_table_ranks_jobs_by_final_reward(tmp_path):
 def test_optuna_sweeper_searches_the_learning_rate(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="install hybridrl[optuna]")
     args = [
-        "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize",
-        "trainer.lr=interval(1e-4,1e-2)", "trainer.steps=2", "data.train_batch_size=4", "algorithm.group_size=4",
-        "logger.progress_bar=false", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.direction=maximize",
+        "trainer.lr=interval(1e-4,1e-2)",
+        "trainer.steps=2",
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "logger.progress_bar=false",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
     ]
-    r = subprocess.run([sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    r = subprocess.run(
+        [sys.executable, "-m", "hybridrl", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     result = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     assert 1e-4 <= result["best_params"]["trainer.lr"] <= 1e-2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import logging
 import sys
 
@@ -42,7 +40,9 @@ def test_force_added_keys_fail_like_unknown_keys():
     check_composed(composed("+engine.sglang.engine_kwargs.context_length=4096"))  # a free-form dict takes any key
 
 
-@pytest.mark.parametrize("override, key", [("trainer.lr=nan", "trainer.lr"), ("algorithm.kl_coef=nan", "algorithm.kl_coef")])
+@pytest.mark.parametrize(
+    "override, key", [("trainer.lr=nan", "trainer.lr"), ("algorithm.kl_coef=nan", "algorithm.kl_coef")]
+)
 def test_nan_values_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=rf"^{key.replace('.', chr(92) + '.')}=nan is not a number"):
         check_composed(composed(override))
@@ -78,8 +78,11 @@ def moved(monkeypatch):
 @pytest.mark.parametrize(
     "args",
     [
-        ["trainer.learning_rate=1e-3"], ["+trainer.learning_rate=1e-3"], ["++trainer.learning_rate=1e-3"],
-        ["~trainer.learning_rate"], ["-m", "trainer.learning_rate=1e-3,2e-3", "trainer.steps=3"],
+        ["trainer.learning_rate=1e-3"],
+        ["+trainer.learning_rate=1e-3"],
+        ["++trainer.learning_rate=1e-3"],
+        ["~trainer.learning_rate"],
+        ["-m", "trainer.learning_rate=1e-3,2e-3", "trainer.steps=3"],
         ["--cfg", "job", "trainer.learning_rate=1"],
     ],
 )

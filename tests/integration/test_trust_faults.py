@@ -20,13 +20,23 @@ import pytest
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-FAST = ["model.tiny.pretrain_steps=0", "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.eval_every=0"]
+FAST = [
+    "model.tiny.pretrain_steps=0",
+    "data.train_batch_size=4",
+    "algorithm.group_size=4",
+    "logger.progress_bar=false",
+    "trainer.eval_every=0",
+]
 SHARD = "dcp/__0_0.distcp"
 
 
-def run_app(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_app(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "hybridrl", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hybridrl", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def steps(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:
@@ -40,7 +50,9 @@ def console_lines(r: subprocess.CompletedProcess) -> list[str]:
 
 def test_corrupt_shard_is_named_on_explicit_resume_and_skipped_by_auto(tmp_path):
     run = tmp_path / "run"
-    r = run_app([*FAST, "trainer.steps=6", "trainer.save_every=3", "trainer.keep_last=2", f"hydra.run.dir={run}"], tmp_path)
+    r = run_app(
+        [*FAST, "trainer.steps=6", "trainer.save_every=3", "trainer.keep_last=2", f"hydra.run.dir={run}"], tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     newest = run / "checkpoints" / "step_000006"
     size = (newest / SHARD).stat().st_size
@@ -54,7 +66,9 @@ def test_corrupt_shard_is_named_on_explicit_resume_and_skipped_by_auto(tmp_path)
     assert len(errors) == 1 and f"step_000006: file {SHARD} fails its sha256 check" in errors[0], r.stderr[-2000:]
     assert "Traceback" not in r.stdout + r.stderr
 
-    r = run_app([*FAST, "trainer.steps=6", "trainer.save_every=3", "trainer.resume=auto", f"hydra.run.dir={run}"], tmp_path)
+    r = run_app(
+        [*FAST, "trainer.steps=6", "trainer.save_every=3", "trainer.resume=auto", f"hydra.run.dir={run}"], tmp_path
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert f"skipping step_000006: checkpoint {newest}: file {SHARD} fails its sha256 check" in out
@@ -96,7 +110,8 @@ def test_an_unexpected_exception_is_one_line_and_a_traceback_in_the_log(tmp_path
     errors = [l for l in console_lines(r) if "ERROR" in l]
     assert len(errors) == 1, out[-3000:]
     assert errors[0].endswith(
-        f"error in train: RuntimeError: injected crash for the test (full traceback in {os.path.relpath(run / 'hybridrl.log', tmp_path)})"
+        "error in train: RuntimeError: injected crash for the test "
+        f"(full traceback in {os.path.relpath(run / 'hybridrl.log', tmp_path)})"
     )
     log = (run / "hybridrl.log").read_text()
     assert "Traceback (most recent call last)" in log and "raise RuntimeError('injected crash for the test')" in log
@@ -104,10 +119,21 @@ def test_an_unexpected_exception_is_one_line_and_a_traceback_in_the_log(tmp_path
 
 @pytest.mark.multiproc
 def test_ctrl_c_during_worker_start_up_is_one_line(tmp_path):
-    args = [*FAST, "trainer.steps=1", "cluster=local", "cluster.workers_per_node=2", f"hydra.run.dir={tmp_path / 'run'}"]
+    args = [
+        *FAST,
+        "trainer.steps=1",
+        "cluster=local",
+        "cluster.workers_per_node=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     p = subprocess.Popen(
-        [sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "-m", "hybridrl", *args],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     seen, deadline = "", time.time() + 120
     while "local workers:" not in seen and time.time() < deadline and p.poll() is None:
@@ -138,16 +164,24 @@ def test_two_workers_save_and_resume_through_the_verified_safe_loader(tmp_path):
 
 @pytest.mark.multiproc
 def test_a_stopped_worker_is_named_within_the_collective_timeout(tmp_path):
-    """Rank 1 stops itself (SIGSTOP) as the second update starts; rank 0 waits for it inside a collective. The error names
-    rank 1 and the phase, one line on the console, within cluster.collective_timeout_s plus a small grace, and the
+    """Rank 1 stops itself (SIGSTOP) as the second update starts; rank 0 waits for it inside a collective. The error
+    names rank 1 and the phase, one line on the console, within cluster.collective_timeout_s plus a small grace, and the
     healthy rank's timeout traceback is not printed as if it were the cause."""
     from tests.integration.test_cluster import FAULTS
 
     timeout_s = 30
-    env = {"HYBRIDRL_TEST_FAULT": "1:update:2:stop",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")]))}
-    args = [*FAST, "trainer.steps=2", "cluster=local", "cluster.workers_per_node=2",
-            f"cluster.collective_timeout_s={timeout_s}", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {
+        "HYBRIDRL_TEST_FAULT": "1:update:2:stop",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
+    }
+    args = [
+        *FAST,
+        "trainer.steps=2",
+        "cluster=local",
+        "cluster.workers_per_node=2",
+        f"cluster.collective_timeout_s={timeout_s}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     r = run_app(args, tmp_path, env=env, timeout=240)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out[-3000:]
@@ -164,7 +198,8 @@ def test_a_stopped_worker_is_named_within_the_collective_timeout(tmp_path):
 
     waited = datetime.strptime(last, "%Y-%m-%d %H:%M:%S,%f").timestamp() - float(stopped.group(1))
     # What the controller adds after the peers' timeout: the grace to hear every rank, then shutdown's join (5 s) and
-    # terminate (3 s) before the stopped rank is killed; 10 s of slack for a loaded machine, still under twice the timeout.
+    # terminate (3 s) before the stopped rank is killed; 10 s of slack for a loaded machine, still under twice
+    # the timeout.
     from hybridrl.workers.failures import FAILURE_GRACE_S
 
     assert timeout_s - 1 <= waited <= timeout_s + FAILURE_GRACE_S + 5 + 3 + 10 < 2 * timeout_s, (waited, log[-2000:])

@@ -30,10 +30,19 @@ def changed(**dotted) -> dict:
 @pytest.mark.parametrize(
     "key, value",
     [
-        ("trainer.steps", 500), ("trainer.save_every", 7), ("trainer.eval_every", 3), ("trainer.keep_last", 5),
-        ("trainer.lr", 3e-5), ("trainer.warmup_steps", 4), ("trainer.lr_schedule", "cosine"),
-        ("trainer.min_lr_ratio", 0.1), ("logger.name", "wandb"), ("logger.tags", ["x"]),
-        ("cluster.collective_timeout_s", 30.0), ("trainer.resume", "auto"), ("reshard.verify", True),
+        ("trainer.steps", 500),
+        ("trainer.save_every", 7),
+        ("trainer.eval_every", 3),
+        ("trainer.keep_last", 5),
+        ("trainer.lr", 3e-5),
+        ("trainer.warmup_steps", 4),
+        ("trainer.lr_schedule", "cosine"),
+        ("trainer.min_lr_ratio", 0.1),
+        ("logger.name", "wandb"),
+        ("logger.tags", ["x"]),
+        ("cluster.collective_timeout_s", 30.0),
+        ("trainer.resume", "auto"),
+        ("reshard.verify", True),
     ],
 )
 def test_keys_that_may_change_are_applied(key, value):
@@ -43,10 +52,20 @@ def test_keys_that_may_change_are_applied(key, value):
 @pytest.mark.parametrize(
     "key, value",
     [
-        ("model.path", "/other"), ("model.tiny.hidden_size", 128), ("data.path", "/other.jsonl"), ("data.seed", 3),
-        ("data.train_batch_size", 32), ("algorithm.group_size", 4), ("algorithm.kl_coef", 0.0),
-        ("trainer.seed", 1), ("trainer.betas", [0.9, 0.99]), ("trainer.mini_batch_size", 8),
-        ("cluster.workers_per_node", 2), ("cluster.nnodes", 2), ("engine.tp_size", 2), ("engine.temperature", 0.7),
+        ("model.path", "/other"),
+        ("model.tiny.hidden_size", 128),
+        ("data.path", "/other.jsonl"),
+        ("data.seed", 3),
+        ("data.train_batch_size", 32),
+        ("algorithm.group_size", 4),
+        ("algorithm.kl_coef", 0.0),
+        ("trainer.seed", 1),
+        ("trainer.betas", [0.9, 0.99]),
+        ("trainer.mini_batch_size", 8),
+        ("cluster.workers_per_node", 2),
+        ("cluster.nnodes", 2),
+        ("engine.tp_size", 2),
+        ("engine.temperature", 0.7),
         ("reward.name", "math"),
     ],
 )
@@ -56,7 +75,9 @@ def test_keys_that_define_the_experiment_are_refused(key, value):
 
 def test_unchanged_config_is_no_change_and_order_is_sorted():
     assert resume_config_diff(schema(), schema()) == ([], [])
-    applied, refused = resume_config_diff(schema(), changed(trainer__steps=9, trainer__lr=0.5, data__seed=2, model__path="/m"))
+    applied, refused = resume_config_diff(
+        schema(), changed(trainer__steps=9, trainer__lr=0.5, data__seed=2, model__path="/m")
+    )
     assert applied == ["trainer.lr", "trainer.steps"] and refused == ["data.seed", "model.path"]
 
 
@@ -69,7 +90,10 @@ def test_keys_only_one_side_has_compare_with_defaults():
     assert resume_config_diff(saved, now, defaults=schema()) == (["trainer.eval_samples"], [])
     saved["some_future_role"] = {"lr": 1e-5}  # a section this version does not have: with no default, not a change
     assert resume_config_diff(saved, schema()) == ([], [])
-    assert resume_config_diff({}, {"new_section": {"x": 1}}, defaults={"new_section": {"x": 2}}) == ([], ["new_section.x"])
+    assert resume_config_diff({}, {"new_section": {"x": 1}}, defaults={"new_section": {"x": 2}}) == (
+        [],
+        ["new_section.x"],
+    )
 
 
 def test_every_schema_key_is_classified_by_a_named_rule():
@@ -85,7 +109,10 @@ def test_every_schema_key_is_classified_by_a_named_rule():
 def test_enforce_names_refused_keys_with_values_and_reason():
     with pytest.raises(ConfigError, match=r"algorithm\.group_size \(8 -> 4: the algorithm being run\)"):
         enforce_resume_policy(schema(), changed(algorithm__group_size=4, trainer__lr=0.1))
-    assert enforce_resume_policy(schema(), changed(trainer__lr=3e-5)) == "resume: config changes applied: trainer.lr 1e-06 -> 3e-05"
+    assert (
+        enforce_resume_policy(schema(), changed(trainer__lr=3e-5))
+        == "resume: config changes applied: trainer.lr 1e-06 -> 3e-05"
+    )
     assert enforce_resume_policy(schema(), schema()) is None
 
 
@@ -156,7 +183,9 @@ def test_load_trainer_applies_a_new_lr(tmp_path, tiny_path, tokenizer, process_g
     load_trainer(new.model, new.optimizer, new.scheduler, tmp_path)
     assert new.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # without lr=: the checkpoint's
     load_trainer(new.model, new.optimizer, new.scheduler, tmp_path, lr=4e-3)
-    assert new.optimizer.param_groups[0]["lr"] == pytest.approx(4e-3) and new.scheduler.get_last_lr() == [pytest.approx(4e-3)]
+    assert new.optimizer.param_groups[0]["lr"] == pytest.approx(4e-3) and new.scheduler.get_last_lr() == [
+        pytest.approx(4e-3)
+    ]
 
 
 # ---------------------------------------------------------------- one metrics row per step

@@ -15,7 +15,15 @@ from hybridrl.checkpoints import CheckpointDir
 from hybridrl.errors import ConfigError
 from tests.paths import TESTS
 
-ARGS = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.save_every=3", "trainer.steps=6"]
+ARGS = [
+    "data.train_batch_size=4",
+    "algorithm.group_size=4",
+    "logger.progress_bar=false",
+    "trainer.save_every=3",
+    "trainer.steps=6",
+]
+
+
 def volatile(key: str) -> bool:
     """Wall-clock and memory figures legitimately differ between runs; everything else must match."""
     return key.startswith(("time/", "perf/", "memory/")) or key.endswith(("_s", "seconds", "_gbps", "per_s"))
@@ -29,7 +37,14 @@ def app(args: list[str], cwd: Path, fault: str | None = None) -> subprocess.Pope
     if fault:
         env["HYBRIDRL_TEST_FAULT"] = fault
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")]))
-    return subprocess.Popen([sys.executable, "-m", "hybridrl", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hybridrl", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -106,12 +121,12 @@ def test_resume_from_a_path_that_is_not_a_checkpoint(tmp_path):
 def test_export_hf_writes_the_trained_weights(tmp_path, tiny_path, tokenizer, process_group):
     import torch
     from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
 
     from hybridrl.config import RunConfig
+    from hybridrl.export import main as export_main
     from hybridrl.models.config import ModelConfig
     from hybridrl.workers.build import build_components
-    from hybridrl.export import main as export_main
-    from transformers import AutoModelForCausalLM
 
     cfg = RunConfig(model=ModelConfig(name="hf", path=tiny_path))
     trainer = build_components(cfg, cfg.topology(), torch.device("cpu")).actor

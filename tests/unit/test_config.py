@@ -29,12 +29,11 @@ def test_default_is_the_cpu_demo():
 
 
 def test_group_and_value_overrides():
-    rc = validate(composed("engine=vllm", "trainer.lr=1e-6", "cluster=local", "cluster.workers_per_node=2", "engine.tp_size=2"))
+    rc = validate(
+        composed("engine=vllm", "trainer.lr=1e-6", "cluster=local", "cluster.workers_per_node=2", "engine.tp_size=2")
+    )
     assert rc.engine.name == "vllm" and rc.trainer.lr == 1e-6
     assert rc.cluster.world_size == 2 and rc.engine.tp_size == 2
-
-
-
 
 
 def yaml_leaves(path: Path, prefix: str = "") -> dict[str, object]:
@@ -58,8 +57,16 @@ def assert_applied(cfg, expected: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize(
-    "override", ["engine=sglang", "logger=wandb", "reward=math", "cluster=ray", "cluster=local", "model=hf model.path=/x",
-                 "data=jsonl data.path=/x.jsonl"],
+    "override",
+    [
+        "engine=sglang",
+        "logger=wandb",
+        "reward=math",
+        "cluster=ray",
+        "cluster=local",
+        "model=hf model.path=/x",
+        "data=jsonl data.path=/x.jsonl",
+    ],
 )
 def test_every_group_option_composes_with_its_file_values(override):
     args = override.split()

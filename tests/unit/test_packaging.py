@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
+
 from tests.paths import REPO
-
-
 
 
 def test_every_package_is_listed():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {
-        ".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "hybridrl").rglob("__init__.py")
-    }
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "hybridrl").rglob("__init__.py")}
     assert found <= listed, f"add to pyproject [tool.setuptools] packages: {sorted(found - listed)}"
 
 

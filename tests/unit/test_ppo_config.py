@@ -25,24 +25,30 @@ def test_ppo_composes_with_a_critic_that_follows_the_actor():
     assert c2.optim(t).lr == 1e-2 and c2.batching(t)[1] == 2 and c2.offload_parts(t) == set()
 
 
-@pytest.mark.parametrize("override, key", [
-    ("critic.lr=1e-3", "critic.lr"),
-    ("critic.model.path=/x", "critic.model.path"),
-    ("critic.warmup_steps=3", "critic.warmup_steps"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("critic.lr=1e-3", "critic.lr"),
+        ("critic.model.path=/x", "critic.model.path"),
+        ("critic.warmup_steps=3", "critic.warmup_steps"),
+    ],
+)
 def test_critic_options_without_a_critic_fail_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=f"{key} is set, but algorithm=grpo trains no critic"):
         composed(override)
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["critic.cliprange_value=0"], "critic.cliprange_value"),
-    (["critic.lr=-1"], "critic.lr"),
-    (["critic.offload=gpu"], "critic.offload"),
-    (["critic.micro_batch_size=0"], "critic.micro_batch_size"),
-    (["critic.mini_batch_size=48"], "critic.mini_batch_size=48 must divide the 128 samples"),
-    (["trainer.mini_batch_size=48"], "trainer.mini_batch_size=48"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["critic.cliprange_value=0"], "critic.cliprange_value"),
+        (["critic.lr=-1"], "critic.lr"),
+        (["critic.offload=gpu"], "critic.offload"),
+        (["critic.micro_batch_size=0"], "critic.micro_batch_size"),
+        (["critic.mini_batch_size=48"], "critic.mini_batch_size=48 must divide the 128 samples"),
+        (["trainer.mini_batch_size=48"], "trainer.mini_batch_size=48"),
+    ],
+)
 def test_bad_critic_values_fail_naming_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key):
         composed("algorithm=ppo", *overrides)

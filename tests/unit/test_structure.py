@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
 from tests.paths import REPO
 
 PACKAGE = REPO / "hybridrl"
@@ -18,7 +19,8 @@ def _modules() -> dict[str, Path]:
 
 
 def _import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """module → the project modules it imports, at any depth of the file (a lazy import is still a dependency)."""
+    """module → the project modules it imports, at any depth of the file: a lazy import, or one for type hints only
+    (`if TYPE_CHECKING:`), is still a dependency a reader follows."""
 
     def resolve(name: str) -> str | None:
         parts = name.split(".")
@@ -28,22 +30,9 @@ def _import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
             parts.pop()
         return None
 
-    def runtime_nodes(tree: ast.AST):
-        """Every node, less the bodies of `if TYPE_CHECKING:` (imports for type hints only never run)."""
-        todo = [tree]
-        while todo:
-            node = todo.pop()
-            yield node
-            for child in ast.iter_child_nodes(node):
-                test = getattr(child, "test", None)
-                if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(test):
-                    todo.extend(child.orelse)
-                else:
-                    todo.append(child)
-
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
-        for node in runtime_nodes(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [f"{node.module}.{a.name}" for a in node.names]

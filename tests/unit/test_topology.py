@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -50,16 +49,17 @@ def test_layout_errors_name_the_keys(world, tp, prompts, group, mini, needle):
 def test_no_other_module_computes_ranks_or_slices():
     """TP/DP ranks, replica groups and prompt slices are derived in hybridrl/topology.py only."""
     pattern = re.compile(
-        r"rank\s*(%|//)\s*(?![ds]\b)[A-Za-z_(]"      # rank % tp, rank // tp (not "rank %d" in a message)
-        r"|(%|//)\s*(self\.)?(engine_)?tp_size\b"   # x % tp_size, x // self.tp_size
+        r"rank\s*(%|//)\s*(?![ds]\b)[A-Za-z_(]"  # rank % tp, rank // tp (not "rank %d" in a message)
+        r"|(%|//)\s*(self\.)?(engine_)?tp_size\b"  # x % tp_size, x // self.tp_size
         r"|(%|//)\s*(self\.)?engine_dp_size\b"
-        r"|range\(0,\s*world"                     # walking the replicas by hand
-        r"|new_group\("                           # process groups made elsewhere
+        r"|range\(0,\s*world"  # walking the replicas by hand
+        r"|new_group\("  # process groups made elsewhere
     )
     root = REPO / "hybridrl"
     offenders = [
         f"{path.relative_to(root.parent)}:{i}: {line.strip()}"
-        for path in sorted(root.rglob("*.py")) if path.name != "topology.py"
+        for path in sorted(root.rglob("*.py"))
+        if path.name != "topology.py"
         for i, line in enumerate(path.read_text().splitlines(), 1)
         if pattern.search(line.split("#")[0])
     ]

@@ -235,7 +235,10 @@ def test_export_takes_no_model_folder_or_remote_code_from_the_checkpoint(tmp_pat
         export_main(["--checkpoint", str(path), "--output", str(out), "--model-path", tiny_path])
     assert not out.exists()
     # What the user passes is what runs: the folder given here, not the one in meta.json.
-    assert export_main(["--checkpoint", str(path), "--output", str(out), "--model-path", tiny_path, "--trust-remote-code"]) == 0
+    assert (
+        export_main(["--checkpoint", str(path), "--output", str(out), "--model-path", tiny_path, "--trust-remote-code"])
+        == 0
+    )
     assert (out / "config.json").is_file()
 
 

@@ -120,7 +120,8 @@ def test_user_errors_and_bad_values_still_stop_at_once():
 
 
 @pytest.mark.parametrize(
-    "kwargs, key", [({"error_score": float("nan")}, "reward.error_score"), ({"max_error_frac": 1.5}, "reward.max_error_frac")]
+    "kwargs, key",
+    [({"error_score": float("nan")}, "reward.error_score"), ({"max_error_frac": 1.5}, "reward.max_error_frac")],
 )
 def test_reward_error_config_is_checked(kwargs, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -137,19 +138,30 @@ def model_dir(tmp_path, **config):
 
 def test_supported_models_pass(tiny_path, tmp_path):
     assert check_supported_architecture(tiny_path) == "qwen2"
-    assert check_supported_architecture(model_dir(tmp_path, model_type="llama", architectures=["LlamaForCausalLM"])) == "llama"
+    assert (
+        check_supported_architecture(model_dir(tmp_path, model_type="llama", architectures=["LlamaForCausalLM"]))
+        == "llama"
+    )
 
 
 @pytest.mark.parametrize(
     "config, match",
     [
-        ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
-         r"model_type 'gpt2' is not supported: the trainer -> engine weight sync has layouts for llama, qwen2, qwen3"),
-        ({"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]},
-         r"the folder holds a Qwen2ForSequenceClassification, not a causal language model"),
+        (
+            {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
+            r"model_type 'gpt2' is not supported: the trainer -> engine weight sync has layouts for "
+            r"llama, qwen2, qwen3",
+        ),
+        (
+            {"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]},
+            r"the folder holds a Qwen2ForSequenceClassification, not a causal language model",
+        ),
         ({"model_type": "brand_new_arch"}, r"model_type 'brand_new_arch' is unknown to the installed transformers"),
-        ({"model_type": "custom", "auto_map": {"AutoModelForCausalLM": "m.C"}},
-         r"model_type 'custom' is defined by code inside the folder; set model.trust_remote_code=true only if you trust"),
+        (
+            {"model_type": "custom", "auto_map": {"AutoModelForCausalLM": "m.C"}},
+            r"model_type 'custom' is defined by code inside the folder; "
+            r"set model.trust_remote_code=true only if you trust",
+        ),
         ({"hidden_size": 8}, r"config.json has no model_type"),
     ],
     ids=["gpt2", "classifier", "unknown", "remote-code", "no-model-type"],
@@ -166,6 +178,8 @@ def test_a_config_json_that_is_not_json(tmp_path):
 
 
 def test_trusted_remote_code_still_needs_a_weight_layout(tmp_path):
-    path = model_dir(tmp_path, model_type="custom", auto_map={"AutoModelForCausalLM": "m.C"}, architectures=["CForCausalLM"])
+    path = model_dir(
+        tmp_path, model_type="custom", auto_map={"AutoModelForCausalLM": "m.C"}, architectures=["CForCausalLM"]
+    )
     with pytest.raises(ConfigError, match="model_type 'custom' is not supported"):
         check_supported_architecture(path, trust_remote_code=True)

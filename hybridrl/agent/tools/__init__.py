@@ -16,8 +16,15 @@ from hybridrl.agent.config import AgentConfig, tool_option_key
 from hybridrl.agent.tools.base import Tool, ToolError, check_arguments
 from hybridrl.errors import ConfigError
 
-__all__ = ["BUILTIN_TOOLS", "Tool", "ToolError", "build_tools", "check_arguments", "load_tool_class",
-           "prompt_tool_schemas"]
+__all__ = [
+    "BUILTIN_TOOLS",
+    "Tool",
+    "ToolError",
+    "build_tools",
+    "check_arguments",
+    "load_tool_class",
+    "prompt_tool_schemas",
+]
 
 BUILTIN_TOOLS: dict[str, str] = {
     "calculator": "hybridrl.agent.tools.calculator:Calculator",

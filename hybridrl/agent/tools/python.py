@@ -95,8 +95,13 @@ class PythonTool(Tool):
     ) -> None:
         """Limits of one call: CPU seconds, address space and written-file size in MiB, open files, bytes of output
         read back (the child is killed when it prints more). `python`: the interpreter (default: this one)."""
-        for key, value in (("cpu_seconds", cpu_seconds), ("memory_mb", memory_mb), ("file_mb", file_mb),
-                           ("open_files", open_files), ("max_output_bytes", max_output_bytes)):
+        for key, value in (
+            ("cpu_seconds", cpu_seconds),
+            ("memory_mb", memory_mb),
+            ("file_mb", file_mb),
+            ("open_files", open_files),
+            ("max_output_bytes", max_output_bytes),
+        ):
             if int(value) < 1:
                 raise ValueError(f"agent.tool_options.python.{key} must be >= 1, got {value}")
         self.limits = _limits(int(cpu_seconds), int(memory_mb), int(file_mb), int(open_files))
@@ -111,9 +116,18 @@ class PythonTool(Tool):
             proc = await asyncio.create_subprocess_exec(
                 # -I: isolated (ignores PYTHON* variables, no user site); -u: unbuffered, so stdout and stderr
                 # interleave as written; -B: no .pyc files; -: the program comes on stdin (the cwd stays empty).
-                self.python, "-I", "-u", "-B", "-",
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                cwd=workdir, env=dict(_SCRUBBED_ENV), start_new_session=True, preexec_fn=_preexec(self.limits),
+                self.python,
+                "-I",
+                "-u",
+                "-B",
+                "-",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=workdir,
+                env=dict(_SCRUBBED_ENV),
+                start_new_session=True,
+                preexec_fn=_preexec(self.limits),
             )
             proc.stdin.write(code.encode("utf-8", errors="replace"))
             try:

@@ -35,8 +35,15 @@ class RemoteCodeTool(Tool):
         "required": ["code"],
     }
 
-    def __init__(self, url: str, run_timeout_s: float = 10.0, memory_mb: int = 1024, language: str = "python",
-                 request_timeout_s: float = 60.0, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        run_timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+        language: str = "python",
+        request_timeout_s: float = 60.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         """`url`: the service endpoint; limits sent with every request; `headers`: e.g. an Authorization header."""
         if not url or not url.startswith(("http://", "https://")):
             raise ValueError(f"agent.tool_options.<tool>.url must be an http(s) URL, got {url!r}")
@@ -45,8 +52,12 @@ class RemoteCodeTool(Tool):
 
     def payload(self, code: str) -> dict[str, Any]:
         """The JSON body of one request."""
-        return {"code": code, "language": self.language, "run_timeout": self.run_timeout_s,
-                "memory_limit_MB": self.memory_mb}
+        return {
+            "code": code,
+            "language": self.language,
+            "run_timeout": self.run_timeout_s,
+            "memory_limit_MB": self.memory_mb,
+        }
 
     def read_response(self, body: dict[str, Any]) -> str:
         """The text for the model from the service's JSON answer; raise ToolError when the code failed."""
@@ -55,7 +66,9 @@ class RemoteCodeTool(Tool):
     def call(self, arguments: dict[str, Any]) -> str:
         data = json.dumps(self.payload(str(arguments["code"]))).encode()
         request = urllib.request.Request(
-            self.url, data=data, method="POST",
+            self.url,
+            data=data,
+            method="POST",
             headers={"Content-Type": "application/json", "Accept": "application/json", **self.headers},
         )
         try:

@@ -25,7 +25,9 @@ from hybridrl.errors import HybridRLError
 
 def requests_of(prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationRequest]:
     """The requests `generate(prompts, params)` stands for: params.n samples of each prompt, prompt-major."""
-    return [GenerationRequest(list(p), params.prompt_offset + i, j) for i, p in enumerate(prompts) for j in range(params.n)]
+    return [
+        GenerationRequest(list(p), params.prompt_offset + i, j) for i, p in enumerate(prompts) for j in range(params.n)
+    ]
 
 
 def prompt_runs(requests: Sequence[GenerationRequest]) -> list[tuple[int, int]]:
@@ -43,8 +45,10 @@ def check_requests(requests: Sequence[GenerationRequest]) -> None:
     """Raise a clear error for a request no engine can serve (an empty context)."""
     for r in requests:
         if not r.prompt_ids:
-            raise HybridRLError(f"native engine: request (prompt {r.prompt_index}, sample {r.sample_index}) has an "
-                                "empty prompt; give at least one token to generate from")
+            raise HybridRLError(
+                f"native engine: request (prompt {r.prompt_index}, sample {r.sample_index}) has an "
+                "empty prompt; give at least one token to generate from"
+            )
 
 
 class NativeEngineBase(RolloutEngine):
@@ -60,8 +64,13 @@ class NativeEngineBase(RolloutEngine):
         if self.memory_gate is not None:
             self.memory_gate(nbytes)
 
-    def _init_weights(self, params: dict[str, torch.nn.Parameter], unique: dict[str, torch.nn.Parameter],
-                      device: torch.device, memory: FixedMemory | None = None) -> None:
+    def _init_weights(
+        self,
+        params: dict[str, torch.nn.Parameter],
+        unique: dict[str, torch.nn.Parameter],
+        device: torch.device,
+        memory: FixedMemory | None = None,
+    ) -> None:
         """Register the parameters `load_weights` fills by name (`params` may list a tied tensor under each of its
         names; `unique` once) and where they park while asleep (`memory`: the `FixedMemory` they are views of)."""
         self.device = device
@@ -82,8 +91,9 @@ class NativeEngineBase(RolloutEngine):
 
     def _check_awake(self, what: str) -> None:
         if self._asleep:
-            raise HybridRLError(f"native engine: {what} called while {sorted(self._asleep)} are asleep; "
-                                "call wake_up first")
+            raise HybridRLError(
+                f"native engine: {what} called while {sorted(self._asleep)} are asleep; call wake_up first"
+            )
 
     # -- memory lifecycle -----------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:

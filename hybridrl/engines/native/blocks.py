@@ -19,8 +19,9 @@ from hybridrl.errors import HybridRLError
 BlockKey = tuple[int, tuple[int, ...]]
 
 
-def block_keys(tokens: Sequence[int], block_size: int, blocks: int, start: int = 0,
-               parent: BlockKey | None = None) -> list[BlockKey]:
+def block_keys(
+    tokens: Sequence[int], block_size: int, blocks: int, start: int = 0, parent: BlockKey | None = None
+) -> list[BlockKey]:
     """Prefix-table keys of full blocks start..blocks-1 of `tokens` (`parent`: the key of block start - 1)."""
     keys: list[BlockKey] = []
     parent = hash(parent) if parent is not None else 0

@@ -21,16 +21,16 @@ import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.native.base import NativeEngineBase, check_requests
 from hybridrl.engines.native.fixed_memory import FixedMemory, fixed_bytes, fixed_memory
 from hybridrl.engines.native.frozen_heap import frozen_heap
-from hybridrl.engines.native.tensor_parallel import TensorParallel
+from hybridrl.engines.native.kernels import pdl
 from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.native.model import FusedDecoder
 from hybridrl.engines.native.runner import DecodeRunner, JoinTokens, SamplerMode, to_device
-from hybridrl.engines.native.kernels import pdl
-from hybridrl.engines.native.base import NativeEngineBase, check_requests
-from hybridrl.engines.sampling import sample_tokens
 from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
+from hybridrl.engines.native.tensor_parallel import TensorParallel
+from hybridrl.engines.sampling import sample_tokens
 from hybridrl.errors import HybridRLError
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,18 @@ class FusedEngine(NativeEngineBase):
     starts_empty = True
     gates_memory = True
 
-    def __init__(self, hf_config, eos_token_ids: Sequence[int], pad_token_id: int | None, *,
-                 device: torch.device | str, dtype: torch.dtype, options: NativeOptions | None = None,
-                 tp_group: torch.distributed.ProcessGroup | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        hf_config,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int | None,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        options: NativeOptions | None = None,
+        tp_group: torch.distributed.ProcessGroup | None = None,
+        seed: int = 0,
+    ) -> None:
         """Weights start uninitialized: the caller fills them with `load_weights` (fused names). `tp_group` is this
         rank's engine TP group (None: one rank)."""
         self.options = options or NativeOptions()
@@ -67,15 +76,29 @@ class FusedEngine(NativeEngineBase):
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         pdl.set_enabled(self.options.pdl != "off")
-        pdl.set_early_trigger(True)  # the measured default; a benchmark's A/B (`runner.pdl_trigger`) ends with the engine
-        self.runner = DecodeRunner(self.model, self.options.max_batch_size, self.options.cuda_graphs,
-                                   self.options.prefill_tokens, self.options.join_step_tokens,
-                                   self.options.shared_prefix_tokens)
+        pdl.set_early_trigger(
+            True
+        )  # the measured default; a benchmark's A/B (`runner.pdl_trigger`) ends with the engine
+        self.runner = DecodeRunner(
+            self.model,
+            self.options.max_batch_size,
+            self.options.cuda_graphs,
+            self.options.prefill_tokens,
+            self.options.join_step_tokens,
+            self.options.shared_prefix_tokens,
+        )
         if self.options.pdl == "auto":
             self.runner.pdl_auto = True
-        self.scheduler = Scheduler(self, self.options.max_batch_size, self.eos_token_ids, self.options.max_model_len,
-                                   self.options.sampler_kernel, self.options.prefix_cache,
-                                   self.options.join_wait_steps, self.options.join_step_tokens)
+        self.scheduler = Scheduler(
+            self,
+            self.options.max_batch_size,
+            self.eos_token_ids,
+            self.options.max_model_len,
+            self.options.sampler_kernel,
+            self.options.prefix_cache,
+            self.options.join_wait_steps,
+            self.options.join_step_tokens,
+        )
 
     # -- requests ---------------------------------------------------------------------------------------
     @property
@@ -89,8 +112,10 @@ class FusedEngine(NativeEngineBase):
         if self.tp.size > 1 and self.scheduler.has_work:
             # Every rank of a TP group must make the same batches: requests joining a running batch could arrive at
             # different steps on different ranks.
-            raise HybridRLError("native engine: requests cannot join a running batch with engine.tp_size > 1; "
-                                "submit them together (generate_requests)")
+            raise HybridRLError(
+                "native engine: requests cannot join a running batch with engine.tp_size > 1; "
+                "submit them together (generate_requests)"
+            )
         return self.scheduler.submit(request, params)
 
     @torch.inference_mode()
@@ -104,8 +129,9 @@ class FusedEngine(NativeEngineBase):
         self._check_awake("generate")
         check_requests(requests)
         if self.scheduler.has_work:
-            raise HybridRLError("native engine: generate_requests while other requests run; use submit/step "
-                                "(or AsyncEngine) for both")
+            raise HybridRLError(
+                "native engine: generate_requests while other requests run; use submit/step (or AsyncEngine) for both"
+            )
         handles = self.scheduler.submit_all(requests, params)
         done: dict[int, Completion] = {}
         try:
@@ -132,8 +158,9 @@ class FusedEngine(NativeEngineBase):
         groups = [PromptGroup(list(p), alloc.allocate(blocks_for(len(p), self.block_size)), []) for p in prompts]
         try:
             if cached is not None and any(cached):
-                self._prefill_logits([PromptGroup(list(p[:c]), g.shared, []) for p, c, g in zip(prompts, cached, groups)
-                                      if c])
+                self._prefill_logits(
+                    [PromptGroup(list(p[:c]), g.shared, []) for p, c, g in zip(prompts, cached, groups) if c]
+                )
                 for g, c in zip(groups, cached):
                     g.cached = c
             return self._prefill_logits(groups)[:, : self.vocab].float()
@@ -149,9 +176,11 @@ class FusedEngine(NativeEngineBase):
         if o.kv_blocks or o.kv_memory_fraction:
             blocks = cache.num_blocks if cache is not None else (o.kv_blocks or self._fraction_blocks())
             if need > blocks - 1:
-                raise HybridRLError(f"native engine: a sequence needs {need} KV blocks of {self.block_size} tokens, "
-                                    f"the cache holds {blocks - 1}; raise engine.native.kv_blocks (or "
-                                    "engine.native.kv_memory_fraction)")
+                raise HybridRLError(
+                    f"native engine: a sequence needs {need} KV blocks of {self.block_size} tokens, "
+                    f"the cache holds {blocks - 1}; raise engine.native.kv_blocks (or "
+                    "engine.native.kv_memory_fraction)"
+                )
         else:  # by demand, never shrinking: max_batch_size sequences of the longest request seen
             blocks = max(1 + max(need, o.max_batch_size * per_seq), self._pool_blocks)
         if cache is None:
@@ -167,8 +196,11 @@ class FusedEngine(NativeEngineBase):
 
     def reserve_width(self, blocks: int) -> None:
         if self.runner.width < blocks:
-            width = blocks_for(self.options.max_model_len, self.block_size) if self.options.max_model_len else \
-                1 << (blocks - 1).bit_length()  # powers of two: few regrowths, few graph recaptures
+            width = (
+                blocks_for(self.options.max_model_len, self.block_size)
+                if self.options.max_model_len
+                else 1 << (blocks - 1).bit_length()
+            )  # powers of two: few regrowths, few graph recaptures
             self.runner.grow_table(max(width, blocks))
         if self.model.ensure_positions(self.runner.width * self.block_size):
             self.runner.drop_graphs()
@@ -189,8 +221,16 @@ class FusedEngine(NativeEngineBase):
         keys = None
         if mode.seeded:
             keys = to_device([s.key for g in groups for s in g.seqs], torch.long, self.device)
-        return sample_tokens(logits[:, : self.vocab], mode.temperature, mode.top_k, mode.top_p, self.generator,
-                             keys=keys, step=0, kernel=mode.kernel)
+        return sample_tokens(
+            logits[:, : self.vocab],
+            mode.temperature,
+            mode.top_k,
+            mode.top_p,
+            self.generator,
+            keys=keys,
+            step=0,
+            kernel=mode.kernel,
+        )
 
     def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
         """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
@@ -223,8 +263,9 @@ class FusedEngine(NativeEngineBase):
         """Whether the group's prompt runs packed, a row per token (`extend`, or riding along in a step)."""
         # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
         # cheaper padded through SDPA; float32 CPU runs then also reproduce earlier runs bit for bit.
-        return bool(g.cached) or (self.model.paged_attention_kernel(self.block_size)
-                                  and len(g.prompt) <= PACKED_PROMPT_MAX)
+        return bool(g.cached) or (
+            self.model.paged_attention_kernel(self.block_size) and len(g.prompt) <= PACKED_PROMPT_MAX
+        )
 
     def ride_tokens(self, group: PromptGroup) -> int | None:
         """The prompt tokens a single request rides along in a step: past its cached prefix, but the last (the row's
@@ -239,9 +280,14 @@ class FusedEngine(NativeEngineBase):
         token the row's input and the rest past the cached prefix riding along (`JoinTokens`)."""
         seqs = [g.seqs[0] for g in groups]
         join = self._past_cache(groups, [s.blocks for s in seqs], start, last=False)
-        self.runner.place(start, [g.prompt[-1] for g in groups],
-                          [len(g.prompt) - 1 for g in groups], [s.key for s in seqs] if mode.seeded else None,
-                          [s.blocks for s in seqs], step=0)
+        self.runner.place(
+            start,
+            [g.prompt[-1] for g in groups],
+            [len(g.prompt) - 1 for g in groups],
+            [s.key for s in seqs] if mode.seeded else None,
+            [s.blocks for s in seqs],
+            step=0,
+        )
         return join
 
     def _tables(self, groups: list[PromptGroup]) -> list[list[int]]:
@@ -274,8 +320,7 @@ class FusedEngine(NativeEngineBase):
         tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
         return self.runner.extend(tokens, tables, last)
 
-    def _past_cache(self, groups: list[PromptGroup], tables: list[list[int]], first_row: int,
-                    last: bool) -> JoinTokens:
+    def _past_cache(self, groups: list[PromptGroup], tables: list[list[int]], first_row: int, last: bool) -> JoinTokens:
         """Each group's prompt tokens past its cached prefix, with (`last`) or without its last token, packed: ids,
         positions, cache slots in the group's table, and the row of that table (first_row + the group's index)."""
         out = JoinTokens([], [], [], [])
@@ -309,8 +354,10 @@ class FusedEngine(NativeEngineBase):
         if not self.options.fixed_addresses:
             return None
         m = self.model
-        return fixed_memory(PagedKVCache.fixed_size(m.shape.num_layers, blocks, self.block_size, m.kv_heads,
-                                                    m.head_dim, m.dtype), self.device)
+        return fixed_memory(
+            PagedKVCache.fixed_size(m.shape.num_layers, blocks, self.block_size, m.kv_heads, m.head_dim, m.dtype),
+            self.device,
+        )
 
     # -- KV cache -----------------------------------------------------------------------------------------
     def _prefill_workspace_bytes(self) -> int:
@@ -334,8 +381,11 @@ class FusedEngine(NativeEngineBase):
         return int((torch.cuda.mem_get_info(self.device)[0] + held) * self.options.kv_memory_fraction // per)
 
     def _allocate(self, blocks: int) -> None:
-        width = self.runner.width if self.runner.table is not None else max(
-            1, blocks_for(self.options.max_model_len, self.block_size))
+        width = (
+            self.runner.width
+            if self.runner.table is not None
+            else max(1, blocks_for(self.options.max_model_len, self.block_size))
+        )
         had_pool = self.cache is not None
         self._drop_pool()  # only ever with no block held: waiting requests stay queued
         self._make_room(blocks * self._block_bytes() + self._prefill_workspace_bytes())
@@ -345,8 +395,16 @@ class FusedEngine(NativeEngineBase):
             # copy in flight, a lazy offload's too.
             torch.cuda.empty_cache()
         m = self.model
-        self.cache = PagedKVCache(m.shape.num_layers, blocks, self.block_size, m.kv_heads, m.head_dim, m.dtype,
-                                  self.device, self._kv_memory(blocks))
+        self.cache = PagedKVCache(
+            m.shape.num_layers,
+            blocks,
+            self.block_size,
+            m.kv_heads,
+            m.head_dim,
+            m.dtype,
+            self.device,
+            self._kv_memory(blocks),
+        )
         self._pool_blocks = blocks
         self.runner.bind(self.cache, width)
         self.reserve_width(width)
@@ -355,8 +413,10 @@ class FusedEngine(NativeEngineBase):
         # Blocks go back to the caching allocator; `sleep` hands them to the device. Emptying the cache here
         # too made every wake-up give the trainer's just-offloaded memory to the driver and take it back.
         if self.scheduler.has_work:
-            log.warning("native engine: the KV cache is freed with %d requests unfinished; they are dropped",
-                        len(self.scheduler.waiting) + len(self.scheduler.rows))
+            log.warning(
+                "native engine: the KV cache is freed with %d requests unfinished; they are dropped",
+                len(self.scheduler.waiting) + len(self.scheduler.rows),
+            )
         self.scheduler.abort()
         if self.cache is not None and self.cache.release():
             return  # its addresses stay reserved: the runner keeps its graphs and buffers for the next wake-up

@@ -35,13 +35,22 @@ class _Location(ctypes.Structure):
 
 
 class _AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+    _fields_ = [
+        ("compressionType", ctypes.c_ubyte),
+        ("gpuDirectRDMACapable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
 
 
 class _AllocationProp(ctypes.Structure):  # CUmemAllocationProp
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _Location),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", _AllocFlags)]
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location", _Location),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("allocFlags", _AllocFlags),
+    ]
 
 
 class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc
@@ -122,8 +131,13 @@ class _Interface:
 
     def __init__(self, owner: FixedMemory, ptr: int, nbytes: int) -> None:
         self.owner = owner
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "strides": None,
-                                         "version": 2}
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 2,
+        }
 
 
 class FixedMemory:
@@ -137,8 +151,12 @@ class FixedMemory:
         self.prop.type = _CU_MEM_ALLOCATION_TYPE_PINNED
         self.prop.location = _Location(_CU_MEM_LOCATION_TYPE_DEVICE, self.device.index)
         gran = ctypes.c_size_t()
-        _drv()("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(self.prop),
-               _CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        _drv()(
+            "cuMemGetAllocationGranularity",
+            ctypes.byref(gran),
+            ctypes.byref(self.prop),
+            _CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        )
         self.nbytes = max(1, -(-nbytes // gran.value)) * gran.value
         ptr = ctypes.c_ulonglong()
         _drv()("cuMemAddressReserve", ctypes.byref(ptr), self.nbytes, gran.value, 0, 0)
@@ -169,8 +187,9 @@ class FixedMemory:
             _drv()("cuMemCreate", ctypes.byref(handle), self.nbytes, ctypes.byref(self.prop), 0)
         try:
             _drv()("cuMemMap", self.ptr, self.nbytes, 0, handle.value, 0)
-            access = _AccessDesc(_Location(_CU_MEM_LOCATION_TYPE_DEVICE, self.device.index),
-                                 _CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            access = _AccessDesc(
+                _Location(_CU_MEM_LOCATION_TYPE_DEVICE, self.device.index), _CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            )
             _drv()("cuMemSetAccess", self.ptr, self.nbytes, ctypes.byref(access), 1)
         except BaseException:
             _drv()("cuMemRelease", handle.value)
@@ -219,6 +238,5 @@ def fixed_memory(nbytes: int, device: torch.device) -> FixedMemory | None:
     try:
         return FixedMemory(nbytes, device)
     except (OSError, AttributeError, RuntimeError) as e:
-        log.warning("native engine: no fixed-address device memory (%s); graphs are captured again after each sleep",
-                    e)
+        log.warning("native engine: no fixed-address device memory (%s); graphs are captured again after each sleep", e)
         return None

@@ -43,8 +43,11 @@ def native_impl(cfg: EngineConfig, hf_config, tp_size: int = 1) -> str:
     except UnsupportedModel as e:
         if cfg.native.impl == "fused":
             raise ConfigError(f"engine.native.impl=fused cannot run this model: {e}") from None
-        log.info("native engine: transformers path (fused decoder unsupported: %s)%s", e,
-                 f"; engine.tp_size={tp_size} replicates it on every rank" if tp_size > 1 else "")
+        log.info(
+            "native engine: transformers path (fused decoder unsupported: %s)%s",
+            e,
+            f"; engine.tp_size={tp_size} replicates it on every rank" if tp_size > 1 else "",
+        )
         return "hf"
     return "fused"
 
@@ -54,16 +57,20 @@ class HFEngine(NativeEngineBase):
 
     weight_layout_style = "hf"
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: Sequence[int], pad_token_id: int,
-                 max_batch_size: int = 256) -> None:
+    def __init__(
+        self, model: torch.nn.Module, eos_token_ids: Sequence[int], pad_token_id: int, max_batch_size: int = 256
+    ) -> None:
         self.model = model.eval().requires_grad_(False)
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         # Shared (tied) parameters appear under every name they are known by, so a load by
         # either name lands in the one tensor.
-        self._init_weights(dict(model.named_parameters(remove_duplicate=False)), dict(model.named_parameters()),
-                           next(model.parameters()).device)
+        self._init_weights(
+            dict(model.named_parameters(remove_duplicate=False)),
+            dict(model.named_parameters()),
+            next(model.parameters()).device,
+        )
         self._generator = torch.Generator(device=self.device)
 
     # -- generation -----------------------------------------------------------------------------------
@@ -105,7 +112,12 @@ class HFEngine(NativeEngineBase):
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         ).logits[:, -1]
         counts = [e - s for s, e in runs]
         if any(c > 1 for c in counts):  # each run's samples share its prefill
@@ -117,8 +129,11 @@ class HFEngine(NativeEngineBase):
         alive = torch.arange(rows, device=dev)  # row (in this chunk) of each batch row still running
         keys = None
         if params.seed is not None:
-            keys = torch.tensor([stream_key(params.seed, r.prompt_index, r.sample_index) for r in requests],
-                                dtype=torch.int64, device=dev)
+            keys = torch.tensor(
+                [stream_key(params.seed, r.prompt_index, r.sample_index) for r in requests],
+                dtype=torch.int64,
+                device=dev,
+            )
         tokens_out: list[list[int]] = [[] for _ in range(rows)]
         logps_out: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
@@ -127,13 +142,18 @@ class HFEngine(NativeEngineBase):
 
         for step in range(params.max_new_tokens):
             tok, lp = sample_tokens(
-                logits, params.temperature, params.top_k, params.top_p, self._generator,
-                keys=None if keys is None else keys[alive], step=step,
+                logits,
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                self._generator,
+                keys=None if keys is None else keys[alive],
+                step=step,
             )
             alive_l, tok_l, lp_l = alive.tolist(), tok.tolist(), lp.tolist()
-            for r, t, l in zip(alive_l, tok_l, lp_l):
+            for r, t, lp in zip(alive_l, tok_l, lp_l):
                 tokens_out[r].append(t)
-                logps_out[r].append(l)
+                logps_out[r].append(lp)
             done = torch.isin(tok, stop_ids)
             for r in alive[done].tolist():
                 finish[r] = "stop"

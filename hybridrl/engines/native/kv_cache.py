@@ -28,8 +28,17 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class PagedKVCache:
     """The K/V pool on the device, with the allocator of its blocks."""
 
-    def __init__(self, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, memory: FixedMemory | None = None) -> None:
+    def __init__(
+        self,
+        layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        memory: FixedMemory | None = None,
+    ) -> None:
         """`memory`: a `FixedMemory` of at least `fixed_size` bytes to hold K and V (their addresses then survive
         `release`); None: ordinary allocations."""
         shape = (layers, num_blocks, kv_heads, block_size, head_dim)
@@ -44,8 +53,9 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
 
     @staticmethod
-    def fixed_size(layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                   dtype: torch.dtype) -> int:
+    def fixed_size(
+        layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         """Bytes of the `FixedMemory` a cache of this shape takes."""
         shape = (layers, num_blocks, kv_heads, block_size, head_dim)
         return fixed_bytes([(shape, dtype), (shape, dtype)])
@@ -82,7 +92,9 @@ class PagedKVCache:
         for name in ("k", "v"):
             t = getattr(self, name)
             shape = (t.shape[0], num_blocks, *t.shape[2:])
-            grown = torch.empty(shape, dtype=t.dtype, device=t.device) if memory is None else memory.view(shape, t.dtype)
+            grown = (
+                torch.empty(shape, dtype=t.dtype, device=t.device) if memory is None else memory.view(shape, t.dtype)
+            )
             grown[:, old:] = 0
             grown[:, :old] = t
             setattr(self, name, grown)

@@ -204,8 +204,9 @@ class PdlLaunches:
             return
         self.pdl = True  # the switch on: the extend graphs and eager steps launch with it
         if self.use_graphs and pdl_switch.capable(self.device):
-            self.pdl_choice = PdlChoice(lambda: torch.cuda.Event(enable_timing=True), self.pdl_trial_pairs,
-                                        first=self.pdl_trial_first)
+            self.pdl_choice = PdlChoice(
+                lambda: torch.cuda.Event(enable_timing=True), self.pdl_trial_pairs, first=self.pdl_trial_first
+            )
 
     @property
     def pdl_mode(self) -> str:

@@ -32,8 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hybridrl.engines.native.tensor_parallel import TensorParallel
-from hybridrl.engines.native.kv_cache import PagedKVCache
 from hybridrl.engines.native.architectures import check_supported, rope_tables
 from hybridrl.engines.native.kernels import use_triton
 from hybridrl.engines.native.kernels.attention import decode_attention, triton_supports
@@ -42,6 +40,8 @@ from hybridrl.engines.native.kernels.norms import add_rms_norm, rms_norm, silu_m
 from hybridrl.engines.native.kernels.rope_attention import one_wave, rope_attention
 from hybridrl.engines.native.kernels.rope_cache import rope_write, split_qkv_torch, write_kv_torch
 from hybridrl.engines.native.kernels.shared_prefix import SharedPrefix, shared_prefix_attention
+from hybridrl.engines.native.kv_cache import PagedKVCache
+from hybridrl.engines.native.tensor_parallel import TensorParallel
 from hybridrl.errors import ConfigError
 from hybridrl.models.shape import ModelShape, padded_vocab
 
@@ -69,9 +69,11 @@ class _Weights(nn.Module):
 def check_tp(s: ModelShape, tp: int) -> None:
     """The divisibility rules of the fused TP layout (the resharder's, and vLLM's), as a ConfigError up front."""
     if s.heads % tp or (s.kv_heads % tp and tp % s.kv_heads) or s.intermediate % tp or padded_vocab(s.vocab) % tp:
-        raise ConfigError(f"engine.tp_size={tp} does not split this model: heads {s.heads}, kv heads {s.kv_heads}, "
-                          f"intermediate {s.intermediate} and padded vocab {padded_vocab(s.vocab)} must divide "
-                          "by it (kv heads may instead divide it)")
+        raise ConfigError(
+            f"engine.tp_size={tp} does not split this model: heads {s.heads}, kv heads {s.kv_heads}, "
+            f"intermediate {s.intermediate} and padded vocab {padded_vocab(s.vocab)} must divide "
+            "by it (kv heads may instead divide it)"
+        )
 
 
 class FusedLayer(nn.Module):
@@ -96,8 +98,9 @@ class FusedLayer(nn.Module):
 class FusedDecoder(nn.Module):
     """A causal LM shard: `model.embed_tokens`, `model.layers.{i}.…`, `model.norm`, `lm_head` (untied only)."""
 
-    def __init__(self, hf_config, tp: TensorParallel, dtype: torch.dtype, device: torch.device,
-                 kernels: bool = True) -> None:
+    def __init__(
+        self, hf_config, tp: TensorParallel, dtype: torch.dtype, device: torch.device, kernels: bool = True
+    ) -> None:
         super().__init__()
         check_supported(hf_config)
         self.hf_config, self.tp, self.dtype, self.device = hf_config, tp, dtype, torch.device(device)
@@ -108,8 +111,9 @@ class FusedDecoder(nn.Module):
         self.eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
         self.kernels = use_triton(torch.empty(0, device=self.device), kernels)
         # The device's SMs (132, an H100/H200's, under Triton's CPU interpreter in tests).
-        self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                    if self.device.type == "cuda" else 132)
+        self.sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 132
+        )
         # SMs the skinny GEMMs plan for (`linear.project`); 0 leaves every projection to cuBLAS.
         self.gemm_sms = self.sms if self.kernels else 0
         # Decode attention straight from qkv in one kernel (`kernels/rope_attention.py`) where its grid is at most one
@@ -180,16 +184,18 @@ class FusedDecoder(nn.Module):
 
     def _mlp(self, layer: FusedLayer, h: torch.Tensor) -> torch.Tensor:
         m = layer.mlp
-        return self._row_parallel(m.down_proj, silu_mul(F.linear(h, m.gate_up_proj.weight, m.gate_up_proj.bias),
-                                                        self.kernels))
+        return self._row_parallel(
+            m.down_proj, silu_mul(F.linear(h, m.gate_up_proj.weight, m.gate_up_proj.bias), self.kernels)
+        )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits [N, padded vocab] (columns past the real vocab are padding) of final-normed hidden states."""
         return self.tp.gather_last(F.linear(h, self.head_weight()))
 
     # -- forwards -------------------------------------------------------------------------------------
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
-                cache: PagedKVCache) -> torch.Tensor:
+    def prefill(
+        self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, cache: PagedKVCache
+    ) -> torch.Tensor:
         """Run right-padded prompts ids [B, W] (true lengths [B]) from position 0; store each token's K/V at its slot
         (slots [B, W]; padding tokens point into the scratch block); return the logits [B, padded vocab] at each last
         token. Causal flash attention over the prompt itself: the cache is only written. (Sequences continuing a
@@ -204,12 +210,22 @@ class FusedDecoder(nn.Module):
         with _attention_backends(self.device):
             for i, layer in enumerate(self.model.layers):
                 a = layer.self_attn
-                q, k, v = split_qkv_torch(F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias), self.q_heads,
-                                          self.kv_heads, cos, sin, *self._qk_norms(a), eps)
+                q, k, v = split_qkv_torch(
+                    F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias),
+                    self.q_heads,
+                    self.kv_heads,
+                    cos,
+                    sin,
+                    *self._qk_norms(a),
+                    eps,
+                )
                 write_kv_torch(*cache.layer(i), slots, k, v)
                 # Right padding: a real token attends only to earlier real tokens, so causal suffices.
-                o = self._prefill_attention(q.view(b, w, self.q_heads, d).transpose(1, 2),
-                                            k.view(b, w, self.kv_heads, d), v.view(b, w, self.kv_heads, d))
+                o = self._prefill_attention(
+                    q.view(b, w, self.q_heads, d).transpose(1, 2),
+                    k.view(b, w, self.kv_heads, d),
+                    v.view(b, w, self.kv_heads, d),
+                )
                 post, after = self._norms(i)
                 x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.transpose(1, 2).reshape(n, -1)), post, eps, kern)
                 x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)
@@ -225,9 +241,18 @@ class FusedDecoder(nn.Module):
         v = v.view(b, length, self.kv_heads, 1, d).expand(b, length, self.kv_heads, g, d).reshape(b, length, -1, d)
         return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=d**-0.5)
 
-    def extend(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
-               table_rows: torch.Tensor, cache: PagedKVCache, last: torch.Tensor, max_len: int,
-               n_splits: int = 1) -> torch.Tensor:
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        pos: torch.Tensor,
+        slots: torch.Tensor,
+        block_table: torch.Tensor,
+        table_rows: torch.Tensor,
+        cache: PagedKVCache,
+        last: torch.Tensor,
+        max_len: int,
+        n_splits: int = 1,
+    ) -> torch.Tensor:
         """Prompt tokens packed with no padding, each at its position (tokens, positions, cache slots [N]), token i
         of the sequence whose block table is block_table[table_rows[i]]: the logits [len(last), padded vocab] at the
         tokens `last`. A sequence may continue a cached prefix (an agent's next turn) or start at position 0.
@@ -239,9 +264,18 @@ class FusedDecoder(nn.Module):
         h = self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, table_rows)
         return self.logits(h[last])
 
-    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
-               cache: PagedKVCache, max_len: int, n_splits: int = 1,
-               join: tuple[torch.Tensor, ...] | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        pos: torch.Tensor,
+        slots: torch.Tensor,
+        block_table: torch.Tensor,
+        cache: PagedKVCache,
+        max_len: int,
+        n_splits: int = 1,
+        join: tuple[torch.Tensor, ...] | None = None,
+        prefix: SharedPrefix | None = None,
+    ) -> torch.Tensor:
         """One token per row (tokens, positions, cache slots [B]; block tables [B, blocks]): store its K/V, attend to
         positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
         in a CUDA graph. `max_len` (> every position) is the torch attention path's gathered width; `n_splits` the
@@ -253,19 +287,40 @@ class FusedDecoder(nn.Module):
             return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, prefix=prefix))
         ids, jpos, jslots, jrows = join
         rows = torch.cat((torch.arange(b, device=tokens.device), jrows))
-        h = self._layers(torch.cat((tokens, ids)), torch.cat((pos, jpos)), torch.cat((slots, jslots)), block_table,
-                         cache, max_len, n_splits, rows)
+        h = self._layers(
+            torch.cat((tokens, ids)),
+            torch.cat((pos, jpos)),
+            torch.cat((slots, jslots)),
+            block_table,
+            cache,
+            max_len,
+            n_splits,
+            rows,
+        )
         return self.logits(h[:b])
 
-    def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, block_table: torch.Tensor,
-                cache: PagedKVCache, max_len: int, n_splits: int, table_rows: torch.Tensor | None = None,
-                prefix: SharedPrefix | None = None) -> torch.Tensor:
+    def _layers(
+        self,
+        tokens: torch.Tensor,
+        pos: torch.Tensor,
+        slots: torch.Tensor,
+        block_table: torch.Tensor,
+        cache: PagedKVCache,
+        max_len: int,
+        n_splits: int,
+        table_rows: torch.Tensor | None = None,
+        prefix: SharedPrefix | None = None,
+    ) -> torch.Tensor:
         """The final-normed hidden states [N, hidden] of tokens at positions `pos`, over the paged cache."""
         eps, kern = self.eps, self.kernels
         one_kernel = table_rows is None and self.one_kernel_attention(tokens.shape[0], n_splits)
         seq_lens = None if one_kernel else pos + 1
-        grouped = prefix is not None and table_rows is None and not one_kernel and self.paged_attention_kernel(
-            cache.block_size)
+        grouped = (
+            prefix is not None
+            and table_rows is None
+            and not one_kernel
+            and self.paged_attention_kernel(cache.block_size)
+        )
         x = self.embed(tokens)
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
         for i, layer in enumerate(self.model.layers):
@@ -273,16 +328,45 @@ class FusedDecoder(nn.Module):
             kc, vc = cache.layer(i)
             qkv = project(h, a.qkv_proj.weight, a.qkv_proj.bias, self.gemm_sms, self.kernels)
             if one_kernel:
-                o = rope_attention(qkv, self.q_heads, self.kv_heads, self.cos, self.sin, pos, slots, kc, vc,
-                                   *self._qk_norms(a), eps, block_table, max_len, self.head_dim**-0.5, n_splits, kern)
+                o = rope_attention(
+                    qkv,
+                    self.q_heads,
+                    self.kv_heads,
+                    self.cos,
+                    self.sin,
+                    pos,
+                    slots,
+                    kc,
+                    vc,
+                    *self._qk_norms(a),
+                    eps,
+                    block_table,
+                    max_len,
+                    self.head_dim**-0.5,
+                    n_splits,
+                    kern,
+                )
             else:
-                q = rope_write(qkv, self.q_heads, self.kv_heads, self.cos, self.sin, pos, slots, kc, vc,
-                               *self._qk_norms(a), eps, kern)
+                q = rope_write(
+                    qkv,
+                    self.q_heads,
+                    self.kv_heads,
+                    self.cos,
+                    self.sin,
+                    pos,
+                    slots,
+                    kc,
+                    vc,
+                    *self._qk_norms(a),
+                    eps,
+                    kern,
+                )
                 if grouped:
                     o = shared_prefix_attention(q, kc, vc, block_table, seq_lens, self.head_dim**-0.5, prefix)
                 else:
-                    o = decode_attention(q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits,
-                                         kern, table_rows)
+                    o = decode_attention(
+                        q, kc, vc, block_table, seq_lens, max_len, self.head_dim**-0.5, n_splits, kern, table_rows
+                    )
             post, after = self._norms(i)
             x, h = add_rms_norm(x, self._row_parallel(a.o_proj, o.reshape(o.shape[0], -1)), post, eps, kern)
             x, h = add_rms_norm(x, self._mlp(layer, h), after, eps, kern)

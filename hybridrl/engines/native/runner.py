@@ -48,13 +48,13 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, PagedKVCache
-from hybridrl.engines.native.launch_choice import PdlChoice, PdlLaunches
-from hybridrl.engines.native.model import FusedDecoder
 from hybridrl.engines.native.kernels import pdl as pdl_switch
 from hybridrl.engines.native.kernels.attention import split_count
 from hybridrl.engines.native.kernels.shared_prefix import SharedPrefix, pack_prefix, prefix_groups, slot_members
 from hybridrl.engines.native.kernels.step_state import advance, cache_slots
+from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, PagedKVCache
+from hybridrl.engines.native.launch_choice import PdlChoice, PdlLaunches
+from hybridrl.engines.native.model import FusedDecoder
 from hybridrl.engines.sampling import sample_tokens
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,11 @@ class HostCopy:
         untouched until `result`."""
         self.event = None
         if tensors and tensors[0].is_cuda:
-            self.host = ([torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors] if into is None
-                         else [h[: t.shape[0]] for h, t in zip(into, tensors)])
+            self.host = (
+                [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+                if into is None
+                else [h[: t.shape[0]] for h, t in zip(into, tensors)]
+            )
             for h, t in zip(self.host, tensors):
                 h.copy_(t, non_blocking=True)
             self.event = torch.cuda.Event()
@@ -134,8 +137,15 @@ class HostCopy:
 class DecodeRunner(PdlLaunches):
     """Owns the per-row decode state of up to `rows` sequences and the CUDA graphs captured over it."""
 
-    def __init__(self, model: FusedDecoder, rows: int, cuda_graphs: bool, extend_tokens: int = 0,
-                 join_tokens: int = 0, shared_prefix_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: FusedDecoder,
+        rows: int,
+        cuda_graphs: bool,
+        extend_tokens: int = 0,
+        join_tokens: int = 0,
+        shared_prefix_tokens: int = 0,
+    ) -> None:
         """`extend_tokens`: the most packed prompt tokens one `extend` graph takes (0: extends run eagerly);
         `join_tokens`: the most prompt tokens riding along in one step (`JoinTokens`); `shared_prefix_tokens`: the
         mean tokens per row that rows sharing leading blocks must share for attention to read them once per group
@@ -182,15 +192,24 @@ class DecodeRunner(PdlLaunches):
         self.logits = torch.empty(n, vocab_cols, dtype=self.model.dtype, device=dev) if self.use_graphs else None
         # Pinned host buffers the steps' outputs come back into, in turn: a step's are read before the next step's
         # launch but one (the scheduler reads one behind), so a ring of three is never overwritten early.
-        self._outs = None if dev.type != "cuda" else [
-            [torch.empty(n, dtype=torch.long, pin_memory=True), torch.empty(n, dtype=torch.float32, pin_memory=True)]
-            for _ in range(3)]
+        self._outs = (
+            None
+            if dev.type != "cuda"
+            else [
+                [
+                    torch.empty(n, dtype=torch.long, pin_memory=True),
+                    torch.empty(n, dtype=torch.float32, pin_memory=True),
+                ]
+                for _ in range(3)
+            ]
+        )
         self._out_turn = 0
         # Rows sharing leading blocks (`SharedPrefix`, packed as `pack_prefix` lays it out), on the device for the
         # graphs; worked out on the host from the live rows' tables, again only after rows change.
         self._slots = max(1, n // 2)
-        self.share = torch.zeros(self._slots * (self._members + 1) + n, dtype=torch.int32, device=dev) \
-            if self._members else None
+        self.share = (
+            torch.zeros(self._slots * (self._members + 1) + n, dtype=torch.int32, device=dev) if self._members else None
+        )
 
     @property
     def width(self) -> int:
@@ -226,8 +245,15 @@ class DecodeRunner(PdlLaunches):
         self._grouped: bool | None = False  # None: to work out again before the next step
 
     # -- rows joining and leaving ---------------------------------------------------------------------------
-    def place(self, start: int, tokens: torch.Tensor | list[int], pos: list[int], keys: list[int] | None,
-              tables: list[list[int]], step: int = 1) -> None:
+    def place(
+        self,
+        start: int,
+        tokens: torch.Tensor | list[int],
+        pos: list[int],
+        keys: list[int] | None,
+        tables: list[list[int]],
+        step: int = 1,
+    ) -> None:
         """Rows start.. become sequences with input `tokens` (device, or a host list) at positions `pos`, about to
         draw `step` (1 after a prefill sampled their first token; 0 for rows whose first token the next step samples).
         One host-to-device copy carries it all."""
@@ -235,8 +261,17 @@ class DecodeRunner(PdlLaunches):
         wide = max(len(t) for t in tables)
         host = isinstance(tokens, list)
         # Per row, _STATE's fields (from `steps` where the tokens are on the device already), then its block table.
-        packed = to_device([([tokens[i]] if host else []) + [step, keys[i] if keys is not None else 0, pos[i], 1]
-                            + tables[i] + [0] * (wide - len(tables[i])) for i in range(k)], torch.long, self.device)
+        packed = to_device(
+            [
+                ([tokens[i]] if host else [])
+                + [step, keys[i] if keys is not None else 0, pos[i], 1]
+                + tables[i]
+                + [0] * (wide - len(tables[i]))
+                for i in range(k)
+            ],
+            torch.long,
+            self.device,
+        )
         rows, first = slice(start, start + k), 0 if host else 1
         if not host:
             self.tokens[rows] = tokens
@@ -267,10 +302,14 @@ class DecodeRunner(PdlLaunches):
         only where it pays (rows share ≥ shared_prefix_tokens on average, the batch fills the SMs unsplit, no riding
         tokens, the two-kernel attention). Worked out again, and copied to the device, after `share_rows`."""
         bs = self.cache.block_size
-        if (self._sharing is None or not self.shared_prefix_tokens or extra
-                or not self.model.paged_attention_kernel(bs)
-                or split_count(b, self.model.kv_heads, self.width, bs, self.sms) > 1
-                or self.model.one_kernel_attention(b, 1)):
+        if (
+            self._sharing is None
+            or not self.shared_prefix_tokens
+            or extra
+            or not self.model.paged_attention_kernel(bs)
+            or split_count(b, self.model.kv_heads, self.width, bs, self.sms) > 1
+            or self.model.one_kernel_attention(b, 1)
+        ):
             return None
         if self._grouped is None:
             tables, attended = self._sharing
@@ -300,25 +339,51 @@ class DecodeRunner(PdlLaunches):
     def _splits(self, rows: int, keys: int | None) -> int:
         """Attention key splits of a step over `rows` rows (riding tokens included) whose longest attends `keys`
         keys (None: not known, so no split for a long context)."""
-        return split_count(rows, self.model.kv_heads, self.width, self.cache.block_size, self.sms, keys or 0,
-                           self.long_keys, self.model.head_dim)
+        return split_count(
+            rows,
+            self.model.kv_heads,
+            self.width,
+            self.cache.block_size,
+            self.sms,
+            keys or 0,
+            self.long_keys,
+            self.model.head_dim,
+        )
 
-    def _forward(self, b: int, attend: int, join: torch.Tensor | None = None,
-                 prefix: SharedPrefix | None = None, splits: int = 1) -> torch.Tensor:
+    def _forward(
+        self, b: int, attend: int, join: torch.Tensor | None = None, prefix: SharedPrefix | None = None, splits: int = 1
+    ) -> torch.Tensor:
         """Logits [b, padded vocab] of rows [0, b); `join` [4, e]: ids, positions, slots, rows of extra tokens;
         `prefix`: the rows' shared blocks, read once per group; `splits`: the attention's key splits."""
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
         slots = cache_slots(table, pos, bs, self.model.kernels)
-        return self.model.decode(self.tokens[:b], pos, slots, table, self.cache, attend, splits,
-                                 join=None if join is None else tuple(join), prefix=prefix)
+        return self.model.decode(
+            self.tokens[:b],
+            pos,
+            slots,
+            table,
+            self.cache,
+            attend,
+            splits,
+            join=None if join is None else tuple(join),
+            prefix=prefix,
+        )
 
     def _padded(self, tokens: JoinTokens, n: int) -> torch.Tensor:
         """[4, n] on the device: the tokens' ids, positions, slots and rows, padded to `n` tokens (position 0 of row
         0, K/V into the scratch slot: written, never read; their logits are never read either)."""
         pad = n - len(tokens.ids)
-        return to_device([tokens.ids + [0] * pad, tokens.pos + [0] * pad, tokens.slots + [self.scratch_slot] * pad,
-                          tokens.rows + [0] * pad], torch.long, self.device)
+        return to_device(
+            [
+                tokens.ids + [0] * pad,
+                tokens.pos + [0] * pad,
+                tokens.slots + [self.scratch_slot] * pad,
+                tokens.rows + [0] * pad,
+            ],
+            torch.long,
+            self.device,
+        )
 
     def _graph_due(self, key: tuple, use: int) -> bool:
         """Count a use of graph `key`; whether it is captured (or due: this is its `use`-th use since the graphs were
@@ -331,16 +396,40 @@ class DecodeRunner(PdlLaunches):
         """A cache slot no sequence reads: padding tokens write their K/V there."""
         return SCRATCH_BLOCK * self.cache.block_size
 
-    def _sample_advance(self, b: int, logits: torch.Tensor, mode: SamplerMode,
-                        generator: torch.Generator | None) -> None:
-        tok, lp = sample_tokens(logits[:, : self.model.shape.vocab], mode.temperature, mode.top_k, mode.top_p,
-                                generator, keys=self.keys[:b] if mode.seeded else None, step=self.steps[:b],
-                                kernel=mode.kernel)
-        advance(tok, lp, self.out_tok[:b], self.out_lp[:b], self.tokens[:b], self.pos[:b], self.steps[:b],
-                self.active[:b], self.model.kernels)
+    def _sample_advance(
+        self, b: int, logits: torch.Tensor, mode: SamplerMode, generator: torch.Generator | None
+    ) -> None:
+        tok, lp = sample_tokens(
+            logits[:, : self.model.shape.vocab],
+            mode.temperature,
+            mode.top_k,
+            mode.top_p,
+            generator,
+            keys=self.keys[:b] if mode.seeded else None,
+            step=self.steps[:b],
+            kernel=mode.kernel,
+        )
+        advance(
+            tok,
+            lp,
+            self.out_tok[:b],
+            self.out_lp[:b],
+            self.tokens[:b],
+            self.pos[:b],
+            self.steps[:b],
+            self.active[:b],
+            self.model.kernels,
+        )
 
-    def launch(self, n: int, mode: SamplerMode, generator: torch.Generator | None, attend: int,
-               join: JoinTokens | None = None, longest: int | None = None) -> HostCopy:
+    def launch(
+        self,
+        n: int,
+        mode: SamplerMode,
+        generator: torch.Generator | None,
+        attend: int,
+        join: JoinTokens | None = None,
+        longest: int | None = None,
+    ) -> HostCopy:
         """Queue one decode step of rows [0, n), with `join`'s tokens riding along, and the copy of their sampled
         tokens and log-probs to the host. `attend` > every live row's position and every joining token's (the torch
         attention path's gathered width; graphs use the table's); `longest` ≥ the keys any of them attends (None:
@@ -379,21 +468,26 @@ class DecodeRunner(PdlLaunches):
         return HostCopy([self.out_tok[:n], self.out_lp[:n]], into)
 
     def _graph_body(self, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None, splits: int) -> None:
-        logits = self._forward(b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None, prefix,
-                               splits)
+        logits = self._forward(
+            b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None, prefix, splits
+        )
         if mode.in_graph:
             self._sample_advance(b, logits, mode, None)
         else:
             self.logits[:b].copy_(logits)
 
-    def _capture(self, key: tuple, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None,
-                 splits: int) -> torch.cuda.CUDAGraph | None:
+    def _capture(
+        self, key: tuple, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None, splits: int
+    ) -> torch.cuda.CUDAGraph | None:
         # The warm-up runs the real step and advances the row state; it is put back before the capture, so the replay
         # computes the step exactly once. The K/V the warm-up writes are the values the replay writes again.
         kind = key[-1]  # the launch kind `pdl_auto` asked for (None: the switch's)
         with pdl_switch.switched(pdl_switch.is_enabled() if kind is None else kind):
-            return self._capture_graph(key, lambda: self._graph_body(b, eb, mode, prefix, splits),
-                                       [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp])
+            return self._capture_graph(
+                key,
+                lambda: self._graph_body(b, eb, mode, prefix, splits),
+                [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp],
+            )
 
     def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:
         """Warm `body` up (lazy inits, Triton compiles, cuBLAS workspaces), put `state` back, capture it as the graph
@@ -424,8 +518,9 @@ class DecodeRunner(PdlLaunches):
                     graph.capture_end()
             torch.cuda.current_stream().wait_stream(side)
         except Exception as e:  # noqa: BLE001 - any capture failure: run eagerly, say so once
-            log.warning("native engine: CUDA graph capture failed (%s: %s); running eagerly from now on",
-                        type(e).__name__, e)
+            log.warning(
+                "native engine: CUDA graph capture failed (%s: %s); running eagerly from now on", type(e).__name__, e
+            )
             self.use_graphs = False
             self.drop_graphs()
             try:
@@ -454,8 +549,14 @@ class DecodeRunner(PdlLaunches):
         n, g, dev = len(tokens.ids), len(last), self.device
         bs = self.cache.block_size
         wide = len(tables[0])
-        if not (self.use_graphs and self._extend_buckets and n <= self._extend_buckets[-1] and g <= self.rows
-                and wide <= self.width and self.model.paged_attention_kernel(bs)):
+        if not (
+            self.use_graphs
+            and self._extend_buckets
+            and n <= self._extend_buckets[-1]
+            and g <= self.rows
+            and wide <= self.width
+            and self.model.paged_attention_kernel(bs)
+        ):
             return self._extend_eager(tokens, tables, last)
         nb = next(b for b in self._extend_buckets if b >= n)
         key = ("extend", nb)
@@ -481,11 +582,23 @@ class DecodeRunner(PdlLaunches):
         table = to_device(tables, torch.int32, dev)
         splits = split_count(len(tokens.ids), self.model.kv_heads, table.shape[1], self.cache.block_size, self.sms)
         ids, pos, slots, rows = self._padded(tokens, len(tokens.ids))
-        return self.model.extend(ids, pos, slots, table, rows, self.cache, to_device(last, torch.long, dev),
-                                 max(tokens.pos) + 1, splits)
+        return self.model.extend(
+            ids, pos, slots, table, rows, self.cache, to_device(last, torch.long, dev), max(tokens.pos) + 1, splits
+        )
 
     def _extend_body(self, nb: int, gb: int) -> None:
         tokens, pos, slots, rows = self.ext_in[:, :nb]
         splits = split_count(nb, self.model.kv_heads, self.width, self.cache.block_size, self.sms)
-        self.logits[:gb].copy_(self.model.extend(tokens, pos, slots, self.ext_table, rows, self.cache,
-                                                 self.ext_last[:gb], self.width * self.cache.block_size, splits))
+        self.logits[:gb].copy_(
+            self.model.extend(
+                tokens,
+                pos,
+                slots,
+                self.ext_table,
+                rows,
+                self.cache,
+                self.ext_last[:gb],
+                self.width * self.cache.block_size,
+                splits,
+            )
+        )

@@ -114,9 +114,17 @@ class Backend(Protocol):
 class Scheduler:
     """The queue, the running batch and the host side of every sequence of one fused engine."""
 
-    def __init__(self, backend: Backend, max_rows: int, eos_token_ids: Sequence[int], max_model_len: int = 0,
-                 sampler_kernel: bool = True, prefix_cache: bool = True, join_wait: int = 0,
-                 join_step_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        max_rows: int,
+        eos_token_ids: Sequence[int],
+        max_model_len: int = 0,
+        sampler_kernel: bool = True,
+        prefix_cache: bool = True,
+        join_wait: int = 0,
+        join_step_tokens: int = 0,
+    ) -> None:
         self.backend, self.max_rows, self.max_model_len = backend, max_rows, max_model_len
         self.prefix_cache, self.join_wait, self.join_step_tokens = prefix_cache, join_wait, join_step_tokens
         self.eos = frozenset(eos_token_ids)
@@ -157,16 +165,21 @@ class Scheduler:
 
     def _sequence(self, request: GenerationRequest, params: SamplingParams) -> Sequence_:
         if not request.prompt_ids:
-            raise HybridRLError(f"native engine: request (prompt {request.prompt_index}, sample "
-                                f"{request.sample_index}) has an empty prompt")
+            raise HybridRLError(
+                f"native engine: request (prompt {request.prompt_index}, sample "
+                f"{request.sample_index}) has an empty prompt"
+            )
         need = len(request.prompt_ids) + params.max_new_tokens
         if self.max_model_len and need > self.max_model_len:
-            raise HybridRLError(f"native engine: a prompt of {len(request.prompt_ids)} tokens + max_new_tokens="
-                                f"{params.max_new_tokens} needs {need} tokens, more than engine.native.max_model_len="
-                                f"{self.max_model_len}")
+            raise HybridRLError(
+                f"native engine: a prompt of {len(request.prompt_ids)} tokens + max_new_tokens="
+                f"{params.max_new_tokens} needs {need} tokens, more than engine.native.max_model_len="
+                f"{self.max_model_len}"
+            )
         seeded = params.seed is not None
-        mode = SamplerMode(float(params.temperature), int(params.top_k), float(params.top_p), seeded,
-                           self.sampler_kernel)
+        mode = SamplerMode(
+            float(params.temperature), int(params.top_k), float(params.top_p), seeded, self.sampler_kernel
+        )
         key = stream_key(params.seed, request.prompt_index, request.sample_index) if seeded else None
         return Sequence_(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), params.max_new_tokens)
 
@@ -252,8 +265,11 @@ class Scheduler:
         # one as sequences finish, and requests queued long before would otherwise join one prefill per row.
         # Few can join now, more may within a few steps: one prefill for them all (joins that ride in a step cost no
         # prefill, so they never wait; which ones ride is known once their blocks are found, below).
-        wait = (self.rows and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
-                and self.steps - self._room_since < self.join_wait)
+        wait = (
+            self.rows
+            and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
+            and self.steps - self._room_since < self.join_wait
+        )
         if not wait:
             self._room_since = None
         groups: list[PromptGroup] = []
@@ -313,10 +329,13 @@ class Scheduler:
         going = [i for i, s in enumerate(taken) if s.max_new > 1]
         if going:
             idx = to_device(going, torch.long, tok.device) if len(going) < len(taken) else None
-            self.backend.runner.place(len(self.rows), tok if idx is None else tok[idx],
-                                      [taken[i].prompt_len for i in going],
-                                      [taken[i].key for i in going] if mode.seeded else None,
-                                      [taken[i].blocks for i in going])
+            self.backend.runner.place(
+                len(self.rows),
+                tok if idx is None else tok[idx],
+                [taken[i].prompt_len for i in going],
+                [taken[i].key for i in going] if mode.seeded else None,
+                [taken[i].blocks for i in going],
+            )
             self.rows += [taken[i] for i in going]
 
     def _put_back(self, seqs: list[Sequence_], alloc: BlockAllocator) -> None:
@@ -376,8 +395,9 @@ class Scheduler:
             written = s.prompt_len + len(s.tokens) - 1  # K/V exist for every token but the last
             full = written // bs
             if full > len(s.keys):
-                s.keys = s.keys + block_keys(s.request.prompt_ids + s.tokens, bs, full, start=len(s.keys),
-                                             parent=s.keys[-1] if s.keys else None)
+                s.keys = s.keys + block_keys(
+                    s.request.prompt_ids + s.tokens, bs, full, start=len(s.keys), parent=s.keys[-1] if s.keys else None
+                )
             self._alloc.register(s.keys[:full], s.blocks[:full])
         self._alloc.release(s.blocks)
         s.blocks = []

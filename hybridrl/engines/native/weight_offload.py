@@ -14,8 +14,9 @@ from hybridrl.engines.native.fixed_memory import FixedMemory
 class WeightParking:
     """Parks and restores a fixed set of parameters on one device."""
 
-    def __init__(self, params: dict[str, torch.nn.Parameter], device: torch.device,
-                 memory: FixedMemory | None = None) -> None:
+    def __init__(
+        self, params: dict[str, torch.nn.Parameter], device: torch.device, memory: FixedMemory | None = None
+    ) -> None:
         """`memory`: the `FixedMemory` every parameter is a view of; parking then releases its physical memory and
         keeps the parameters' addresses (CUDA graphs over them stay valid). None: parking frees each parameter."""
         self.params, self.device, self.memory = params, device, memory

@@ -33,8 +33,8 @@ Log-probs: SGLang's default, log_softmax(logits / temperature) of the sampled to
 Seeds: sample j of global prompt i gets `sampling_seed = stream_key(seed, i, j) & (2**63 - 1)`; SGLang honours it
 only with `engine.sglang.enable_deterministic_inference=true`.
 
-Verified on CPU with a stand-in engine and with SGLang's own serializer (tests/unit/engines/sglang); never run against a live
-SGLang Engine (it needs CUDA kernels, absent from our machines).
+Verified on CPU with a stand-in engine and with SGLang's own serializer (tests/unit/engines/sglang); never run
+against a live SGLang Engine (it needs CUDA kernels, absent from our machines).
 """
 
 from __future__ import annotations
@@ -342,7 +342,9 @@ def _sglang_engine_class() -> Callable[..., Any]:
         import sglang
     except ImportError as exc:
         raise HybridRLError(f"engine=sglang needs SGLang: {INSTALL_HINT} ({exc})") from exc
-    if getattr(sglang, "__file__", None) is None:  # a bare folder named sglang on sys.path (e.g. tests/unit/engines/sglang)
+    if (
+        getattr(sglang, "__file__", None) is None
+    ):  # a bare folder named sglang on sys.path (e.g. tests/unit/engines/sglang)
         raise HybridRLError(
             f"engine=sglang needs SGLang: {INSTALL_HINT} (found only a namespace package {sglang.__path__})"
         )

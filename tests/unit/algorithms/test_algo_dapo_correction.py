@@ -21,8 +21,10 @@ from hybridrl.algorithms import (
 
 def close(actual, expected, atol: float = 1e-6) -> None:
     torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
-        atol=atol, rtol=0,
+        torch.as_tensor(actual, dtype=torch.float64),
+        torch.as_tensor(expected, dtype=torch.float64),
+        atol=atol,
+        rtol=0,
     )
 
 
@@ -70,10 +72,16 @@ def test_refill_two_then_three_of_four_gives_exactly_four_in_order():
     assert [r.tolist() for r in plan.rows] == [[0, 1, 4, 5], [0, 1, 2, 3]]
     assert sum(len(r) for r in plan.rows) == 4 * 2
     assert (plan.rounds, plan.kept_groups, plan.filtered_groups, plan.filled_groups, plan.trimmed_groups) == (
-        2, 4, 3, 0, 1,
+        2,
+        4,
+        3,
+        0,
+        1,
     )
     assert plan.metrics() == {
-        "batch/resample_rounds": 1.0, "batch/filtered_groups": 3.0, "batch/filled_groups": 0.0,
+        "batch/resample_rounds": 1.0,
+        "batch/filtered_groups": 3.0,
+        "batch/filled_groups": 0.0,
         "batch/trimmed_groups": 1.0,
     }
 

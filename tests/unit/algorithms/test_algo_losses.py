@@ -22,8 +22,10 @@ from hybridrl.algorithms import (
 
 def close(actual, expected, atol: float = 1e-6) -> None:
     torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
-        atol=atol, rtol=0,
+        torch.as_tensor(actual, dtype=torch.float64),
+        torch.as_tensor(expected, dtype=torch.float64),
+        atol=atol,
+        rtol=0,
     )
 
 
@@ -169,8 +171,9 @@ def test_clipped_value_loss_hand_computed():
 
 def test_explained_variance():
     # R - V = [0, 0, 1]: unbiased var 1/3;  var(R = [1, 2, 3]) = 1
-    ev = explained_variance(torch.tensor([[1.0, 2.0, 2.0, 7.0]]), torch.tensor([[1.0, 2.0, 3.0, 0.0]]),
-                            torch.tensor([[1, 1, 1, 0]]))
+    ev = explained_variance(
+        torch.tensor([[1.0, 2.0, 2.0, 7.0]]), torch.tensor([[1.0, 2.0, 3.0, 0.0]]), torch.tensor([[1, 1, 1, 0]])
+    )
     close(ev, 1 - (1 / 3) / (1 + 1e-5))
 
 

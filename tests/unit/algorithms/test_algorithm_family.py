@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -36,8 +35,10 @@ CONF = REPO / "conf" / "algorithm"
 
 def close(actual, expected, atol: float = 1e-6) -> None:
     torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
-        atol=atol, rtol=0,
+        torch.as_tensor(actual, dtype=torch.float64),
+        torch.as_tensor(expected, dtype=torch.float64),
+        atol=atol,
+        rtol=0,
     )
 
 
@@ -64,10 +65,14 @@ def test_every_algorithm_composes_and_its_yaml_is_minimal(name):
 
 def test_what_each_algorithm_means():
     want = {  # name: (estimator, loss, critic)
-        "grpo": ("grpo", "ppo_clip", False), "dr_grpo": ("grpo", "ppo_clip", False),
-        "rloo": ("rloo", "ppo_clip", False), "reinforce_pp": ("reinforce_pp", "ppo_clip", False),
+        "grpo": ("grpo", "ppo_clip", False),
+        "dr_grpo": ("grpo", "ppo_clip", False),
+        "rloo": ("rloo", "ppo_clip", False),
+        "reinforce_pp": ("reinforce_pp", "ppo_clip", False),
         "reinforce_pp_baseline": ("reinforce_pp_baseline", "ppo_clip", False),
-        "gspo": ("grpo", "gspo", False), "dapo": ("grpo", "ppo_clip", False), "cispo": ("grpo", "cispo", False),
+        "gspo": ("grpo", "gspo", False),
+        "dapo": ("grpo", "ppo_clip", False),
+        "cispo": ("grpo", "cispo", False),
         "ppo": ("gae", "ppo_clip", True),
     }
     for name, (est, loss, critic) in want.items():
@@ -183,8 +188,10 @@ def test_outcome_estimators_subtract_the_sequence_kl_from_the_score():
     close(compute_advantages(cfg, SCORES, MASK)[0], [[0.5, 0.5, 0], [-0.5, 0, 0], [-0.5, -0.5, -0.5], [0.5, 0.5, 0]])
     # grpo with std: [1, 0] -> +-1/sqrt(2) (unbiased std sqrt(0.5), eps 1e-6)
     h = 0.5 / (math.sqrt(0.5) + 1e-6)
-    close(compute_advantages(AlgorithmConfig(group_size=2, kl_in="none"), SCORES, MASK)[0],
-          [[h, h, 0], [-h, 0, 0], [-h, -h, -h], [h, h, 0]])
+    close(
+        compute_advantages(AlgorithmConfig(group_size=2, kl_in="none"), SCORES, MASK)[0],
+        [[h, h, 0], [-h, 0, 0], [-h, -h, -h], [h, h, 0]],
+    )
 
 
 def test_reinforce_pp_puts_the_kl_on_every_token():
@@ -206,8 +213,9 @@ def test_ppo_gae_through_the_dispatcher():
     # A2 = 0.05, A1 = 0.1 + 0.0475 = 0.1475, A0 = 0.05 + 0.140125 = 0.190125; returns = A + V
     cfg = AlgorithmConfig(name="ppo", group_size=1, lam=0.95, kl_in="reward", kl_coef=0.5, kl_estimator="k1")
     values = torch.tensor([[0.5, 0.6, 0.8]])
-    adv, ret = compute_advantages(cfg, torch.tensor([1.0]), torch.ones(1, 3), token_kl=torch.tensor([[0.1, 0.2, 0.3]]),
-                                  values=values)
+    adv, ret = compute_advantages(
+        cfg, torch.tensor([1.0]), torch.ones(1, 3), token_kl=torch.tensor([[0.1, 0.2, 0.3]]), values=values
+    )
     close(ret, [[0.690125, 0.7475, 0.85]])
     xs = [0.190125, 0.1475, 0.05]
     mean = sum(xs) / 3

@@ -31,8 +31,10 @@ ATOL = 1e-6
 
 def close(actual, expected, atol: float = ATOL) -> None:
     torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
-        atol=atol, rtol=0,
+        torch.as_tensor(actual, dtype=torch.float64),
+        torch.as_tensor(expected, dtype=torch.float64),
+        atol=atol,
+        rtol=0,
     )
 
 
@@ -212,9 +214,7 @@ def test_ppo_clip_loss_values_metrics_and_grads():
 
 def test_ppo_clip_loss_is_weights_and_1d_advantages():
     w = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 7.0]], requires_grad=True)
-    loss, _ = ppo_clip_loss(
-        _logp(), torch.zeros(1, 7), ADV, PPO_MASK, 0.2, 0.3, 3.0, "token-mean", is_weights=w
-    )
+    loss, _ = ppo_clip_loss(_logp(), torch.zeros(1, 7), ADV, PPO_MASK, 0.2, 0.3, 3.0, "token-mean", is_weights=w)
     close(loss, (2.1 - 1.5) / 6)  # token 6 contributes 3.0 * 0.5 instead of 3.0
     loss.backward()
     assert w.grad is None
@@ -274,8 +274,14 @@ def test_mismatch_metrics():
 @pytest.mark.parametrize(
     ("kl_in", "kl_coef", "needed"),
     # A frozen reference is needed exactly when a KL term is both placed (in the loss or the reward) and weighted.
-    [("loss", 0.001, True), ("reward", 0.05, True), ("none", 0.001, False), ("loss", 0.0, False),
-     ("reward", 0.0, False), ("none", 0.0, False)],
+    [
+        ("loss", 0.001, True),
+        ("reward", 0.05, True),
+        ("none", 0.001, False),
+        ("loss", 0.0, False),
+        ("reward", 0.0, False),
+        ("none", 0.0, False),
+    ],
 )
 def test_config_uses_reference(kl_in, kl_coef, needed):
     assert AlgorithmConfig(kl_in=kl_in, kl_coef=kl_coef).uses_reference is needed

@@ -42,7 +42,9 @@ def test_synthetic_reward_components():
 
     assert score("123") == {"score": 1.0, "format": 1.0, "correct": 1.0, "exact": 1.0}
     assert score("124")["correct"] == pytest.approx(2 / 3)
-    assert score("12a") == pytest.approx({"score": 0.5 * (2 / 3) + 0.5 * (2 / 3), "format": 2 / 3, "correct": 2 / 3, "exact": 0.0})
+    assert score("12a") == pytest.approx(
+        {"score": 0.5 * (2 / 3) + 0.5 * (2 / 3), "format": 2 / 3, "correct": 2 / 3, "exact": 0.0}
+    )
     assert score("123", finish="length")["format"] == 0.5
     assert score("")["score"] == 0.0
     assert digit_match_score("12345", "123") == pytest.approx(3 / 5)
@@ -91,7 +93,9 @@ def test_overlong_prompts_error_or_drop(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "short"}, {"prompt": "long " * 50}])
     with pytest.raises(HybridRLError, match=r"row 1 \(from 0\) has .* prompt tokens.*data.max_prompt_tokens=64"):
         load_prompts(DataConfig(name="jsonl", path=path, max_prompt_tokens=64), tokenizer)
-    train, _ = load_prompts(DataConfig(name="jsonl", path=path, max_prompt_tokens=64, overlong_prompts="drop"), tokenizer)
+    train, _ = load_prompts(
+        DataConfig(name="jsonl", path=path, max_prompt_tokens=64, overlong_prompts="drop"), tokenizer
+    )
     assert len(train) == 1
 
 
@@ -110,7 +114,9 @@ def test_loader_epochs_and_resume(tokenizer):
 def test_non_utf8_byte_names_the_line(tmp_path, tokenizer):
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b'{"prompt": "ok"}\n\n{"prompt": "caf\xe9"}\n')
-    with pytest.raises(HybridRLError, match=r"data.path='.*latin1.jsonl': line 3 is not UTF-8 \(byte 0xe9 at column 16\)"):
+    with pytest.raises(
+        HybridRLError, match=r"data.path='.*latin1.jsonl': line 3 is not UTF-8 \(byte 0xe9 at column 16\)"
+    ):
         load_prompts(DataConfig(name="jsonl", path=str(bad)), tokenizer)
 
 

@@ -18,23 +18,36 @@ def composed(*overrides: str):
 
 
 def test_native_options_compose():
-    rc = validate(composed("engine.native.max_batch_size=32", "engine.native.kv_block_size=32",
-                           "engine.native.impl=hf", "engine.native.prefix_cache=false"))
+    rc = validate(
+        composed(
+            "engine.native.max_batch_size=32",
+            "engine.native.kv_block_size=32",
+            "engine.native.impl=hf",
+            "engine.native.prefix_cache=false",
+        )
+    )
     n = rc.engine.native
     assert isinstance(n, NativeOptions) and (n.max_batch_size, n.kv_block_size, n.impl, n.prefix_cache) == (
-        32, 32, "hf", False)
+        32,
+        32,
+        "hf",
+        False,
+    )
 
 
-@pytest.mark.parametrize("override, key", [
-    ("engine.native.impl=cuda", "engine.native.impl"),
-    ("engine.native.max_batch_size=0", "engine.native.max_batch_size"),
-    ("engine.native.max_model_len=-1", "engine.native.max_model_len"),
-    ("engine.native.prefill_tokens=0", "engine.native.prefill_tokens"),
-    ("engine.native.kv_block_size=12", "engine.native.kv_block_size"),
-    ("engine.native.kv_blocks=-2", "engine.native.kv_blocks"),
-    ("engine.native.kv_memory_fraction=1.0", "engine.native.kv_memory_fraction"),
-    ("engine.native.shared_prefix_tokens=-1", "engine.native.shared_prefix_tokens"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("engine.native.impl=cuda", "engine.native.impl"),
+        ("engine.native.max_batch_size=0", "engine.native.max_batch_size"),
+        ("engine.native.max_model_len=-1", "engine.native.max_model_len"),
+        ("engine.native.prefill_tokens=0", "engine.native.prefill_tokens"),
+        ("engine.native.kv_block_size=12", "engine.native.kv_block_size"),
+        ("engine.native.kv_blocks=-2", "engine.native.kv_blocks"),
+        ("engine.native.kv_memory_fraction=1.0", "engine.native.kv_memory_fraction"),
+        ("engine.native.shared_prefix_tokens=-1", "engine.native.shared_prefix_tokens"),
+    ],
+)
 def test_bad_native_values_fail_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(composed(override))

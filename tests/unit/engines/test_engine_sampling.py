@@ -95,7 +95,9 @@ def test_per_row_steps_draw_what_each_row_draws_alone():
     for top_k, top_p, temperature in ((-1, 1.0, 1.0), (5, 1.0, 0.7), (-1, 0.8, 1.3)):
         tok, lp = sample_tokens(logits, temperature, top_k, top_p, keys=keys, step=steps)
         for r in range(6):
-            t1, l1 = sample_tokens(logits[r : r + 1], temperature, top_k, top_p, keys=keys[r : r + 1], step=int(steps[r]))
+            t1, l1 = sample_tokens(
+                logits[r : r + 1], temperature, top_k, top_p, keys=keys[r : r + 1], step=int(steps[r])
+            )
             assert tok[r] == t1[0] and lp[r] == l1[0]
     u = counter_uniform(keys, steps)
     for r in range(6):

@@ -9,12 +9,12 @@ Writes {case id: "ok" | error} to <out_dir>/rank<r>.json and ends with os._exit.
 
 from __future__ import annotations
 
-
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def _peft(kind: str):
     from peft import LoraConfig, get_peft_model
+
     from tests.tiny_models import tiny_model
 
     model = tiny_model(kind)
@@ -52,8 +52,15 @@ def run_case(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     dtype = getattr(torch, case.get("dtype") or "float32")
     engine = TensorDictEngine.from_layout(build_layout(inner.config, style, tp_rank, tp), dtype=dtype)
     group = groups[tp][rank // tp] if backend == "broadcast" else None
-    rs = Resharder(ReshardConfig(backend=backend, dtype=case.get("dtype")), engine, inner.config,
-                   tp_rank=tp_rank, tp_size=tp, style=style, group=group)
+    rs = Resharder(
+        ReshardConfig(backend=backend, dtype=case.get("dtype")),
+        engine,
+        inner.config,
+        tp_rank=tp_rank,
+        tp_size=tp,
+        style=style,
+        group=group,
+    )
     rs.bucket_bytes = 8192  # several buckets per sync
     stats = rs.sync(inner)
     tol = 1e-6 if dtype == torch.float32 else 2e-2
@@ -73,8 +80,9 @@ def setup(rank: int, world: int):
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world,))
-    return mesh, {tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
-                  for tp in (1, 2) if tp <= world}
+    return mesh, {
+        tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)] for tp in (1, 2) if tp <= world
+    }
 
 
 if __name__ == "__dist_worker__":  # run by tests/dist_harness.py

@@ -8,15 +8,14 @@ os._exit (processes that used DeviceMesh sometimes abort at interpreter exit).
 from __future__ import annotations
 
 
-
 def run_case(case: dict, rank: int, world: int, meshes: dict, groups: dict) -> str:
     import torch
-    from tests.tiny_models import tiny_config, tiny_model
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
     from hybridrl.reshard import ReshardConfig, Resharder, build_layout, reference_shard
     from hybridrl.reshard.testing import TensorDictEngine
+    from tests.tiny_models import tiny_config, tiny_model
 
     kind, style, tp, backend = case["kind"], case["style"], case["tp"], case["backend"]
     config, model = tiny_config(kind), tiny_model(kind)
@@ -37,8 +36,15 @@ def run_case(case: dict, rank: int, world: int, meshes: dict, groups: dict) -> s
     dtype = getattr(torch, case.get("dtype") or "float32")
     engine = TensorDictEngine.from_layout(build_layout(config, style, tp_rank, tp), dtype=dtype)
     group = groups[tp][rank // tp] if backend == "broadcast" else None
-    rs = Resharder(ReshardConfig(backend=backend, verify=True, dtype=case.get("dtype")), engine, config,
-                   tp_rank=tp_rank, tp_size=tp, style=style, group=group)
+    rs = Resharder(
+        ReshardConfig(backend=backend, verify=True, dtype=case.get("dtype")),
+        engine,
+        config,
+        tp_rank=tp_rank,
+        tp_size=tp,
+        style=style,
+        group=group,
+    )
     rs.bucket_bytes = 8192  # several buckets per sync, so bucketing and broadcast plans are exercised
     without_model = case.get("receivers_without_model") and tp_rank != 0
     stats = rs.sync(None if without_model else model)
@@ -61,8 +67,9 @@ def setup(rank: int, world: int):
     meshes = {"fsdp": init_device_mesh("cpu", (world,))}
     if world == 4:  # HSDP: replicate over 2, shard over 2 → placements (Replicate(), Shard(0))
         meshes["hsdp"] = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-    groups = {tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
-              for tp in (1, 2, 4) if tp <= world}
+    groups = {
+        tp: [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)] for tp in (1, 2, 4) if tp <= world
+    }
     return meshes, groups
 
 

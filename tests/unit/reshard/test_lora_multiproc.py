@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.tiny_models import KINDS
 
 from tests.dist_harness import results_by_case, run_world
+from tests.tiny_models import KINDS
 
 pytestmark = pytest.mark.multiproc
 
@@ -37,8 +37,14 @@ def world2(tmp_path_factory):
     from tests.dist_harness import TORCH_PRELOAD
 
     cases = _cases()
-    results = run_world(HERE / "_lora_dist_worker.py", 2, tmp_path_factory.mktemp("lora2"), dict(cases=cases), 240.0,
-                        preload=TORCH_PRELOAD + PRELOAD_PEFT)
+    results = run_world(
+        HERE / "_lora_dist_worker.py",
+        2,
+        tmp_path_factory.mktemp("lora2"),
+        dict(cases=cases),
+        240.0,
+        preload=TORCH_PRELOAD + PRELOAD_PEFT,
+    )
     return results_by_case(results, cases)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.tiny_models import KINDS, tiny_config, tiny_model
 
 from hybridrl.errors import ConfigError
-from hybridrl.reshard import build_layout, reference_shard
 from hybridrl.models.shape import ModelShape, padded_vocab
+from hybridrl.reshard import build_layout, reference_shard
+from tests.tiny_models import KINDS, tiny_config, tiny_model
 
 
 def _full(kind: str, **overrides) -> dict[str, torch.Tensor]:

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 import torch
-from tests.tiny_models import KINDS, tiny_config, tiny_model
 
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.reshard import ReshardConfig, Resharder, build_layout, iter_full_layers, reference_shard
 from hybridrl.reshard.layout import LayerGroup, TensorSpec, WeightLayout
 from hybridrl.reshard.testing import TensorDictEngine
+from tests.tiny_models import KINDS, tiny_config, tiny_model
 
 
 class RecordingEngine(TensorDictEngine):
@@ -94,9 +94,13 @@ def test_engine_in_bf16_receives_a_cast_copy_and_verify_passes():
     good = build_layout(tiny_config("qwen2"), "fused", 0, 2)
 
     def swap(spec: TensorSpec) -> TensorSpec:
-        return dataclasses.replace(spec, pieces=spec.pieces[:1] + spec.pieces[:0:-1]) if "qkv_proj" in spec.name else spec
+        return (
+            dataclasses.replace(spec, pieces=spec.pieces[:1] + spec.pieces[:0:-1]) if "qkv_proj" in spec.name else spec
+        )
 
-    rs, model, _ = _sync("qwen2", layout=_broken(good, swap), engine_dtype=torch.bfloat16, verify=True, dtype="bfloat16")
+    rs, model, _ = _sync(
+        "qwen2", layout=_broken(good, swap), engine_dtype=torch.bfloat16, verify=True, dtype="bfloat16"
+    )
     with pytest.raises(HybridRLError, match=r"qkv_proj\.(weight|bias) .*max abs diff"):
         rs.sync(model)
 

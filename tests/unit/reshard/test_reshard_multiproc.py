@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.tiny_models import KINDS
 
 from tests.dist_harness import results_by_case, run_world
+from tests.tiny_models import KINDS
 
 pytestmark = pytest.mark.multiproc
 
@@ -24,7 +24,7 @@ def _cases(world: int) -> list[dict]:
     cases = [dict(kind=k, style="fused", tp=tp, backend="copy") for k in KINDS for tp in tps]
     cases += [dict(kind=k, style="hf", tp=world, backend="copy") for k in KINDS]
     cases += [
-        dict(kind="qwen2", style="fused", tp=2, backend="broadcast"),      # GQA kv head replicated over the group
+        dict(kind="qwen2", style="fused", tp=2, backend="broadcast"),  # GQA kv head replicated over the group
         dict(kind="llama", style="hf", tp=2, backend="broadcast"),
         dict(kind="qwen3", style="fused", tp=2, backend="copy", dtype="bfloat16"),  # cast before the gather
     ]
@@ -33,8 +33,9 @@ def _cases(world: int) -> list[dict]:
         cases.append(dict(kind="qwen2", style="fused", tp=2, backend="copy", fsdp="hsdp"))
     else:
         # rank 0 holds a plain model and feeds rank 1, which has none
-        cases.append(dict(kind="qwen3", style="fused", tp=2, backend="broadcast", fsdp=None,
-                          receivers_without_model=True))
+        cases.append(
+            dict(kind="qwen3", style="fused", tp=2, backend="broadcast", fsdp=None, receivers_without_model=True)
+        )
         cases.append(dict(kind="llama", style="fused", tp=2, backend="copy", fsdp="shard1"))
     for c in cases:
         tags = [c.get("dtype"), "nomodel" if c.get("receivers_without_model") else None, c.get("fsdp")]
@@ -66,4 +67,3 @@ def test_fsdp2_ranks(world2, case):
 @pytest.mark.parametrize("case", [c["id"] for c in _cases(4)])
 def test_fsdp4_ranks(world4, case):
     assert world4[case] == ["ok"] * 4, "\n".join(world4[case])
-

@@ -8,18 +8,19 @@ import pytest
 
 from hybridrl.rewards import RewardInput, resolve_reward
 from hybridrl.rewards.countdown import check_equation, extract_equation
-from scripts.make_countdown import main as make_main, make_rows
+from scripts.make_countdown import main as make_main
+from scripts.make_countdown import make_rows
 
 
 @pytest.mark.parametrize(
     "eq, ok",
     [
-        ("(25 - 5) * 2 + 1", True),      # 41 with each number once
-        ("25 - 5 * 2 + 1", False),       # 16
-        ("(25 - 5) * 2", False),         # 1 unused
+        ("(25 - 5) * 2 + 1", True),  # 41 with each number once
+        ("25 - 5 * 2 + 1", False),  # 16
+        ("(25 - 5) * 2", False),  # 1 unused
         ("(25 - 5) * 2 + 1 + 1", False),  # 1 used twice
-        ("(25 - 5) * 2 + 1.0", False),   # floats are not the given numbers
-        ("__import__('os')", False),     # no calls, no names
+        ("(25 - 5) * 2 + 1.0", False),  # floats are not the given numbers
+        ("__import__('os')", False),  # no calls, no names
         ("(25 - 5) * 2 + 1 / 0", False),
         ("", False),
     ],
@@ -33,7 +34,9 @@ def test_extract_and_reward():
     assert extract_equation("so the answer is\n3 * (1 + 2)") == "3 * (1 + 2)"
     fn = resolve_reward("countdown")
     sample = {"numbers": [1, 2, 3], "target": 9}
-    scores = fn([RewardInput("p", r, sample) for r in ("<answer>(1+2)*3</answer>", "<answer>1+2+3</answer>", "no idea")])
+    scores = fn(
+        [RewardInput("p", r, sample) for r in ("<answer>(1+2)*3</answer>", "<answer>1+2+3</answer>", "no idea")]
+    )
     assert [s["score"] for s in scores] == [1.0, 0.1, 0.0]
 
 

@@ -164,8 +164,16 @@ SYMBOLIC = [
 ]
 
 CASES = (
-    LARGE_INTEGERS + SCIENTIFIC + SPACE_GROUPED + FRACTIONS_AND_DECIMALS + PERCENTAGES + NEGATIVE
-    + UNITS_AND_COMMAS + ENDINGS_AND_SEVERAL_NUMBERS + NO_ANSWER + SYMBOLIC
+    LARGE_INTEGERS
+    + SCIENTIFIC
+    + SPACE_GROUPED
+    + FRACTIONS_AND_DECIMALS
+    + PERCENTAGES
+    + NEGATIVE
+    + UNITS_AND_COMMAS
+    + ENDINGS_AND_SEVERAL_NUMBERS
+    + NO_ANSWER
+    + SYMBOLIC
 )
 
 
@@ -181,7 +189,9 @@ def test_grader_verdict(response: str, answer: object, expected: float) -> None:
 def test_symbolic_answers_are_graded_off_the_main_thread() -> None:
     # math-verify's own time limit uses signal.alarm, which only the main thread may set.
     out: list[float] = []
-    t = threading.Thread(target=lambda: out.extend([grade("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"), grade("\\boxed{3}", "\\sqrt{8}")]))
+    t = threading.Thread(
+        target=lambda: out.extend([grade("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"), grade("\\boxed{3}", "\\sqrt{8}")])
+    )
     t.start()
     t.join()
     assert out == [1.0, 0.0]

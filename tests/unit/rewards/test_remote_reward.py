@@ -12,8 +12,8 @@ import pytest
 
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.rewards.base import RewardInput
-from hybridrl.rewards.config import RewardConfig
-from hybridrl.rewards.remote import RemoteReward, RemoteRewardConfig
+from hybridrl.rewards.config import RemoteRewardConfig, RewardConfig
+from hybridrl.rewards.remote import RemoteReward
 
 ITEMS = [RewardInput("p1", "12", {"answer": "12"}, "stop"), RewardInput("p2", "abc", {"answer": "7"}, "length")]
 
@@ -79,8 +79,12 @@ def test_scores_come_back_for_the_items_sent(serve):
     fn = remote(server.url, headers={"Authorization": "Bearer t"})
     assert fn(ITEMS) == [0.2, 0.3]
     sent = server.requests[0]
-    assert sent["body"]["items"][1] == {"prompt": "p2", "response": "abc", "sample": {"answer": "7"},
-                                        "finish_reason": "length"}
+    assert sent["body"]["items"][1] == {
+        "prompt": "p2",
+        "response": "abc",
+        "sample": {"answer": "7"},
+        "finish_reason": "length",
+    }
     assert sent["headers"]["Authorization"] == "Bearer t"
 
 
@@ -129,11 +133,17 @@ def test_a_server_that_returns_garbage(serve):
     assert len(server.requests) == 1  # garbage is not retried
 
 
-@pytest.mark.parametrize("payload, needle", [
-    (b'{"scores": [1.0]}', "expected {\"scores\": [...]} with 2 scores, got 1 scores"),
-    (b'{"result": 1}', "expected {\"scores\": [...]} with 2 scores, got a dict"),
-    (b'{"scores": [1.0, "high"]}', "reward function: result 1: 'score' is 'high' (a str), not a real number; return a float"),
-])
+@pytest.mark.parametrize(
+    "payload, needle",
+    [
+        (b'{"scores": [1.0]}', 'expected {"scores": [...]} with 2 scores, got 1 scores'),
+        (b'{"result": 1}', 'expected {"scores": [...]} with 2 scores, got a dict'),
+        (
+            b'{"scores": [1.0, "high"]}',
+            "reward function: result 1: 'score' is 'high' (a str), not a real number; return a float",
+        ),
+    ],
+)
 def test_answers_of_the_wrong_shape(serve, payload, needle):
     server = serve(lambda n, body: (200, payload, 0))
     with pytest.raises(HybridRLError) as e:
@@ -157,12 +167,15 @@ def test_nobody_listening():
         remote(url, max_retries=1)(ITEMS)
 
 
-@pytest.mark.parametrize("kw, key", [
-    ({}, "reward.remote.url"),
-    ({"url": "ftp://x"}, "reward.remote.url"),
-    ({"url": "http://x", "timeout_s": 0}, "reward.remote.timeout_s"),
-    ({"url": "http://x", "max_retries": -1}, "reward.remote.max_retries"),
-])
+@pytest.mark.parametrize(
+    "kw, key",
+    [
+        ({}, "reward.remote.url"),
+        ({"url": "ftp://x"}, "reward.remote.url"),
+        ({"url": "http://x", "timeout_s": 0}, "reward.remote.timeout_s"),
+        ({"url": "http://x", "max_retries": -1}, "reward.remote.max_retries"),
+    ],
+)
 def test_bad_remote_config_names_the_key(kw, key):
     with pytest.raises(ConfigError, match=key):
         RewardConfig(name="remote", remote=RemoteRewardConfig(**kw))

@@ -11,8 +11,8 @@ import torch
 from hybridrl.batch import Batch
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.rewards.base import RewardInput
-from hybridrl.rewards.config import RewardConfig
 from hybridrl.rewards.combine import RewardScorer, load_combine, weighted_sum
+from hybridrl.rewards.config import RewardConfig
 from hybridrl.rewards.reward_model import RewardModel, RewardModelConfig, RewardModelsConfig, render_for_reward_model
 from hybridrl.topology import Topology
 from hybridrl.training.fsdp import Precision
@@ -34,8 +34,13 @@ def rm_paths(_cache_dir):
 
 def make_rm(path: str, name: str = "rm", **kw) -> RewardModel:
     mesh = Topology(1, 1, 0).fsdp_mesh("cpu")
-    return RewardModel(RewardModelConfig(name=name, **kw), path, torch.device("cpu"), mesh,
-                       Precision.for_device("auto", torch.device("cpu")))
+    return RewardModel(
+        RewardModelConfig(name=name, **kw),
+        path,
+        torch.device("cpu"),
+        mesh,
+        Precision.for_device("auto", torch.device("cpu")),
+    )
 
 
 def test_rendering_uses_the_reward_models_chat_template(tokenizer):
@@ -43,7 +48,8 @@ def test_rendering_uses_the_reward_models_chat_template(tokenizer):
     # The tiny tokenizer's template (Qwen's markup), written out by hand.
     assert text == "<|im_start|>user\ncopy: 12<|im_end|>\n<|im_start|>assistant\n12<|im_end|>\n"
     assert render_for_reward_model(ITEMS[0], tokenizer, system_prompt="Be brief.").startswith(
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ncopy: 12")
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ncopy: 12"
+    )
 
     class NoTemplate:
         chat_template = None
@@ -113,8 +119,13 @@ def test_two_reward_models_are_on_the_device_one_at_a_time(rm_paths, tokenizer, 
     want = [f + 0.5 * a - 2.0 * b for f, a, b in zip(lengths, plain_scores[0], plain_scores[1])]
     assert scores == pytest.approx(want)
     # The first model comes in behind the reward function (bytes only), the next one in the open (timed).
-    assert {"time/reward_model/a", "time/reward_model/b", "offload/reward_model/a/onload_gb",
-            "offload/reward_model/a/offload_s", "offload/reward_model/b/onload_s"} <= set(stats)
+    assert {
+        "time/reward_model/a",
+        "time/reward_model/b",
+        "offload/reward_model/a/onload_gb",
+        "offload/reward_model/a/offload_s",
+        "offload/reward_model/b/onload_s",
+    } <= set(stats)
 
 
 def batch_of(items: list[RewardInput], tokenizer) -> Batch:
@@ -126,9 +137,15 @@ def batch_of(items: list[RewardInput], tokenizer) -> Batch:
     for r, i in enumerate(ids):
         resp[r, : len(i)] = torch.tensor(i, dtype=torch.long)
         mask[r, : len(i)] = 1
-    return Batch([[1]] * len(items), {"responses": resp, "response_mask": mask},
-                 {"prompt_text": [it.prompt for it in items], "sample": [it.sample for it in items],
-                  "finish_reason": ["stop"] * len(items)})
+    return Batch(
+        [[1]] * len(items),
+        {"responses": resp, "response_mask": mask},
+        {
+            "prompt_text": [it.prompt for it in items],
+            "sample": [it.sample for it in items],
+            "finish_reason": ["stop"] * len(items),
+        },
+    )
 
 
 def test_combining_sources(tokenizer):
@@ -147,13 +164,19 @@ def test_combining_sources(tokenizer):
         load_combine("average")
 
 
-@pytest.mark.parametrize("models, key", [
-    ([{"name": "", "path": "tiny"}], "reward_model.models[0].name"),
-    ([{"name": "mean", "path": "tiny"}], "reward_model.models[0].name='mean' is reserved"),
-    ([{"name": "a", "path": "tiny"}, {"name": "a", "path": "tiny"}], "reward_model.models[1].name='a' is used twice"),
-    ([{"name": "a", "path": "tiny", "micro_batch_size": 0}], "reward_model.models[0].micro_batch_size"),
-    ([{"name": "a"}], "reward_model.models[0].path is required"),
-])
+@pytest.mark.parametrize(
+    "models, key",
+    [
+        ([{"name": "", "path": "tiny"}], "reward_model.models[0].name"),
+        ([{"name": "mean", "path": "tiny"}], "reward_model.models[0].name='mean' is reserved"),
+        (
+            [{"name": "a", "path": "tiny"}, {"name": "a", "path": "tiny"}],
+            "reward_model.models[1].name='a' is used twice",
+        ),
+        ([{"name": "a", "path": "tiny", "micro_batch_size": 0}], "reward_model.models[0].micro_batch_size"),
+        ([{"name": "a"}], "reward_model.models[0].path is required"),
+    ],
+)
 def test_bad_reward_model_configs_name_the_key(models, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
         RewardModelsConfig(models=[RewardModelConfig(**m) for m in models])

@@ -24,9 +24,9 @@ from hybridrl.rewards import (
     normalize_results,
     register_reward,
     registered_rewards,
+    registry,
     resolve_reward,
 )
-from hybridrl.rewards import registry
 from tests.paths import REPO
 
 GSM8K_SOLUTION = (
@@ -103,10 +103,27 @@ def test_math_verifier(response: str, answer: object, expected: float) -> None:
 @pytest.mark.parametrize(
     "text,expected",
     [
-        ("0.50", "0.5"), (".5", "0.5"), ("1/2", "0.5"), ("1/3", "1/3"), ("$1,234.50", "1234.5"),
-        ("\u22125", "-5"), ("\\frac{3}{4}", "0.75"), ("\\dfrac{-3}{4}", "-0.75"), ("\\frac12", "0.5"),
-        ("+7", "7"), ("72 dollars.", "72"), ("(5)", "5"), ("50\\%", "50"), ("90^\\circ", "90"),
-        ("3 to 5", None), ("1,2", None), ("abc", None), ("1e3", "1000"), ("5/0", None), ("", None), (None, None),
+        ("0.50", "0.5"),
+        (".5", "0.5"),
+        ("1/2", "0.5"),
+        ("1/3", "1/3"),
+        ("$1,234.50", "1234.5"),
+        ("\u22125", "-5"),
+        ("\\frac{3}{4}", "0.75"),
+        ("\\dfrac{-3}{4}", "-0.75"),
+        ("\\frac12", "0.5"),
+        ("+7", "7"),
+        ("72 dollars.", "72"),
+        ("(5)", "5"),
+        ("50\\%", "50"),
+        ("90^\\circ", "90"),
+        ("3 to 5", None),
+        ("1,2", None),
+        ("abc", None),
+        ("1e3", "1000"),
+        ("5/0", None),
+        ("", None),
+        (None, None),
     ],
 )
 def test_normalize_number(text: str | None, expected: str | None) -> None:
@@ -194,7 +211,7 @@ def test_the_work_meter_sees_a_quadratic_scan(monkeypatch: pytest.MonkeyPatch) -
         last = None
         for m in math_answer._BOXED_RE.finditer(text):
             depth = 0
-            for ch in text[m.end():]:  # rescans the rest of the text from each start
+            for ch in text[m.end() :]:  # rescans the rest of the text from each start
                 depth += ch == "{"
                 depth -= ch == "}"
             last = m
@@ -296,7 +313,7 @@ def test_unknown_name_lists_registered() -> None:
         resolve_reward("nope")
 
 
-CUSTOM_MODULE = '''
+CUSTOM_MODULE = """
 from __future__ import annotations
 from hybridrl.rewards import RewardInput, batched, per_sample
 
@@ -323,7 +340,7 @@ class Scorer:
 
 scorer = Scorer()
 NOT_CALLABLE = 3
-'''
+"""
 
 
 def _write_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> None:

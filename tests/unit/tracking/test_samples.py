@@ -53,10 +53,23 @@ def test_sample_rows_decode_only_the_real_tokens_and_carry_every_component() -> 
     )
     rows = sample_rows(batch, [0, 1], CharTokenizer(), [0.75, 0.0], {"format": [1.0, 0.5], "correct": [0.5, 0.0]})
     assert rows == [
-        {"prompt": "copy: 12", "response": "ab", "answer": "12", "reward": 0.75, "reward/format": 1.0,
-         "reward/correct": 0.5, "finish_reason": "stop"},
-        {"prompt": "copy: 34", "response": "cdef", "reward": 0.0, "reward/format": 0.5, "reward/correct": 0.0,
-         "finish_reason": "length"},
+        {
+            "prompt": "copy: 12",
+            "response": "ab",
+            "answer": "12",
+            "reward": 0.75,
+            "reward/format": 1.0,
+            "reward/correct": 0.5,
+            "finish_reason": "stop",
+        },
+        {
+            "prompt": "copy: 34",
+            "response": "cdef",
+            "reward": 0.0,
+            "reward/format": 0.5,
+            "reward/correct": 0.0,
+            "finish_reason": "length",
+        },
     ]
 
 
@@ -100,8 +113,19 @@ def test_wandb_offline_run_holds_the_samples_table(tmp_path, monkeypatch) -> Non
     tracker = Tracker(cfg, tmp_path, {"trainer": {"lr": 1e-3}}, "job", None)
     try:
         tracker.log(1, {"reward/mean": 0.5})
-        tracker.log_samples(1, [{"prompt": "copy: 4172", "response": "4172", "answer": "4172", "reward": 1.0,
-                                 "reward/correct": 1.0, "finish_reason": "stop"}])
+        tracker.log_samples(
+            1,
+            [
+                {
+                    "prompt": "copy: 4172",
+                    "response": "4172",
+                    "answer": "4172",
+                    "reward": 1.0,
+                    "reward/correct": 1.0,
+                    "finish_reason": "stop",
+                }
+            ],
+        )
     finally:
         tracker.finish()
     tables = list(tmp_path.glob("wandb/offline-run-*/files/media/table/samples_*.table.json"))
@@ -113,8 +137,18 @@ def test_wandb_offline_run_holds_the_samples_table(tmp_path, monkeypatch) -> Non
 
 
 def test_plot_shows_each_reward_component(tmp_path) -> None:
-    rows = [{"step": s, "reward/mean": s / 10, "reward/std": 0.1, "reward/format": 1.0, "reward/correct": s / 10,
-             "reward/zero_std_frac": 0.0, "response/length_mean": 4.0} for s in range(1, 11)]
+    rows = [
+        {
+            "step": s,
+            "reward/mean": s / 10,
+            "reward/std": 0.1,
+            "reward/format": 1.0,
+            "reward/correct": s / 10,
+            "reward/zero_std_frac": 0.0,
+            "response/length_mean": 4.0,
+        }
+        for s in range(1, 11)
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert reward_components(rows) == ["reward/format", "reward/correct"]
     assert first_last_means([r["reward/correct"] for r in rows]) == pytest.approx((0.15, 0.95))  # 2 of 10 steps

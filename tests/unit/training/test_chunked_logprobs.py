@@ -49,7 +49,7 @@ def test_without_entropy_its_gradient_is_not_taken():
     assert torch.allclose(lp, rlp, atol=1e-6)
 
 
-def test_trainer_with_chunks_equals_trainer_without(tiny_path, tokenizer, process_group, setup):
+def test_trainer_with_chunks_equals_trainer_without(tiny_path, tokenizer, process_group, setup):  # noqa: F811
     """Through the FSDP2 model: same old/ref log-probs, entropy, and the same update."""
     engine, prompts = setup
     batch = rollout(engine, prompts)
@@ -91,8 +91,9 @@ def test_response_logprobs_chunked_on_a_plain_model(tiny_path, tokenizer):
     resp = torch.tensor([[7, 8, 9], [10, 11, 0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float32)
     plain = response_logprobs(model, prompts, resp, mask, 0.9, tokenizer.pad_token_id, with_entropy=True)
-    chunked = response_logprobs(model, prompts, resp, mask, 0.9, tokenizer.pad_token_id, with_entropy=True,
-                                chunk_size=2)
+    chunked = response_logprobs(
+        model, prompts, resp, mask, 0.9, tokenizer.pad_token_id, with_entropy=True, chunk_size=2
+    )
     assert torch.allclose(plain[0], chunked[0], atol=1e-5)
     assert torch.allclose(plain[1], chunked[1], atol=1e-5)
     assert type(model.lm_head).__name__ == "Linear"  # the head is put back

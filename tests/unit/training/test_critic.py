@@ -32,8 +32,10 @@ PPO = dict(name="ppo", lam=0.95, kl_in="reward", kl_estimator="k1")
 
 def ppo_config(tiny_path, group_size=2, critic=None, **trainer) -> RunConfig:
     return RunConfig(
-        model=ModelConfig(name="hf", path=tiny_path), algorithm=AlgorithmConfig(group_size=group_size, **PPO),
-        trainer=TrainerConfig(**{"lr": 1e-2, "micro_batch_size": 4, **trainer}), critic=critic or CriticConfig(),
+        model=ModelConfig(name="hf", path=tiny_path),
+        algorithm=AlgorithmConfig(group_size=group_size, **PPO),
+        trainer=TrainerConfig(**{"lr": 1e-2, "micro_batch_size": 4, **trainer}),
+        critic=critic or CriticConfig(),
         data=DataConfig(train_batch_size=2),
     )
 
@@ -58,7 +60,8 @@ def rig_head_to_token_ids(critic) -> None:
     inner = critic.model.model
     seen = {}
     inner.register_forward_pre_hook(
-        lambda _m, args, kwargs: seen.update(ids=args[0] if args else kwargs["input_ids"]), with_kwargs=True)
+        lambda _m, args, kwargs: seen.update(ids=args[0] if args else kwargs["input_ids"]), with_kwargs=True
+    )
 
     def replace(_m, _args, out):
         h = torch.zeros_like(out.last_hidden_state)
@@ -145,8 +148,9 @@ def test_critic_learns_the_returns(tiny_path, tokenizer, process_group):
 
 @pytest.fixture()
 def rollout_batch(tiny_path, tokenizer, process_group):
-    engine = HFEngine(load_causal_lm(tiny_path, ModelConfig(), torch.float32), [tokenizer.eos_token_id],
-                          tokenizer.pad_token_id)
+    engine = HFEngine(
+        load_causal_lm(tiny_path, ModelConfig(), torch.float32), [tokenizer.eos_token_id], tokenizer.pad_token_id
+    )
     prompts = [Prompt(chat_prompt(tokenizer, t), t, {"answer": "12"}) for t in ("copy: 12", "sort: 987")]
     comps = engine.generate([p.token_ids for p in prompts], SamplingParams(n=2, max_new_tokens=6, seed=0))
     return completions_to_batch(prompts, comps)
@@ -166,8 +170,13 @@ def test_critic_offload_choreography_changes_nothing(tiny_path, tokenizer, rollo
         worker = HybridWorker(ppo_config(tiny_path, grad_clip=0.0, offload_lazy=mode != "eager"))
         worker.room.free_bytes = (lambda: 0) if mode == "lazy_tight" else (lambda: 1 << 50)
         actor, critic = worker.roles.actor, worker.roles.critic
-        for off in (actor.param_offload, actor.optim_offload, worker.roles.ref.offloader, critic.param_offload,
-                    critic.optim_offload):
+        for off in (
+            actor.param_offload,
+            actor.optim_offload,
+            worker.roles.ref.offloader,
+            critic.param_offload,
+            critic.optim_offload,
+        ):
             off.enabled = offload
         seen = []
         for _ in range(2):

@@ -1,4 +1,4 @@
-"""How the trainer cuts a model into FSDP units (`training.fsdp.unit_layout`), against the rules stated in the config."""
+"""How the trainer cuts a model into FSDP units (`training.fsdp.unit_layout`), against the rules the config states."""
 
 from __future__ import annotations
 

@@ -12,8 +12,6 @@ import shutil
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from tests.unit.test_config import composed
-from tests.tiny_models import KINDS, reference_logprobs, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
 
 from hybridrl.algorithms import AlgorithmConfig
@@ -30,6 +28,8 @@ from hybridrl.reshard.lora_merge import LoraMerge, merged_weight
 from hybridrl.reshard.testing import TensorDictEngine
 from hybridrl.training.config import TrainerConfig
 from hybridrl.workers.worker import HybridWorker
+from tests.tiny_models import KINDS, reference_logprobs, tiny_config, tiny_model
+from tests.unit.test_config import composed
 
 RANK, ALPHA = 4, 8.0
 PROMPTS = [Prompt([5, 17, 3, 9, 11], "", {}), Prompt([21, 2, 40], "", {})]
@@ -41,7 +41,9 @@ def lora_worker(path, engine: EngineConfig | None = None, targets=None, **traine
     cfg = RunConfig(
         model=ModelConfig(name="hf", path=path, lora=lora),
         trainer=TrainerConfig(**{"lr": 5e-2, "micro_batch_size": 4, **trainer}),
-        algorithm=AlgorithmConfig(group_size=4), engine=engine or EngineConfig(), data=DataConfig(train_batch_size=2),
+        algorithm=AlgorithmConfig(group_size=4),
+        engine=engine or EngineConfig(),
+        data=DataConfig(train_batch_size=2),
     )
     return HybridWorker(cfg)
 
@@ -64,8 +66,11 @@ def train_once(worker: HybridWorker):
 
 def peft_merged(base: torch.nn.Module, trained: dict[str, torch.Tensor], targets=None) -> dict[str, torch.Tensor]:
     """PEFT's own merge of `trained` (the trainer's full parameters, by name) into a fresh copy of `base`."""
-    cfg = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets or ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                          "gate_proj", "up_proj", "down_proj"])
+    cfg = LoraConfig(
+        r=RANK,
+        lora_alpha=ALPHA,
+        target_modules=targets or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     peft = get_peft_model(base, cfg)
     inner = peft.get_base_model()
     missing, unexpected = inner.load_state_dict(trained, strict=False)
@@ -80,14 +85,17 @@ def trainer_params(worker: HybridWorker) -> dict[str, torch.Tensor]:
 # -- config ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override, key", [
-    ("model.lora.rank=0", "model.lora.rank"),
-    ("model.lora.rank=-8", "model.lora.rank"),
-    ("model.lora.alpha=0", "model.lora.alpha"),
-    ("model.lora.dropout=1.0", "model.lora.dropout"),
-    ("model.lora.target_modules=[]", "model.lora.target_modules"),
-    ("model.lora.target_modules=[self_attn.q_proj]", "model.lora.target_modules"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("model.lora.rank=0", "model.lora.rank"),
+        ("model.lora.rank=-8", "model.lora.rank"),
+        ("model.lora.alpha=0", "model.lora.alpha"),
+        ("model.lora.dropout=1.0", "model.lora.dropout"),
+        ("model.lora.target_modules=[]", "model.lora.target_modules"),
+        ("model.lora.target_modules=[self_attn.q_proj]", "model.lora.target_modules"),
+    ],
+)
 def test_bad_lora_values_fail_at_composition_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(composed("model.lora.rank=8", override))
@@ -154,16 +162,18 @@ def test_reference_log_probs_are_the_base_models(tiny_path, process_group):
 def test_engine_holds_the_merged_weights_and_agrees_on_log_probs(tiny_path, process_group, impl):
     worker = lora_worker(tiny_path, EngineConfig(native=NativeOptions(impl=impl)))
     train_once(worker)
-    expected = peft_merged(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32),
-                           trainer_params(worker))
+    expected = peft_merged(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32), trainer_params(worker))
     engine = worker.roles.rollout.engine
     config = worker.roles.actor.model.config
     held = dict(engine.named_weights())
     for name, t in held.items():
         want = reference_shard(config, name, expected, style=engine.weight_layout_style)
         assert (t - want).abs().max() < 1e-6, name
-    assert any((expected[n] - p).abs().max() > 1e-3 for n, p in
-               AutoModelForCausalLM.from_pretrained(tiny_path).state_dict().items() if n in expected)
+    assert any(
+        (expected[n] - p).abs().max() > 1e-3
+        for n, p in AutoModelForCausalLM.from_pretrained(tiny_path).state_dict().items()
+        if n in expected
+    )
     # Sampled by the engine from the merged weights, scored by the trainer through its adapters.
     batch = rollout(worker, step=2)
     old = worker.logprob(batch)["old_logprobs"]
@@ -212,8 +222,8 @@ def test_offload_round_trips_change_nothing(tiny_path, process_group, lazy):
 
 def test_merged_weight_by_hand():
     w = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-    a = torch.tensor([[1.0, 0.0]])        # r=1 × in=2
-    b = torch.tensor([[2.0], [1.0]])      # out=2 × r=1
+    a = torch.tensor([[1.0, 0.0]])  # r=1 × in=2
+    b = torch.tensor([[2.0], [1.0]])  # out=2 × r=1
     assert torch.equal(merged_weight(w, a, b, 0.5), torch.tensor([[2.0, 2.0], [3.5, 4.0]]))
     assert torch.equal(w, torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # never written in place
     # A bfloat16 base with float32 factors: merged in bfloat16 (factors cast), the sum rounded once.
@@ -233,8 +243,10 @@ def test_merged_weight_by_hand():
 def _peft_tiny(kind: str, seed: int = 0):
     """A PEFT-wrapped tiny model of `kind` whose B factors are random (as after training)."""
     model = tiny_model(kind)
-    peft = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["q_proj", "v_proj", "o_proj",
-                                                                                       "up_proj", "down_proj"]))
+    peft = get_peft_model(
+        model,
+        LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]),
+    )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for n, p in peft.named_parameters():
@@ -258,8 +270,10 @@ def test_resharder_delivers_peft_merged_weights_for_every_layout(kind, style, tp
         assert (held - want).abs().max() < 1e-6, name
     assert stats.lora_merged == 2 * 5 and stats.merge_s > 0
     # The trainer's own tensors are untouched by the merge.
-    assert torch.equal(peft.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight,
-                       tiny_model(kind).model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(
+        peft.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight,
+        tiny_model(kind).model.layers[0].self_attn.q_proj.weight,
+    )
 
 
 def test_adapters_switched_off_stream_the_base_weights():

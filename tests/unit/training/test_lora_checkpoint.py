@@ -3,15 +3,14 @@ uninterrupted one, and the export as a PEFT adapter folder or (`--merge`) as the
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
-from tests.unit.test_checkpoints import assert_same_metrics, kill_and_resume
-from tests.unit.training.test_lora import ALPHA, RANK, lora_worker, train_once, trainer_params
 
 from hybridrl.checkpoints import CheckpointDir
+from tests.unit.test_checkpoints import assert_same_metrics, kill_and_resume
+from tests.unit.training.test_lora import ALPHA, RANK, lora_worker, train_once, trainer_params
 
 
 def checkpoint(worker, tmp_path):
@@ -24,8 +23,11 @@ def checkpoint(worker, tmp_path):
 def optimizer_state(worker) -> dict[str, torch.Tensor]:
     actor = worker.roles.actor
     names = {id(p): n for n, p in actor.model.named_parameters()}
-    return {f"{names[id(p)]}/{k}": (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
-            for p, st in actor.optimizer.state.items() for k, v in st.items()}
+    return {
+        f"{names[id(p)]}/{k}": (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
+        for p, st in actor.optimizer.state.items()
+        for k, v in st.items()
+    }
 
 
 def test_checkpoint_holds_adapters_only_and_restores_them_exactly(tiny_path, tmp_path, process_group):
@@ -55,7 +57,9 @@ def test_export_writes_a_peft_adapter_folder_and_the_merged_model(tiny_path, tmp
     path = checkpoint(worker, tmp_path)
     trained = trainer_params(worker)
 
-    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "adapter"), "--model-path", tiny_path]) == 0
+    assert (
+        export_main(["--checkpoint", str(path), "--output", str(tmp_path / "adapter"), "--model-path", tiny_path]) == 0
+    )
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), tmp_path / "adapter").eval()
@@ -64,8 +68,12 @@ def test_export_writes_a_peft_adapter_folder_and_the_merged_model(tiny_path, tmp
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, actor(ids).logits, atol=1e-5)
 
-    assert export_main(["--checkpoint", str(path), "--output", str(tmp_path / "merged"), "--merge",
-                        "--model-path", tiny_path]) == 0
+    assert (
+        export_main(
+            ["--checkpoint", str(path), "--output", str(tmp_path / "merged"), "--merge", "--model-path", tiny_path]
+        )
+        == 0
+    )
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
     scale = ALPHA / RANK
     plain = {n.replace(".base_layer.", "."): v for n, v in trained.items() if ".lora_" not in n}
@@ -83,8 +91,15 @@ def test_export_writes_a_peft_adapter_folder_and_the_merged_model(tiny_path, tmp
     assert n_adapted == 2 * 7
 
 
-ARGS = ["data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", "trainer.save_every=3",
-        "trainer.steps=6", "model.lora.rank=8", "trainer.lr=2e-2"]
+ARGS = [
+    "data.train_batch_size=4",
+    "algorithm.group_size=4",
+    "logger.progress_bar=false",
+    "trainer.save_every=3",
+    "trainer.steps=6",
+    "model.lora.rank=8",
+    "trainer.lr=2e-2",
+]
 
 
 @pytest.mark.slow

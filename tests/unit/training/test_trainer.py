@@ -31,8 +31,10 @@ from tests.conftest import chat_prompt
 def make_trainer(tiny_path, tokenizer, temperature=1.0, **overrides) -> HybridWorker:
     """A worker with the tiny model (its actor, reference and engine); trainer options from `overrides`."""
     cfg = RunConfig(
-        model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig(lr=1e-2, micro_batch_size=4, **overrides),
-        algorithm=AlgorithmConfig(group_size=4), engine=EngineConfig(temperature=temperature),
+        model=ModelConfig(name="hf", path=tiny_path),
+        trainer=TrainerConfig(lr=1e-2, micro_batch_size=4, **overrides),
+        algorithm=AlgorithmConfig(group_size=4),
+        engine=EngineConfig(temperature=temperature),
         data=DataConfig(train_batch_size=2),
     )
     return HybridWorker(cfg)
@@ -45,13 +47,17 @@ def full_params(worker: HybridWorker) -> dict[str, torch.Tensor]:
 
 @pytest.fixture()
 def setup(tiny_path, tokenizer, process_group):
-    engine = HFEngine(load_causal_lm(tiny_path, ModelConfig(), torch.float32), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    engine = HFEngine(
+        load_causal_lm(tiny_path, ModelConfig(), torch.float32), [tokenizer.eos_token_id], tokenizer.pad_token_id
+    )
     prompts = [Prompt(chat_prompt(tokenizer, t), t, {"answer": "1"}) for t in ("copy: 12", "sort: 987")]
     return engine, prompts
 
 
 def rollout(engine, prompts, temperature=1.0):
-    comps = engine.generate([p.token_ids for p in prompts], SamplingParams(n=4, temperature=temperature, max_new_tokens=6, seed=0))
+    comps = engine.generate(
+        [p.token_ids for p in prompts], SamplingParams(n=4, temperature=temperature, max_new_tokens=6, seed=0)
+    )
     return completions_to_batch(prompts, comps)
 
 
@@ -112,7 +118,9 @@ def test_verify_catches_a_stale_engine_tensor(setup, tiny_path, tokenizer):
         for _, p in trainer.roles.actor.model.named_parameters():
             p.add_(0.01)
     with pytest.raises(HybridRLError, match="layers.1.mlp.up_proj"):
-        Resharder(ReshardConfig(verify=True), forgetful, trainer.roles.actor.model.config).sync(trainer.roles.actor.model)
+        Resharder(ReshardConfig(verify=True), forgetful, trainer.roles.actor.model.config).sync(
+            trainer.roles.actor.model
+        )
 
 
 def test_gradient_accumulation_matches_one_big_batch(setup, tiny_path, tokenizer):
@@ -157,10 +165,15 @@ def test_offload_and_onload_keep_the_trainer_intact(setup, tiny_path, tokenizer)
     params = HostOffloader(lambda: trainer.roles.actor.model.parameters(), torch.device("cpu"), enabled=True)
     optim = HostOffloader(
         lambda: [v for s in trainer.roles.actor.optimizer.state.values() for v in s.values() if torch.is_tensor(v)],
-        torch.device("cpu"), enabled=True,
+        torch.device("cpu"),
+        enabled=True,
     )
     before = trainer.logprob(batch)["old_logprobs"]
-    state_before = {k: v.full_tensor().clone() for k, v in next(iter(trainer.roles.actor.optimizer.state.values())).items() if k != "step"}
+    state_before = {
+        k: v.full_tensor().clone()
+        for k, v in next(iter(trainer.roles.actor.optimizer.state.values())).items()
+        if k != "step"
+    }
     reshard_units(trainer.roles.actor.model)  # what the actor's offload does first: only sharded storage is offloaded
     moved = params.offload() + optim.offload()
     assert moved > 0
@@ -284,9 +297,12 @@ def test_an_engine_that_stays_awake_rolls_out_what_a_sleeping_one_does(tiny_path
     for level in (2, 0):
         torch.manual_seed(0)
         cfg = RunConfig(
-            model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig(lr=1e-2, micro_batch_size=4),
-            algorithm=AlgorithmConfig(group_size=4), engine=EngineConfig(sleep_level=level),
-            data=DataConfig(train_batch_size=2))
+            model=ModelConfig(name="hf", path=tiny_path),
+            trainer=TrainerConfig(lr=1e-2, micro_batch_size=4),
+            algorithm=AlgorithmConfig(group_size=4),
+            engine=EngineConfig(sleep_level=level),
+            data=DataConfig(train_batch_size=2),
+        )
         worker = HybridWorker(cfg)
         engine = worker.roles.rollout.engine
         slept = []

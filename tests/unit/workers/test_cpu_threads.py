@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-
-import json
 
 from hybridrl.cpu_threads import available_cores, choose_threads, configure_threads, estimate_params, is_small_model
 
@@ -40,8 +40,13 @@ def test_configure_sets_torch_and_returns_the_count() -> None:
 
 def test_small_models_are_told_by_their_config(tmp_path, tiny_path) -> None:
     assert is_small_model(tiny_path)  # the demo's tiny model
-    qwen_05b = {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864, "vocab_size": 151936,
-                "tie_word_embeddings": True}
+    qwen_05b = {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    }
     # 151936*896 + 24*(4*896^2 + 3*896*4864) = 136.1M + 390.9M (attention counted as 4 h^2, without GQA savings)
     assert estimate_params(qwen_05b) == 151936 * 896 + 24 * (4 * 896 * 896 + 3 * 896 * 4864)
     (tmp_path / "config.json").write_text(json.dumps(qwen_05b))

@@ -68,8 +68,9 @@ def test_no_free_memory_figure_moves_nothing_for_bytes():
 
 def test_fused_engine_asks_before_its_allocations():
     model = tiny_model("qwen2")
-    engine = FusedEngine(model.config, [0], 1, device=CPU, dtype=torch.float32,
-                         options=NativeOptions(max_batch_size=4), seed=0)
+    engine = FusedEngine(
+        model.config, [0], 1, device=CPU, dtype=torch.float32, options=NativeOptions(max_batch_size=4), seed=0
+    )
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     asked: list[int | None] = []
     engine.memory_gate = asked.append

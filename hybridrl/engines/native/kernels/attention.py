@@ -30,9 +30,16 @@ if HAS_TRITON:
     from hybridrl.engines.native.kernels.pdl import await_inputs
 
 
-def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                           seq_lens: torch.Tensor, max_len: int, scale: float,
-                           table_rows: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+    table_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention output [B, q_heads, d] of q [B, q_heads, d] over the first `seq_lens[b]` cached positions of each
     sequence (`max_len` ≥ every seq_lens[b]: the gathered width, padding masked). With `table_rows` [B], query b reads
     block table row table_rows[b] (several queries of one sequence share its row)."""
@@ -46,8 +53,9 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     k = k_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)[:, :, :length]
     v = v_cache[table].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)[:, :, :length]
     keep = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None]
-    mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill_(~keep[:, None, None, :],
-                                                                                     float("-inf"))
+    mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill_(
+        ~keep[:, None, None, :], float("-inf")
+    )
     # The g query heads of one kv head ride in SDPA's query-length dim: GQA with no K/V repeat
     # (transformers' repeat_kv order: kv head j serves query heads j·g .. j·g + g - 1).
     o = F.scaled_dot_product_attention(q.view(b, hkv, g, d), k, v, attn_mask=mask, scale=scale)
@@ -57,9 +65,28 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 if HAS_TRITON:
 
     @triton.jit
-    def _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, table_row, kvh, first, last, n_keys, stride_table,
-                     stride_blk, stride_head, scale, BS: tl.constexpr, D: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                     IEEE: tl.constexpr):
+    def _attend_keys(
+        q,
+        m_i,
+        l_i,
+        acc,
+        k_ptr,
+        v_ptr,
+        table_ptr,
+        table_row,
+        kvh,
+        first,
+        last,
+        n_keys,
+        stride_table,
+        stride_blk,
+        stride_head,
+        scale,
+        BS: tl.constexpr,
+        D: tl.constexpr,
+        TILE_BLOCKS: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
         """The online softmax (running max m_i [GP], sum l_i [GP], weighted values acc [GP, D], carried on from the
         values given) of q [GP, D] over positions < n_keys in blocks [first, last) of block table row `table_row`
         (tiles with no such position are not visited)."""
@@ -91,16 +118,33 @@ if HAS_TRITON:
         return m_i, l_i, acc
 
     @triton.jit
-    def _store_split(m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, heads, mine, q_heads, n_splits, split,
-                     D: tl.constexpr, DIRECT: tl.constexpr):
+    def _store_split(
+        m_i,
+        l_i,
+        acc,
+        out_ptr,
+        o_ptr,
+        lse_ptr,
+        seq,
+        heads,
+        mine,
+        q_heads,
+        n_splits,
+        split,
+        D: tl.constexpr,
+        DIRECT: tl.constexpr,
+    ):
         """A split's normalized output and log-sum-exp for query heads `heads` (rows where `mine`) of sequence `seq`:
         with one split the answer itself, in out_ptr's dtype; else float32 rows for `_reduce_kernel`."""
         d = tl.arange(0, D)
         has = l_i > 0
         out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         if DIRECT:  # one split: this is the answer, no reduce kernel
-            tl.store(out_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=mine[:, None])
+            tl.store(
+                out_ptr + (seq * q_heads + heads)[:, None] * D + d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=mine[:, None],
+            )
         else:
             lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
             row = (seq * q_heads + heads) * n_splits + split
@@ -108,10 +152,31 @@ if HAS_TRITON:
             tl.store(lse_ptr + row, lse, mask=mine)
 
     @triton.jit
-    def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, scale, n_splits,
-                      group, stride_table, stride_blk, stride_head,
-                      BS: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                      IEEE: tl.constexpr, DIRECT: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    def _split_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        table_ptr,
+        rows_ptr,
+        lens_ptr,
+        o_ptr,
+        lse_ptr,
+        out_ptr,
+        scale,
+        n_splits,
+        group,
+        stride_table,
+        stride_blk,
+        stride_head,
+        BS: tl.constexpr,
+        D: tl.constexpr,
+        GP: tl.constexpr,
+        TILE_BLOCKS: tl.constexpr,
+        IEEE: tl.constexpr,
+        DIRECT: tl.constexpr,
+        ROWS: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         await_inputs(PDL)
         seq = tl.program_id(0).to(tl.int64)
         if ROWS:
@@ -135,8 +200,28 @@ if HAS_TRITON:
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
-        m_i, l_i, acc = _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, table_row, kvh, first, last, seq_len,
-                                     stride_table, stride_blk, stride_head, scale, BS, D, TILE_BLOCKS, IEEE)
+        m_i, l_i, acc = _attend_keys(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_ptr,
+            v_ptr,
+            table_ptr,
+            table_row,
+            kvh,
+            first,
+            last,
+            seq_len,
+            stride_table,
+            stride_blk,
+            stride_head,
+            scale,
+            BS,
+            D,
+            TILE_BLOCKS,
+            IEEE,
+        )
         _store_split(m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, heads, mine, q_heads, n_splits, split, D, DIRECT)
 
     @triton.jit
@@ -154,8 +239,16 @@ if HAS_TRITON:
         tl.store(out_ptr + head_row * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-def split_count(batch: int, kv_heads: int, max_blocks: int, block_size: int, sms: int, keys: int = 0,
-                long_keys: int | None = None, head_dim: int = 0) -> int:
+def split_count(
+    batch: int,
+    kv_heads: int,
+    max_blocks: int,
+    block_size: int,
+    sms: int,
+    keys: int = 0,
+    long_keys: int | None = None,
+    head_dim: int = 0,
+) -> int:
     """Key splits per (sequence, kv head): about one wave of programs over the SMs, at most one per 64 keys; and two
     where the programs alone would not be split but the longest row attends at least `long_keys` keys (`keys`; None:
     `long_context_keys` of the shape; 0: never).
@@ -216,8 +309,9 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def split_outputs(b: int, q_heads: int, d: int, n_splits: int, dtype: torch.dtype,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_outputs(
+    b: int, q_heads: int, d: int, n_splits: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The answer [b, q_heads, d] and, with more than one split, the float32 per-split rows and log-sum-exps that
     `_store_split` writes and `reduce_splits` combines (empty with one split)."""
     many = n_splits > 1
@@ -231,14 +325,24 @@ def reduce_splits(parts: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, n_s
     """Combine the splits into `out` [b, q_heads, d] (nothing to do with one split: the kernel wrote `out`)."""
     if n_splits > 1:
         b, hq, d = out.shape
-        _reduce_kernel[(b * hq,)](parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)),
-                                  **pdl.launch(out))
+        _reduce_kernel[(b * hq,)](
+            parts, lse, out, n_splits, D=d, SP=max(2, triton.next_power_of_2(n_splits)), **pdl.launch(out)
+        )
 
 
-def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float, n_splits: int,
-                            table_rows: torch.Tensor | None = None, keys: int | None = None,
-                            warps: int = 4, stages: int | None = None) -> torch.Tensor:
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    n_splits: int,
+    table_rows: torch.Tensor | None = None,
+    keys: int | None = None,
+    warps: int = 4,
+    stages: int | None = None,
+) -> torch.Tensor:
     """The Triton form of `decode_attention_torch` (head_dim a power of two ≥ 16; block_table int32 or int64).
     `keys` per step of a program's loop (whole blocks; default `tile_keys`), `warps` per program and `stages` of
     its software pipeline (default `pipeline_stages`): launch tuning only."""
@@ -250,11 +354,31 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     q = q.contiguous()
     out, parts, lse = split_outputs(b, hq, d, n_splits, q.dtype, q.device)
     _split_kernel[(b, hkv, n_splits)](
-        q, k_cache, v_cache, block_table, table_rows if table_rows is not None else seq_lens, seq_lens, parts, lse, out,
-        scale, n_splits, group, block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
-        BS=bs, D=d, GP=max(16, triton.next_power_of_2(group)), TILE_BLOCKS=_tile_blocks(bs, keys or tile_keys(d)),
-        IEEE=q.dtype == torch.float32, DIRECT=n_splits == 1, ROWS=table_rows is not None, num_warps=warps,
-        num_stages=stages, **pdl.launch(q),
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        table_rows if table_rows is not None else seq_lens,
+        seq_lens,
+        parts,
+        lse,
+        out,
+        scale,
+        n_splits,
+        group,
+        block_table.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        BS=bs,
+        D=d,
+        GP=max(16, triton.next_power_of_2(group)),
+        TILE_BLOCKS=_tile_blocks(bs, keys or tile_keys(d)),
+        IEEE=q.dtype == torch.float32,
+        DIRECT=n_splits == 1,
+        ROWS=table_rows is not None,
+        num_warps=warps,
+        num_stages=stages,
+        **pdl.launch(q),
     )
     reduce_splits(parts, lse, out, n_splits)
     return out
@@ -266,9 +390,18 @@ def triton_supports(head_dim: int, block_size: int) -> bool:
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and tile >= 16
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, max_len: int, scale: float | None = None, n_splits: int = 1,
-                     kernels: bool = True, table_rows: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float | None = None,
+    n_splits: int = 1,
+    kernels: bool = True,
+    table_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Decode attention [B, q_heads, d]; the Triton split-K kernel on CUDA when `kernels` and the shape allows,
     else `decode_attention_torch` (which gathers `max_len` positions per sequence). `table_rows` [B]: query b reads
     block table row table_rows[b] (None: row b)."""

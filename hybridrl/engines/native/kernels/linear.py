@@ -31,10 +31,24 @@ if HAS_TRITON:
 if HAS_TRITON:
 
     @triton.jit
-    def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, m, n, k, k_per_split,
-                       HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr,
-                       PDL: tl.constexpr):
+    def _linear_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        out_ptr,
+        m,
+        n,
+        k,
+        k_per_split,
+        HAS_BIAS: tl.constexpr,
+        PARTIAL: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        STAGES: tl.constexpr,
+        IEEE: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         await_inputs(PDL)
         pid_n = tl.program_id(0)
         split = tl.program_id(1)
@@ -69,9 +83,17 @@ if HAS_TRITON:
             tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, splits: int = 1,
-                  block_n: int = 32, block_k: int = 128, block_m: int = 64, stages: int = 3,
-                  warps: int = 4) -> torch.Tensor:
+def linear_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    splits: int = 1,
+    block_n: int = 32,
+    block_k: int = 128,
+    block_m: int = 64,
+    stages: int = 3,
+    warps: int = 4,
+) -> torch.Tensor:
     """x [M, K] @ weight[N, K]ᵀ (+ bias): [M, N] in x's dtype with one split, else float32 partials
     [splits, M, N] whose sum is the product (the bias is in split 0)."""
     x = x.contiguous()
@@ -86,10 +108,25 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     else:
         out = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, block_n), splits, triton.cdiv(m, block_m))
-    _linear_kernel[grid](x, weight, bias if bias is not None else weight, out, m, n, k, per,
-                         HAS_BIAS=bias is not None, PARTIAL=splits > 1, BLOCK_M=block_m, BLOCK_N=block_n,
-                         BLOCK_K=block_k, STAGES=stages, IEEE=x.dtype == torch.float32, num_warps=warps,
-                         **pdl.launch(x))
+    _linear_kernel[grid](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        m,
+        n,
+        k,
+        per,
+        HAS_BIAS=bias is not None,
+        PARTIAL=splits > 1,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        STAGES=stages,
+        IEEE=x.dtype == torch.float32,
+        num_warps=warps,
+        **pdl.launch(x),
+    )
     return out
 
 
@@ -141,8 +178,12 @@ def batched_splits(m: int, n: int, k: int) -> int:
     """K slices for x [m, k] @ W[n, k]ᵀ as one batched cuBLAS GEMM with float32 partials, or 0 where F.linear is the
     better choice: a decode batch larger than the skinny kernel takes, a narrow output, a long K that splits into
     16-byte-aligned slices."""
-    if (not SKINNY_MAX_ROWS < m <= BATCHED_MAX_ROWS or n > SKINNY_MAX_WIDTH or k < BATCHED_MIN_K
-            or k % (BATCHED_SPLITS * 8)):
+    if (
+        not SKINNY_MAX_ROWS < m <= BATCHED_MAX_ROWS
+        or n > SKINNY_MAX_WIDTH
+        or k < BATCHED_MIN_K
+        or k % (BATCHED_SPLITS * 8)
+    ):
         return 0
     return BATCHED_SPLITS
 
@@ -176,15 +217,15 @@ def linear_batched(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.
     return torch.bmm(a, b, out_dtype=torch.float32)
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sms: int,
-            kernels: bool = True) -> torch.Tensor:
+def project(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sms: int, kernels: bool = True
+) -> torch.Tensor:
     """x Wᵀ (+ b) for a decode step: float32 partials [S, M, N] from the skinny kernel where its plan beats cuBLAS
     (Triton, few rows, a narrow weight) or from a batched cuBLAS split (more rows, a long K), else F.linear's
     [M, N]. Hand the result to a consumer that takes partials (`rope_write`, `add_rms_norm`), or to `summed`.
     `sms` 0 turns both off (every projection in F.linear)."""
     # Both read the weight as dense rows [N, K].
-    if not (use_triton(x, kernels) and sms > 0 and weight.is_contiguous()
-            and (bias is None or bias.is_contiguous())):
+    if not (use_triton(x, kernels) and sms > 0 and weight.is_contiguous() and (bias is None or bias.is_contiguous())):
         return F.linear(x, weight, bias)
     m, k = x.shape
     n = weight.shape[0]
@@ -193,8 +234,14 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sm
         return linear_triton(x, weight, bias, splits=plan.splits, block_n=plan.block_n, block_k=plan.block_k)
     # The batched split: CUDA (cuBLAS), half-precision inputs as measured, no bias, x's columns dense, and a torch
     # whose bmm writes float32.
-    if (x.is_cuda and bias is None and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1
-            and (splits := batched_splits(m, n, k)) and bmm_float_out(x.device)):
+    if (
+        x.is_cuda
+        and bias is None
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.stride(-1) == 1
+        and (splits := batched_splits(m, n, k))
+        and bmm_float_out(x.device)
+    ):
         return linear_batched(x, weight, splits)
     return F.linear(x, weight, bias)
 

@@ -28,8 +28,9 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-def add_rms_norm_torch(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_torch(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta)): the residual stream and the next block's normed input. delta may be a
     projection's float32 partials [S, N, H] (`linear.project`)."""
     s = x + summed(delta, x.dtype)
@@ -46,9 +47,22 @@ def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, hidden, eps, parts, part_stride,
-                             HAS_DELTA: tl.constexpr, PARTS: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr,
-                             PDL: tl.constexpr):
+    def _add_rms_norm_kernel(
+        x_ptr,
+        d_ptr,
+        w_ptr,
+        res_ptr,
+        out_ptr,
+        hidden,
+        eps,
+        parts,
+        part_stride,
+        HAS_DELTA: tl.constexpr,
+        PARTS: tl.constexpr,
+        SP: tl.constexpr,
+        BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         await_inputs(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -57,8 +71,11 @@ if HAS_TRITON:
         if HAS_DELTA:
             if PARTS:  # a projection's float32 partials, all in one load: summed, then rounded as its epilogue would
                 s = tl.arange(0, SP)
-                d = tl.load(d_ptr + s[:, None] * part_stride + row * hidden + cols[None, :],
-                            mask=(s < parts)[:, None] & inside[None, :], other=0.0)
+                d = tl.load(
+                    d_ptr + s[:, None] * part_stride + row * hidden + cols[None, :],
+                    mask=(s < parts)[:, None] & inside[None, :],
+                    other=0.0,
+                )
                 d = tl.sum(d, axis=0).to(res_ptr.dtype.element_ty)
             else:
                 d = tl.load(d_ptr + row * hidden + cols, mask=inside, other=0.0)
@@ -92,8 +109,9 @@ def norm_warps(block: int, partials: bool) -> int:
     return min(16, max(1, block // 128)) if partials else 4
 
 
-def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                        eps: float, warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_triton(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, warps: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton form of `add_rms_norm_torch` over rows of x [N, H]; with delta None, a plain RMSNorm
     (the first element is then x itself). `warps` per row: by default `norm_warps`."""
     x = x.contiguous()
@@ -103,9 +121,23 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: tor
     d = delta.contiguous() if delta is not None else x
     parts = d.shape[0] if d.dim() == 3 else 1
     block = triton.next_power_of_2(hidden)
-    _add_rms_norm_kernel[(n,)](x, d, weight, res, out, hidden, eps, parts, n * hidden, HAS_DELTA=delta is not None,
-                               PARTS=d.dim() == 3, SP=triton.next_power_of_2(parts), BLOCK=block,
-                               num_warps=warps or norm_warps(block, parts > 1), **pdl.launch(x))
+    _add_rms_norm_kernel[(n,)](
+        x,
+        d,
+        weight,
+        res,
+        out,
+        hidden,
+        eps,
+        parts,
+        n * hidden,
+        HAS_DELTA=delta is not None,
+        PARTS=d.dim() == 3,
+        SP=triton.next_power_of_2(parts),
+        BLOCK=block,
+        num_warps=warps or norm_warps(block, parts > 1),
+        **pdl.launch(x),
+    )
     return res, out
 
 
@@ -128,8 +160,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kernels: bool = 
     return rms_norm_torch(x, weight, eps)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
-                 kernels: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, kernels: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta)) of rows [N, H] (one Triton kernel on CUDA when `kernels`); delta [N, H] or
     a projection's float32 partials [S, N, H]."""
     if use_triton(x, kernels) and x.dim() == 2:

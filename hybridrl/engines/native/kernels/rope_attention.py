@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.engines.native.kernels import HAS_TRITON, pdl, use_triton
-from hybridrl.engines.native.kernels import attention
+from hybridrl.engines.native.kernels import HAS_TRITON, attention, pdl, use_triton
 from hybridrl.engines.native.kernels.attention import decode_attention, decode_attention_torch, triton_supports
 from hybridrl.engines.native.kernels.rope_cache import rope_write, rope_write_torch
 
@@ -40,27 +39,68 @@ def one_wave(rows: int, kv_heads: int, splits: int, sms: int) -> bool:
     return rows * kv_heads * splits <= sms
 
 
-def rope_attention_torch(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor,
-                         sin_table: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
-                         block_table: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+def rope_attention_torch(
+    qkv: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    block_table: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> torch.Tensor:
     """Attention output [B, q_heads, d] of one decode token per sequence from its qkv [B, (q + 2 kv) · d] (or float32
     partials [S, B, ...]): `rope_write_torch` (k, v to the cache), then `decode_attention_torch` over positions
     ≤ pos."""
-    q = rope_write_torch(qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache, q_norm, k_norm,
-                         eps)
+    q = rope_write_torch(
+        qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache, q_norm, k_norm, eps
+    )
     return decode_attention_torch(q, k_cache, v_cache, block_table, pos + 1, max_len, scale)
 
 
 if HAS_TRITON:
 
     @triton.jit
-    def _rope_attention_kernel(qkv_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr,
-                               o_ptr, lse_ptr, out_ptr, eps, scale, n_splits, group, stride_table, stride_blk,
-                               stride_head, parts, part_stride,
-                               BS: tl.constexpr, D: tl.constexpr, R: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                               IEEE: tl.constexpr, DIRECT: tl.constexpr, QK_NORM: tl.constexpr,
-                               PARTS: tl.constexpr, PDL: tl.constexpr):
+    def _rope_attention_kernel(
+        qkv_ptr,
+        k_ptr,
+        v_ptr,
+        table_ptr,
+        pos_ptr,
+        slot_ptr,
+        cos_ptr,
+        sin_ptr,
+        qn_ptr,
+        kn_ptr,
+        o_ptr,
+        lse_ptr,
+        out_ptr,
+        eps,
+        scale,
+        n_splits,
+        group,
+        stride_table,
+        stride_blk,
+        stride_head,
+        parts,
+        part_stride,
+        BS: tl.constexpr,
+        D: tl.constexpr,
+        R: tl.constexpr,
+        TILE_BLOCKS: tl.constexpr,
+        IEEE: tl.constexpr,
+        DIRECT: tl.constexpr,
+        QK_NORM: tl.constexpr,
+        PARTS: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         await_inputs(PDL)
         seq = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
@@ -101,8 +141,9 @@ if HAS_TRITON:
         a, b = x, xs
         if QK_NORM:  # per-head RMSNorm of q and k rows before RoPE (Qwen3)
             w = tl.where(is_q[:, None], tl.load(qn_ptr + d)[None, :], tl.load(kn_ptr + d)[None, :]).to(tl.float32)
-            ws = tl.where(is_q[:, None], tl.load(qn_ptr + swapped)[None, :],
-                          tl.load(kn_ptr + swapped)[None, :]).to(tl.float32)
+            ws = tl.where(is_q[:, None], tl.load(qn_ptr + swapped)[None, :], tl.load(kn_ptr + swapped)[None, :]).to(
+                tl.float32
+            )
             inv = tl.rsqrt(tl.sum(a * a, axis=1) / D + eps)[:, None]
             a = (w * (a * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             b = (ws * (b * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
@@ -125,17 +166,53 @@ if HAS_TRITON:
         m_i = tl.where(own, s_own, float("-inf"))
         l_i = tl.where(own, 1.0, 0.0)
         acc = tl.where(own[:, None], v_own[None, :], 0.0)
-        m_i, l_i, acc = _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, seq, kvh, first, last, seq_len - 1,
-                                     stride_table, stride_blk, stride_head, scale, BS, D, TILE_BLOCKS, IEEE)
-        _store_split(m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, kvh * group + r, is_q, q_heads, n_splits, split, D,
-                     DIRECT)
+        m_i, l_i, acc = _attend_keys(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_ptr,
+            v_ptr,
+            table_ptr,
+            seq,
+            kvh,
+            first,
+            last,
+            seq_len - 1,
+            stride_table,
+            stride_blk,
+            stride_head,
+            scale,
+            BS,
+            D,
+            TILE_BLOCKS,
+            IEEE,
+        )
+        _store_split(
+            m_i, l_i, acc, out_ptr, o_ptr, lse_ptr, seq, kvh * group + r, is_q, q_heads, n_splits, split, D, DIRECT
+        )
 
 
-def rope_attention_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor,
-                          sin_table: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
-                          v_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
-                          block_table: torch.Tensor, scale: float, n_splits: int, warps: int = 4, stages: int = 3,
-                          maxnreg: int | None = None) -> torch.Tensor:
+def rope_attention_triton(
+    qkv: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    block_table: torch.Tensor,
+    scale: float,
+    n_splits: int,
+    warps: int = 4,
+    stages: int = 3,
+    maxnreg: int | None = None,
+) -> torch.Tensor:
     """The Triton form of `rope_attention_torch` (head dim a power of two ≥ 16; `warps`, `stages` and a register cap
     `maxnreg`: launch tuning)."""
     partial = qkv.dim() == 3
@@ -147,27 +224,86 @@ def rope_attention_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_ta
     norm = q_norm is not None
     tile_blocks = attention._tile_blocks(bs, attention.tile_keys(d))
     _rope_attention_kernel[(b, kv_heads, n_splits)](
-        qkv, k_cache, v_cache, block_table, pos, slots, cos_table, sin_table, q_norm if norm else out,
-        k_norm if norm else out, parts, lse, out, eps, scale, n_splits, group, block_table.stride(0),
-        k_cache.stride(0), k_cache.stride(1), qkv.shape[0] if partial else 1, b * qkv.shape[-1],
-        BS=bs, D=d, R=max(16, triton.next_power_of_2(group + 2)), TILE_BLOCKS=tile_blocks,
-        IEEE=k_cache.dtype == torch.float32, DIRECT=n_splits == 1, QK_NORM=norm, PARTS=partial, num_warps=warps,
-        num_stages=stages, **({} if maxnreg is None else {"maxnreg": maxnreg}), **pdl.launch(qkv),
+        qkv,
+        k_cache,
+        v_cache,
+        block_table,
+        pos,
+        slots,
+        cos_table,
+        sin_table,
+        q_norm if norm else out,
+        k_norm if norm else out,
+        parts,
+        lse,
+        out,
+        eps,
+        scale,
+        n_splits,
+        group,
+        block_table.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        qkv.shape[0] if partial else 1,
+        b * qkv.shape[-1],
+        BS=bs,
+        D=d,
+        R=max(16, triton.next_power_of_2(group + 2)),
+        TILE_BLOCKS=tile_blocks,
+        IEEE=k_cache.dtype == torch.float32,
+        DIRECT=n_splits == 1,
+        QK_NORM=norm,
+        PARTS=partial,
+        num_warps=warps,
+        num_stages=stages,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        **pdl.launch(qkv),
     )
     attention.reduce_splits(parts, lse, out, n_splits)
     return out
 
 
-def rope_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor, sin_table: torch.Tensor,
-                   pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, block_table: torch.Tensor,
-                   max_len: int, scale: float, n_splits: int = 1, kernels: bool = True) -> torch.Tensor:
+def rope_attention(
+    qkv: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    block_table: torch.Tensor,
+    max_len: int,
+    scale: float,
+    n_splits: int = 1,
+    kernels: bool = True,
+) -> torch.Tensor:
     """Decode attention [B, q_heads, d] straight from qkv: the one-kernel form on CUDA when `kernels` and the shape
     allows, else `rope_write` then `decode_attention` (the same kernels as an extend, or the torch path)."""
     d = k_cache.shape[-1]
     if use_triton(qkv, kernels) and triton_supports(d, k_cache.shape[2]):
-        return rope_attention_triton(qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache,
-                                     q_norm, k_norm, eps, block_table, scale, n_splits)
-    q = rope_write(qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache, q_norm, k_norm, eps,
-                   kernels)
+        return rope_attention_triton(
+            qkv,
+            q_heads,
+            kv_heads,
+            cos_table,
+            sin_table,
+            pos,
+            slots,
+            k_cache,
+            v_cache,
+            q_norm,
+            k_norm,
+            eps,
+            block_table,
+            scale,
+            n_splits,
+        )
+    q = rope_write(
+        qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache, q_norm, k_norm, eps, kernels
+    )
     return decode_attention(q, k_cache, v_cache, block_table, pos + 1, max_len, scale, n_splits, kernels)

@@ -28,9 +28,16 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
-def split_qkv_torch(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos: torch.Tensor, sin: torch.Tensor,
-                    q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv_torch(
+    qkv: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [N, q_heads, d], k and v [N, kv_heads, d] of a fused projection qkv [N, (q + 2 kv) · d], with the optional
     per-head q/k RMSNorm and RoPE applied (tables cos/sin [N, 1, d] at each token's position)."""
     n = qkv.shape[0]
@@ -38,14 +45,16 @@ def split_qkv_torch(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos: torch.T
     qkv = qkv.view(n, q_heads + 2 * kv_heads, d)
     qk, v = qkv[:, : q_heads + kv_heads], qkv[:, q_heads + kv_heads :]
     if q_norm is not None:
-        qk = torch.cat((rms_norm_torch(qk[:, :q_heads], q_norm, eps), rms_norm_torch(qk[:, q_heads:], k_norm, eps)),
-                       dim=1)
+        qk = torch.cat(
+            (rms_norm_torch(qk[:, :q_heads], q_norm, eps), rms_norm_torch(qk[:, q_heads:], k_norm, eps)), dim=1
+        )
     qk = rope_torch(qk, cos, sin)  # q and k heads together: one RoPE pass
     return qk[:, :q_heads], qk[:, q_heads:], v
 
 
-def write_kv_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor) -> None:
+def write_kv_torch(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """Store k, v [N, kv_heads, d] at `slots` [N] of one layer's cache [blocks, kv_heads, block_size, d]."""
     bs = k_cache.shape[2]
     block, offset = slots // bs, slots % bs
@@ -53,14 +62,32 @@ def write_kv_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Te
     v_cache[block, :, offset] = v
 
 
-def rope_write_torch(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor,
-                     sin_table: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                     eps: float) -> torch.Tensor:
+def rope_write_torch(
+    qkv: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
     """Rotated q [N, q_heads, d] of qkv [N, (q + 2 kv) · d] (or its float32 partials [S, N, (q + 2 kv) · d]) at
     positions `pos`; k (rotated) and v go to the cache."""
-    q, k, v = split_qkv_torch(summed(qkv, k_cache.dtype), q_heads, kv_heads, cos_table[pos][:, None],
-                              sin_table[pos][:, None], q_norm, k_norm, eps)
+    q, k, v = split_qkv_torch(
+        summed(qkv, k_cache.dtype),
+        q_heads,
+        kv_heads,
+        cos_table[pos][:, None],
+        sin_table[pos][:, None],
+        q_norm,
+        k_norm,
+        eps,
+    )
     write_kv_torch(k_cache, v_cache, slots, k, v)
     return q
 
@@ -68,10 +95,33 @@ def rope_write_torch(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: 
 if HAS_TRITON:
 
     @triton.jit
-    def _rope_write_kernel(qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_ptr, kn_ptr,
-                           eps, q_heads, kv_heads, stride_blk, stride_head, parts, part_stride,
-                           BS: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
-                           PARTS: tl.constexpr, SP: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
+    def _rope_write_kernel(
+        qkv_ptr,
+        q_ptr,
+        kc_ptr,
+        vc_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        qn_ptr,
+        kn_ptr,
+        eps,
+        q_heads,
+        kv_heads,
+        stride_blk,
+        stride_head,
+        parts,
+        part_stride,
+        BS: tl.constexpr,
+        D: tl.constexpr,
+        HALF: tl.constexpr,
+        QK_NORM: tl.constexpr,
+        PARTS: tl.constexpr,
+        SP: tl.constexpr,
+        HEADS: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         # One program: token `tok`, heads [first, first + HEADS) of its q, k and v heads (in qkv's order), as rows of a
         # [HEADS, d/2] tile: the token's position, slot and RoPE tables are read once for all of them.
         await_inputs(PDL)
@@ -102,8 +152,9 @@ if HAS_TRITON:
         a, b = lo, hi
         if QK_NORM:
             wl = tl.where(is_q[:, None], tl.load(qn_ptr + i)[None, :], tl.load(kn_ptr + i)[None, :]).to(tl.float32)
-            wh = tl.where(is_q[:, None], tl.load(qn_ptr + HALF + i)[None, :],
-                          tl.load(kn_ptr + HALF + i)[None, :]).to(tl.float32)
+            wh = tl.where(is_q[:, None], tl.load(qn_ptr + HALF + i)[None, :], tl.load(kn_ptr + HALF + i)[None, :]).to(
+                tl.float32
+            )
             inv = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / D + eps)[:, None]
             a = (wl * (a * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             b = (wh * (b * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
@@ -135,10 +186,22 @@ def rope_launch(partials: bool) -> tuple[int, int]:
     return (2, 1) if partials else (8, 4)
 
 
-def rope_write_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor,
-                      sin_table: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                      eps: float, warps: int | None = None, heads: int | None = None) -> torch.Tensor:
+def rope_write_triton(
+    qkv: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    warps: int | None = None,
+    heads: int | None = None,
+) -> torch.Tensor:
     """The Triton form of `rope_write_torch` (head_dim a power of two; one program per token and `heads` of its q,
     k and v heads; `heads` a power of two, and with `warps`: launch tuning only, by default `rope_launch`)."""
     partial = qkv.dim() == 3
@@ -150,24 +213,58 @@ def rope_write_triton(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table:
     q = torch.empty(n, q_heads, d, dtype=k_cache.dtype, device=qkv.device)
     norm = q_norm is not None
     _rope_write_kernel[(n, triton.cdiv(q_heads + 2 * kv_heads, heads))](
-        qkv, q, k_cache, v_cache, cos_table, sin_table, pos, slots, q_norm if norm else q, k_norm if norm else q,
-        eps, q_heads, kv_heads, k_cache.stride(0), k_cache.stride(1), qkv.shape[0] if partial else 1,
-        n * qkv.shape[-1], BS=k_cache.shape[2], D=d, HALF=d // 2, QK_NORM=norm, PARTS=partial,
-        SP=triton.next_power_of_2(qkv.shape[0]) if partial else 1, HEADS=heads, num_warps=warps,
+        qkv,
+        q,
+        k_cache,
+        v_cache,
+        cos_table,
+        sin_table,
+        pos,
+        slots,
+        q_norm if norm else q,
+        k_norm if norm else q,
+        eps,
+        q_heads,
+        kv_heads,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        qkv.shape[0] if partial else 1,
+        n * qkv.shape[-1],
+        BS=k_cache.shape[2],
+        D=d,
+        HALF=d // 2,
+        QK_NORM=norm,
+        PARTS=partial,
+        SP=triton.next_power_of_2(qkv.shape[0]) if partial else 1,
+        HEADS=heads,
+        num_warps=warps,
         **pdl.launch(qkv),
     )
     return q
 
 
-def rope_write(qkv: torch.Tensor, q_heads: int, kv_heads: int, cos_table: torch.Tensor, sin_table: torch.Tensor,
-               pos: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
-               kernels: bool = True) -> torch.Tensor:
+def rope_write(
+    qkv: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    kernels: bool = True,
+) -> torch.Tensor:
     """Rotated q [N, q_heads, d]; k and v of each token stored at its slot (one Triton kernel on CUDA when
     `kernels` and the head dim is a power of two)."""
     d = cos_table.shape[-1]
     if use_triton(qkv, kernels) and d >= 2 and d & (d - 1) == 0:
-        return rope_write_triton(qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache,
-                                 q_norm, k_norm, eps)
-    return rope_write_torch(qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache,
-                            q_norm, k_norm, eps)
+        return rope_write_triton(
+            qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache, q_norm, k_norm, eps
+        )
+    return rope_write_torch(
+        qkv, q_heads, kv_heads, cos_table, sin_table, pos, slots, k_cache, v_cache, q_norm, k_norm, eps
+    )

@@ -80,15 +80,28 @@ if triton is not None:
         # exp(x) as tl.exp makes it (ex2.approx of x·log2 e) but flushing subnormal results to 0, which drops the
         # fix-up instructions; here those are terms under 2^-126 of a sum that is at least 1, so no sum changes.
         if FAST:
-            return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
-                                             dtype=tl.float32, is_pure=True, pack=1)
+            return tl.inline_asm_elementwise(
+                "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634], dtype=tl.float32, is_pure=True, pack=1
+            )
         else:
             return tl.exp(x)
 
     @triton.jit
-    def _stats_kernel(logits_ptr, stride, vocab, n_blocks, seg_blocks, temperature, max_ptr, sum_ptr,
-                      PICK: tl.constexpr, SUB: tl.constexpr, SCALED: tl.constexpr, FAST: tl.constexpr,
-                      PDL: tl.constexpr):
+    def _stats_kernel(
+        logits_ptr,
+        stride,
+        vocab,
+        n_blocks,
+        seg_blocks,
+        temperature,
+        max_ptr,
+        sum_ptr,
+        PICK: tl.constexpr,
+        SUB: tl.constexpr,
+        SCALED: tl.constexpr,
+        FAST: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         await_inputs(PDL)
         row = tl.program_id(0).to(tl.int64)
         first = tl.program_id(1) * seg_blocks
@@ -99,8 +112,9 @@ if triton is not None:
             blk = start + sub
             mine = blk < last
             cols = blk[:, None] * PICK + lanes[None, :]
-            x = tl.load(logits_ptr + row * stride + cols, mask=mine[:, None] & (cols < vocab),
-                        other=float("-inf")).to(tl.float32)
+            x = tl.load(logits_ptr + row * stride + cols, mask=mine[:, None] & (cols < vocab), other=float("-inf")).to(
+                tl.float32
+            )
             if SCALED:  # temperature 1 divides by nothing: x / 1.0 is x, bit for bit
                 x = x / temperature
             m = tl.max(x, axis=1)
@@ -109,9 +123,26 @@ if triton is not None:
             tl.store(sum_ptr + row * n_blocks + blk, s, mask=mine)
 
     @triton.jit
-    def _pick_kernel(logits_ptr, stride, vocab, n_blocks, temperature, max_ptr, sum_ptr, keys_ptr, steps_ptr,
-                     step_key, tok_ptr, lp_ptr, PICK: tl.constexpr, NBP: tl.constexpr, SCALED: tl.constexpr,
-                     ROW_STEPS: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr):
+    def _pick_kernel(
+        logits_ptr,
+        stride,
+        vocab,
+        n_blocks,
+        temperature,
+        max_ptr,
+        sum_ptr,
+        keys_ptr,
+        steps_ptr,
+        step_key,
+        tok_ptr,
+        lp_ptr,
+        PICK: tl.constexpr,
+        NBP: tl.constexpr,
+        SCALED: tl.constexpr,
+        ROW_STEPS: tl.constexpr,
+        FAST: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         await_inputs(PDL)
         row = tl.program_id(0).to(tl.int64)
         if ROW_STEPS:  # `sampling.step_keys` of this row's own step, as `row_keys` makes it (products wrap)
@@ -145,9 +176,16 @@ if triton is not None:
         tl.store(lp_ptr + row, tl.sum(tl.where(lanes == i, x, 0.0), axis=0) - lse)
 
 
-def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor, step_key: int,
-                   segments: int | None = None, sub: int | None = None, warps: int = _WARPS,
-                   steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_counter(
+    logits: torch.Tensor,
+    temperature: float,
+    keys: torch.Tensor,
+    step_key: int,
+    segments: int | None = None,
+    sub: int | None = None,
+    warps: int = _WARPS,
+    steps: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens [B] (int64) and their log-probs [B] (float32) for `logits` [B, V] (any float dtype; rows may be a strided
     view), drawn at the counter uniform of (keys, step_key); with `steps` [B] (int64), of `row_keys(keys, steps)`
     instead, each row's step key made inside the kernel (`step_key` is then ignored). See the module doc. `segments`
@@ -162,14 +200,44 @@ def sample_counter(logits: torch.Tensor, temperature: float, keys: torch.Tensor,
     n_blocks = -(-vocab // PICK_BLOCK)
     stats = torch.empty(2, rows, n_blocks, dtype=torch.float32, device=dev)
     scaled, fast = temperature != 1.0, fast_log(dev)
-    _stats_kernel[(rows, segments)](logits, logits.stride(0), vocab, n_blocks, -(-n_blocks // segments),
-                                    float(temperature), stats[0], stats[1], PICK=PICK_BLOCK, SUB=sub, SCALED=scaled,
-                                    FAST=fast, num_warps=warps, **pdl.launch(logits))
+    _stats_kernel[(rows, segments)](
+        logits,
+        logits.stride(0),
+        vocab,
+        n_blocks,
+        -(-n_blocks // segments),
+        float(temperature),
+        stats[0],
+        stats[1],
+        PICK=PICK_BLOCK,
+        SUB=sub,
+        SCALED=scaled,
+        FAST=fast,
+        num_warps=warps,
+        **pdl.launch(logits),
+    )
     row_steps = steps is not None
     tokens = torch.empty(rows, dtype=torch.int64, device=dev)
     logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
-    _pick_kernel[(rows,)](logits, logits.stride(0), vocab, n_blocks, float(temperature), stats[0], stats[1], keys,
-                          steps.to(torch.int64).contiguous() if row_steps else keys, 0 if row_steps else step_key,
-                          tokens, logprobs, PICK=PICK_BLOCK, NBP=max(2, triton.next_power_of_2(n_blocks)),
-                          SCALED=scaled, ROW_STEPS=row_steps, FAST=fast, num_warps=4, **pdl.launch(logits))
+    _pick_kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        vocab,
+        n_blocks,
+        float(temperature),
+        stats[0],
+        stats[1],
+        keys,
+        steps.to(torch.int64).contiguous() if row_steps else keys,
+        0 if row_steps else step_key,
+        tokens,
+        logprobs,
+        PICK=PICK_BLOCK,
+        NBP=max(2, triton.next_power_of_2(n_blocks)),
+        SCALED=scaled,
+        ROW_STEPS=row_steps,
+        FAST=fast,
+        num_warps=4,
+        **pdl.launch(logits),
+    )
     return tokens, logprobs

@@ -56,8 +56,9 @@ def slot_members(q_heads: int, kv_heads: int) -> int:
     return members if members >= 2 else 0
 
 
-def prefix_groups(tables: Sequence[Sequence[int]], attended: Sequence[int], block_size: int,
-                  members: int) -> list[tuple[list[int], int]]:
+def prefix_groups(
+    tables: Sequence[Sequence[int]], attended: Sequence[int], block_size: int, members: int
+) -> list[tuple[list[int], int]]:
     """Group slots over rows [0, len(tables)): (rows, shared blocks) for each run of at least two rows whose block
     tables begin with the same blocks, at most `members` rows a slot (a larger group takes several slots), sharing
     only blocks every row of the slot attends whole (`attended[r]`: positions row r attends at least, e.g. its
@@ -101,10 +102,31 @@ def pack_prefix(groups: list[tuple[list[int], int]], rows: int, members: int) ->
 if HAS_TRITON:
 
     @triton.jit
-    def _grouped_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, start_ptr, slots_ptr, o_ptr, lse_ptr, scale, n_rows,
-                        group, stride_table, stride_blk, stride_head, MEMBERS: tl.constexpr, M: tl.constexpr,
-                        GP: tl.constexpr, BS: tl.constexpr, D: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                        IEEE: tl.constexpr, PDL: tl.constexpr):
+    def _grouped_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        table_ptr,
+        lens_ptr,
+        start_ptr,
+        slots_ptr,
+        o_ptr,
+        lse_ptr,
+        scale,
+        n_rows,
+        group,
+        stride_table,
+        stride_blk,
+        stride_head,
+        MEMBERS: tl.constexpr,
+        M: tl.constexpr,
+        GP: tl.constexpr,
+        BS: tl.constexpr,
+        D: tl.constexpr,
+        TILE_BLOCKS: tl.constexpr,
+        IEEE: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         """Programs [0, n_rows): row pid's own blocks, after its shared ones: split 1 of its two. Programs from
         n_rows on: group slot pid - n_rows, all its rows' queries over the blocks they share: split 0 of each."""
         await_inputs(PDL)
@@ -122,14 +144,46 @@ if HAS_TRITON:
             m_i = tl.full([GP], float("-inf"), tl.float32)
             l_i = tl.zeros([GP], tl.float32)
             acc = tl.zeros([GP, D], tl.float32)
-            m_i, l_i, acc = _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, pid, kvh, begin,
-                                         tl.cdiv(seq_len, BS), seq_len, stride_table, stride_blk, stride_head, scale,
-                                         BS, D, TILE_BLOCKS, IEEE)
+            m_i, l_i, acc = _attend_keys(
+                q,
+                m_i,
+                l_i,
+                acc,
+                k_ptr,
+                v_ptr,
+                table_ptr,
+                pid,
+                kvh,
+                begin,
+                tl.cdiv(seq_len, BS),
+                seq_len,
+                stride_table,
+                stride_blk,
+                stride_head,
+                scale,
+                BS,
+                D,
+                TILE_BLOCKS,
+                IEEE,
+            )
             _store_split(m_i, l_i, acc, o_ptr, o_ptr, lse_ptr, pid, heads, mine, q_heads, 2, 1, D, False)
             if begin == 0:  # in no slot: an empty split 0 (weight 0 in the reduce, and no stale row times 0)
-                _store_split(tl.full([GP], float("-inf"), tl.float32), tl.zeros([GP], tl.float32),
-                             tl.zeros([GP, D], tl.float32), o_ptr, o_ptr, lse_ptr, pid, heads, mine, q_heads, 2, 0,
-                             D, False)
+                _store_split(
+                    tl.full([GP], float("-inf"), tl.float32),
+                    tl.zeros([GP], tl.float32),
+                    tl.zeros([GP, D], tl.float32),
+                    o_ptr,
+                    o_ptr,
+                    lse_ptr,
+                    pid,
+                    heads,
+                    mine,
+                    q_heads,
+                    2,
+                    0,
+                    D,
+                    False,
+                )
         else:
             base = slots_ptr + (pid - n_rows) * (MEMBERS + 1)
             n_blocks = tl.load(base + MEMBERS)
@@ -144,15 +198,42 @@ if HAS_TRITON:
                 m_i = tl.full([M], float("-inf"), tl.float32)
                 l_i = tl.zeros([M], tl.float32)
                 acc = tl.zeros([M, D], tl.float32)
-                m_i, l_i, acc = _attend_keys(q, m_i, l_i, acc, k_ptr, v_ptr, table_ptr, lead, kvh, 0, n_blocks,
-                                             n_blocks * BS, stride_table, stride_blk, stride_head, scale, BS, D,
-                                             TILE_BLOCKS, IEEE)
+                m_i, l_i, acc = _attend_keys(
+                    q,
+                    m_i,
+                    l_i,
+                    acc,
+                    k_ptr,
+                    v_ptr,
+                    table_ptr,
+                    lead,
+                    kvh,
+                    0,
+                    n_blocks,
+                    n_blocks * BS,
+                    stride_table,
+                    stride_blk,
+                    stride_head,
+                    scale,
+                    BS,
+                    D,
+                    TILE_BLOCKS,
+                    IEEE,
+                )
                 _store_split(m_i, l_i, acc, o_ptr, o_ptr, lse_ptr, row, heads, mine, q_heads, 2, 0, D, False)
 
 
-def shared_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float, prefix: SharedPrefix, warps: int = 4,
-                            stages: int = 2) -> torch.Tensor:
+def shared_prefix_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    prefix: SharedPrefix,
+    warps: int = 4,
+    stages: int = 2,
+) -> torch.Tensor:
     """`attention.decode_attention_triton` of one query per row [B, q_heads, d], the blocks each group slot shares
     read once for the slot, each row's later blocks by the row: both in one launch (two splits a row), then the
     splits' reduce. `warps` and `stages`: launch tuning only."""
@@ -163,10 +244,31 @@ def shared_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     q = q.contiguous()
     out, parts, lse = split_outputs(b, hq, d, 2, q.dtype, q.device)
     _grouped_kernel[(b + prefix.slots.shape[0], hkv)](
-        q, k_cache, v_cache, block_table, seq_lens, prefix.start, prefix.slots, parts, lse, scale, b, group,
-        block_table.stride(0), k_cache.stride(0), k_cache.stride(1), MEMBERS=members,
-        M=max(16, triton.next_power_of_2(members * group)), GP=max(16, triton.next_power_of_2(group)), BS=bs, D=d,
-        TILE_BLOCKS=max(1, tile_keys(d) // bs), IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages,
-        **pdl.launch(q))
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        prefix.start,
+        prefix.slots,
+        parts,
+        lse,
+        scale,
+        b,
+        group,
+        block_table.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        MEMBERS=members,
+        M=max(16, triton.next_power_of_2(members * group)),
+        GP=max(16, triton.next_power_of_2(group)),
+        BS=bs,
+        D=d,
+        TILE_BLOCKS=max(1, tile_keys(d) // bs),
+        IEEE=q.dtype == torch.float32,
+        num_warps=warps,
+        num_stages=stages,
+        **pdl.launch(q),
+    )
     reduce_splits(parts, lse, out, 2)
     return out

@@ -30,8 +30,16 @@ def cache_slots_torch(table: torch.Tensor, pos: torch.Tensor, block_size: int) -
     return block * block_size + pos % block_size
 
 
-def advance_torch(tok: torch.Tensor, lp: torch.Tensor, out_tok: torch.Tensor, out_lp: torch.Tensor,
-                  tokens: torch.Tensor, pos: torch.Tensor, steps: torch.Tensor, active: torch.Tensor) -> None:
+def advance_torch(
+    tok: torch.Tensor,
+    lp: torch.Tensor,
+    out_tok: torch.Tensor,
+    out_lp: torch.Tensor,
+    tokens: torch.Tensor,
+    pos: torch.Tensor,
+    steps: torch.Tensor,
+    active: torch.Tensor,
+) -> None:
     """After a step sampled `tok` with log-probs `lp` [B]: both to the outputs, `tok` as the next input, and the
     position and sample index of each active row one on (padding rows, active 0, stay)."""
     out_tok.copy_(tok)
@@ -44,8 +52,9 @@ def advance_torch(tok: torch.Tensor, lp: torch.Tensor, out_tok: torch.Tensor, ou
 if HAS_TRITON:
 
     @triton.jit
-    def _slots_kernel(table_ptr, pos_ptr, out_ptr, n, stride, width, BS: tl.constexpr, BLOCK: tl.constexpr,
-                      PDL: tl.constexpr):
+    def _slots_kernel(
+        table_ptr, pos_ptr, out_ptr, n, stride, width, BS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+    ):
         await_inputs(PDL)
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = i < n
@@ -55,8 +64,19 @@ if HAS_TRITON:
         tl.store(out_ptr + i, blk * BS + p % BS, mask=inside)
 
     @triton.jit
-    def _advance_kernel(tok_ptr, lp_ptr, out_tok_ptr, out_lp_ptr, tokens_ptr, pos_ptr, steps_ptr, active_ptr, n,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _advance_kernel(
+        tok_ptr,
+        lp_ptr,
+        out_tok_ptr,
+        out_lp_ptr,
+        tokens_ptr,
+        pos_ptr,
+        steps_ptr,
+        active_ptr,
+        n,
+        BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         await_inputs(PDL)
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = i < n
@@ -73,17 +93,27 @@ def cache_slots_triton(table: torch.Tensor, pos: torch.Tensor, block_size: int) 
     """The Triton form of `cache_slots_torch` (table [B, W] with unit column stride, pos [B] int64 contiguous)."""
     b = pos.shape[0]
     out = torch.empty(b, dtype=torch.int64, device=pos.device)
-    _slots_kernel[(triton.cdiv(b, _BLOCK),)](table, pos, out, b, table.stride(0), table.shape[1], BS=block_size,
-                                            BLOCK=_BLOCK, **pdl.launch(pos))
+    _slots_kernel[(triton.cdiv(b, _BLOCK),)](
+        table, pos, out, b, table.stride(0), table.shape[1], BS=block_size, BLOCK=_BLOCK, **pdl.launch(pos)
+    )
     return out
 
 
-def advance_triton(tok: torch.Tensor, lp: torch.Tensor, out_tok: torch.Tensor, out_lp: torch.Tensor,
-                   tokens: torch.Tensor, pos: torch.Tensor, steps: torch.Tensor, active: torch.Tensor) -> None:
+def advance_triton(
+    tok: torch.Tensor,
+    lp: torch.Tensor,
+    out_tok: torch.Tensor,
+    out_lp: torch.Tensor,
+    tokens: torch.Tensor,
+    pos: torch.Tensor,
+    steps: torch.Tensor,
+    active: torch.Tensor,
+) -> None:
     """The Triton form of `advance_torch` (every tensor [B], contiguous)."""
     b = tok.shape[0]
-    _advance_kernel[(triton.cdiv(b, _BLOCK),)](tok, lp, out_tok, out_lp, tokens, pos, steps, active, b, BLOCK=_BLOCK,
-                                               **pdl.launch(tok))
+    _advance_kernel[(triton.cdiv(b, _BLOCK),)](
+        tok, lp, out_tok, out_lp, tokens, pos, steps, active, b, BLOCK=_BLOCK, **pdl.launch(tok)
+    )
 
 
 def cache_slots(table: torch.Tensor, pos: torch.Tensor, block_size: int, kernels: bool = True) -> torch.Tensor:
@@ -93,8 +123,17 @@ def cache_slots(table: torch.Tensor, pos: torch.Tensor, block_size: int, kernels
     return cache_slots_torch(table, pos, block_size)
 
 
-def advance(tok: torch.Tensor, lp: torch.Tensor, out_tok: torch.Tensor, out_lp: torch.Tensor, tokens: torch.Tensor,
-            pos: torch.Tensor, steps: torch.Tensor, active: torch.Tensor, kernels: bool = True) -> None:
+def advance(
+    tok: torch.Tensor,
+    lp: torch.Tensor,
+    out_tok: torch.Tensor,
+    out_lp: torch.Tensor,
+    tokens: torch.Tensor,
+    pos: torch.Tensor,
+    steps: torch.Tensor,
+    active: torch.Tensor,
+    kernels: bool = True,
+) -> None:
     """`advance_torch`, in one Triton kernel on CUDA when `kernels` and every tensor is contiguous."""
     rows = (tok, lp, out_tok, out_lp, tokens, pos, steps, active)
     if use_triton(tok, kernels) and all(t.is_contiguous() for t in rows):

@@ -16,13 +16,13 @@ TOL = 1e-5
 def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     import torch
     import torch.distributed as dist
-    from tests.tiny_models import PROMPTS, reference_last_logits, reference_logprobs, tiny_model
     from torch.distributed.fsdp import fully_shard
 
     from hybridrl.engines.base import SamplingParams
     from hybridrl.engines.config import NativeOptions
     from hybridrl.engines.native.engine import FusedEngine
     from hybridrl.reshard import ReshardConfig, Resharder
+    from tests.tiny_models import PROMPTS, reference_last_logits, reference_logprobs, tiny_model
 
     kind, tp = case["kind"], case["tp"]
     model = tiny_model(kind, **(dict(attention_bias=True, mlp_bias=True) if case.get("biases") else {}))
@@ -30,8 +30,16 @@ def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    engine = FusedEngine(model.config, [0], 1, device="cpu", dtype=torch.float32,
-                         options=NativeOptions(max_batch_size=8), tp_group=groups[tp], seed=0)
+    engine = FusedEngine(
+        model.config,
+        [0],
+        1,
+        device="cpu",
+        dtype=torch.float32,
+        options=NativeOptions(max_batch_size=8),
+        tp_group=groups[tp],
+        seed=0,
+    )
     sync = Resharder(ReshardConfig(verify=True), engine, model.config, tp_rank=rank % tp, tp_size=tp)
     sync.sync(model)
     rounds = 2 if case.get("sleep") else 1

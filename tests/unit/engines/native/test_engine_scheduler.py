@@ -12,14 +12,14 @@ import os
 import pytest
 import torch
 
-from hybridrl.engines.native.async_engine import AsyncEngine
+import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.native.async_engine import AsyncEngine
 from hybridrl.engines.native.engine import FusedEngine
 from hybridrl.engines.native.hf import HFEngine
 from hybridrl.errors import HybridRLError
 from hybridrl.reshard import ReshardConfig, Resharder
-import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from tests.tiny_models import PROMPTS, reference_logprobs, tiny_model
 
 DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
@@ -36,8 +36,15 @@ def model():
 
 
 def fused(model, eos: tuple[int, ...] = (EOS,), **options) -> FusedEngine:
-    engine = FusedEngine(model.config, list(eos), PAD, device=DEVICE, dtype=torch.float32,
-                         options=NativeOptions(**{"max_batch_size": 8, **options}), seed=0)
+    engine = FusedEngine(
+        model.config,
+        list(eos),
+        PAD,
+        device=DEVICE,
+        dtype=torch.float32,
+        options=NativeOptions(**{"max_batch_size": 8, **options}),
+        seed=0,
+    )
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     return engine
 
@@ -126,8 +133,9 @@ def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedul
         assert (torch.tensor(o.logprobs) - ref).abs().max().item() < TOL
     assert calls, "no step read shared blocks once per group"
     slots = calls[0].slots[calls[0].slots[:, -1] > 0]
-    assert len(slots) == 3 and sorted(slots[:, -1].tolist()) == sorted(len(p) // block_size for p in prompts[::2]
-                                                                          + prompts[3:])
+    assert len(slots) == 3 and sorted(slots[:, -1].tolist()) == sorted(
+        len(p) // block_size for p in prompts[::2] + prompts[3:]
+    )
 
 
 def test_the_runner_hears_of_tables_only_where_rows_may_share_blocks(model, monkeypatch):
@@ -137,8 +145,9 @@ def test_the_runner_hears_of_tables_only_where_rows_may_share_blocks(model, monk
     engine = fused(model, kv_block_size=4, shared_prefix_tokens=1)
     heard: list[list[list[int]] | None] = []
     real = engine.runner.share_rows
-    monkeypatch.setattr(engine.runner, "share_rows", lambda tables, attended=None: heard.append(tables)
-                        or real(tables, attended))
+    monkeypatch.setattr(
+        engine.runner, "share_rows", lambda tables, attended=None: heard.append(tables) or real(tables, attended)
+    )
     params = SamplingParams(max_new_tokens=6, seed=1)
 
     def run(reqs, later=()):
@@ -159,7 +168,7 @@ def test_the_runner_hears_of_tables_only_where_rows_may_share_blocks(model, monk
     long_prompt = PROMPTS[2] + PROMPTS[1]
     found = run([GenerationRequest(long_prompt, 0)], [GenerationRequest(long_prompt, 1)])
     assert any(t is not None and len(t) == 2 and t[0][:2] == t[1][:2] for t in found)
-    engine.runner.shared_prefix_tokens = 10 ** 6  # no prompt is that long: not worth a pass
+    engine.runner.shared_prefix_tokens = 10**6  # no prompt is that long: not worth a pass
     assert all(t is None for t in run(group))
 
 
@@ -248,8 +257,10 @@ def test_requests_that_sample_differently_wait_for_the_batch(model):
     got = {}
     while engine.has_work:
         got.update(engine.step())
-    same([got[ha], got[hb]], [fused(model).generate_requests([a], PARAMS)[0],
-                              fused(model).generate_requests([b], greedy)[0]])
+    same(
+        [got[ha], got[hb]],
+        [fused(model).generate_requests([a], PARAMS)[0], fused(model).generate_requests([b], greedy)[0]],
+    )
 
 
 @pytest.mark.interpreted
@@ -266,6 +277,7 @@ def test_cache_limits_fail_clearly(model):
 
 def _conversations(engine_like, params, turns: int = 3, trajectories: int = 6):
     """Multi-turn loops: generate, 'run a tool' (sleep a random-ish while), append tool tokens, generate again."""
+
     async def trajectory(t: int, agent: AsyncEngine) -> list:
         context, outs = list(PROMPTS[t % 3]), []
         for turn in range(turns):
@@ -304,9 +316,11 @@ def test_async_engine_reports_engine_errors_to_every_waiter(model):
 
     async def main():
         agent = AsyncEngine(engine)
-        return await asyncio.gather(agent.generate(GenerationRequest(PROMPTS[1], 0), params),
-                                    agent.generate(GenerationRequest(PROMPTS[2], 1), params),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            agent.generate(GenerationRequest(PROMPTS[1], 0), params),
+            agent.generate(GenerationRequest(PROMPTS[2], 1), params),
+            return_exceptions=True,
+        )
 
     ok, failed = asyncio.run(main())
     assert len(ok.token_ids) >= 1 and isinstance(failed, HybridRLError)  # 9 + 8 > 10: refused at submit
@@ -339,8 +353,11 @@ def test_a_turn_joins_a_running_batch_in_its_step(model, cap):
     engine = fused(model, kv_block_size=4, join_wait_steps=0, join_step_tokens=cap)
     first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
     assert len(first.token_ids) == 8  # 9 + 8 - 1 = 16 positions written: 4 full blocks cached
-    reqs = [GenerationRequest(PROMPTS[0], 1), GenerationRequest(PROMPTS[1], 2),
-            GenerationRequest(PROMPTS[2] + first.token_ids + [50, 51, 52], 0, 1)]
+    reqs = [
+        GenerationRequest(PROMPTS[0], 1),
+        GenerationRequest(PROMPTS[1], 2),
+        GenerationRequest(PROMPTS[2] + first.token_ids + [50, 51, 52], 0, 1),
+    ]
     solo = [fused(model, kv_block_size=4).generate_requests([r], params)[0] for r in reqs]
     sch = engine.scheduler
     handles = {engine.submit(r, params): i for i, r in enumerate(reqs[:2])}
@@ -365,8 +382,11 @@ def test_only_joins_that_prefill_apart_wait_for_company(model, cap):
     params = SamplingParams(max_new_tokens=14, seed=7)
     engine = fused(model, kv_block_size=4, join_wait_steps=8, join_step_tokens=cap)
     first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
-    reqs = [GenerationRequest(PROMPTS[0], 1), GenerationRequest(PROMPTS[1], 2),
-            GenerationRequest(PROMPTS[2] + first.token_ids + [50, 51, 52], 0, 1)]
+    reqs = [
+        GenerationRequest(PROMPTS[0], 1),
+        GenerationRequest(PROMPTS[1], 2),
+        GenerationRequest(PROMPTS[2] + first.token_ids + [50, 51, 52], 0, 1),
+    ]
     handles = {engine.submit(r, params): i for i, r in enumerate(reqs[:2])}
     got, joined_at = {}, {}
     for step in range(60):
@@ -452,8 +472,10 @@ def test_the_next_turn_prefills_only_what_is_new(model):
     assert engine.scheduler.prefilled_tokens - before == len(context) - reused
     want = reference_logprobs(model, context, second.token_ids)
     assert (torch.tensor(second.logprobs) - want).abs().max().item() < TOL
-    same([second], fused(model, kv_block_size=4, prefix_cache=False).generate_requests(
-        [GenerationRequest(context, 0, 1)], params))
+    same(
+        [second],
+        fused(model, kv_block_size=4, prefix_cache=False).generate_requests([GenerationRequest(context, 0, 1)], params),
+    )
     # New weights make every cached block stale: the whole context is prefilled again.
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     before = engine.scheduler.prefilled_tokens
@@ -467,8 +489,10 @@ def test_one_prefill_of_a_long_cached_prefix_and_a_long_new_part(model):
     an out-of-bounds gather), and both equal their solo generation."""
     params = SamplingParams(max_new_tokens=2, seed=4)
     long_prompt, short_prompt = [10 + i % 80 for i in range(60)], [5, 6, 7, 8, 9]
-    turn_2 = [GenerationRequest(long_prompt + [80], 0, 1),
-              GenerationRequest(short_prompt + [20 + i % 70 for i in range(50)], 1, 1)]
+    turn_2 = [
+        GenerationRequest(long_prompt + [80], 0, 1),
+        GenerationRequest(short_prompt + [20 + i % 70 for i in range(50)], 1, 1),
+    ]
     solo = [fused(model, kv_block_size=16).generate_requests([r], params)[0] for r in turn_2]
     engine = fused(model, kv_block_size=16)
     engine.generate_requests([GenerationRequest(long_prompt, 0), GenerationRequest(short_prompt, 1)], params)
@@ -483,8 +507,10 @@ def test_a_short_prompt_with_many_new_tokens_beside_a_long_prompt(model):
     """Admitted together, a long prompt with few new tokens and a short one with many: the short one's positions
     stay within the block tables while the long prompt's length plus its steps would not (the CPU attention width
     once ran past the tables), and each equals its solo generation."""
-    reqs = [(GenerationRequest([10 + i % 80 for i in range(60)], 0), SamplingParams(max_new_tokens=2, seed=3)),
-            (GenerationRequest(PROMPTS[0], 1), SamplingParams(max_new_tokens=40, seed=3))]
+    reqs = [
+        (GenerationRequest([10 + i % 80 for i in range(60)], 0), SamplingParams(max_new_tokens=2, seed=3)),
+        (GenerationRequest(PROMPTS[0], 1), SamplingParams(max_new_tokens=40, seed=3)),
+    ]
     solo = [fused(model, kv_block_size=16).generate_requests([r], p)[0] for r, p in reqs]
     engine = fused(model, kv_block_size=16)
     handles = {engine.submit(r, p): i for i, (r, p) in enumerate(reqs)}

@@ -8,11 +8,11 @@ import gc
 import pytest
 import torch
 
-from hybridrl.engines.native.async_engine import AsyncEngine
 from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
-from hybridrl.engines.native.frozen_heap import frozen_heap
+from hybridrl.engines.native.async_engine import AsyncEngine
 from hybridrl.engines.native.engine import FusedEngine
+from hybridrl.engines.native.frozen_heap import frozen_heap
 from hybridrl.reshard import ReshardConfig, Resharder
 from tests.tiny_models import PROMPTS, tiny_model
 

@@ -13,20 +13,20 @@ import pytest
 import torch
 import transformers
 
+import hybridrl.engines.native.engine as fused_engine_module
+import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from hybridrl.engines import build_engine
 from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig, NativeOptions
-import hybridrl.engines.native.engine as fused_engine_module
 from hybridrl.engines.native.engine import FusedEngine
-from hybridrl.engines.native.tensor_parallel import TensorParallel
+from hybridrl.engines.native.hf import HFEngine, native_impl
 from hybridrl.engines.native.launch_choice import PdlChoice
 from hybridrl.engines.native.model import FusedDecoder
-from hybridrl.engines.native.hf import HFEngine, native_impl
+from hybridrl.engines.native.tensor_parallel import TensorParallel
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.reshard import ReshardConfig, Resharder, build_layout
-import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from tests.tiny_models import KINDS, PROMPTS, reference_last_logits, reference_logprobs, tiny_model
 
 DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
@@ -46,8 +46,10 @@ def fused_engine(model, **options) -> FusedEngine:
 
 # Under the interpreter (CI's `-m interpreted`) the family tests run for qwen2 only, the layout of the GPU figures'
 # Qwen2.5 models: one family through the kernels costs minutes there; the kernels' shapes are the same for all four.
-@pytest.fixture(scope="module", params=[pytest.param(k, marks=pytest.mark.interpreted) if k == "qwen2" else k
-                                        for k in (*KINDS, "tiny")])
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(k, marks=pytest.mark.interpreted) if k == "qwen2" else k for k in (*KINDS, "tiny")],
+)
 def model(request, tiny_path):
     if request.param == "tiny":  # the project's own tiny Qwen2 (real checkpoint loading path)
         return load_causal_lm(tiny_path, ModelConfig(), torch.float32, DEVICE).eval()
@@ -130,7 +132,14 @@ class _Replay:
     """Stands in for a captured CUDA graph on CPU: a replay runs the captured step body eagerly."""
 
     def __init__(self, runner, batch, join, mode, prefix, splits) -> None:
-        self.runner, self.batch, self.join, self.mode, self.prefix, self.splits = runner, batch, join, mode, prefix, splits
+        self.runner, self.batch, self.join, self.mode, self.prefix, self.splits = (
+            runner,
+            batch,
+            join,
+            mode,
+            prefix,
+            splits,
+        )
 
     def replay(self) -> None:
         self.runner._graph_body(self.batch, self.join, self.mode, self.prefix, self.splits)
@@ -141,7 +150,8 @@ def _emulate_graphs(run) -> None:
     run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
     run._extend_buckets = []  # packed prompts run eagerly: their graphs are real captures (CUDA only)
     run._capture = lambda key, b, eb, mode, prefix, splits: run.graphs.setdefault(
-        key, _Replay(run, b, eb, mode, prefix, splits))
+        key, _Replay(run, b, eb, mode, prefix, splits)
+    )
 
 
 @pytest.mark.parametrize("seed", [6, pytest.param(None, marks=pytest.mark.interpreted)])
@@ -326,9 +336,9 @@ def test_sleep_wake_round_trip(level):
 
 
 class _FakeFixedMemory:
-    """Stands in for `FixedMemory` (on CPU too): views of one byte buffer on `device` that keep their storage; `release` overwrites it
-    with 0xFF bytes (NaN as floats: whatever reads it while asleep, or is not rewritten after, shows), `restore` leaves
-    that garbage for the engine to rewrite."""
+    """Stands in for `FixedMemory` (on CPU too): views of one byte buffer on `device` that keep their storage; `release`
+    overwrites it with 0xFF bytes (NaN as floats: whatever reads it while asleep, or is not rewritten after, shows),
+    `restore` leaves that garbage for the engine to rewrite."""
 
     def __init__(self, nbytes: int, device) -> None:
         self.buf = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -595,8 +605,9 @@ def test_build_engine_picks_the_implementation(tiny_path, tokenizer):
     assert isinstance(fused, FusedEngine) and fused.weight_layout_style == "fused" and fused.starts_empty
     model = load_causal_lm(tiny_path, ModelConfig(), torch.float32, DEVICE)
     Resharder(ReshardConfig(), fused, model.config).sync(model)  # what the builder's first weight sync does
-    hf = build_engine(EngineConfig(native=NativeOptions(impl="hf")), ModelConfig(), tiny_path, tokenizer, DEVICE,
-                      Topology(1))
+    hf = build_engine(
+        EngineConfig(native=NativeOptions(impl="hf")), ModelConfig(), tiny_path, tokenizer, DEVICE, Topology(1)
+    )
     assert not isinstance(hf, FusedEngine) and hf.weight_layout_style == "hf"
     params = SamplingParams(n=2, max_new_tokens=6, seed=1)
     assert [o.token_ids for o in fused.generate(PROMPTS, params)] == [o.token_ids for o in hf.generate(PROMPTS, params)]

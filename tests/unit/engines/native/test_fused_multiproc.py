@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.tiny_models import KINDS
 
 from tests.dist_harness import results_by_case, run_world
+from tests.tiny_models import KINDS
 
 pytestmark = pytest.mark.multiproc
 

@@ -134,8 +134,10 @@ def test_pairs_must_be_positive():
         PdlChoice(Clock().event, pairs=0)
 
 
-@pytest.mark.parametrize("given, mode", [("auto", "auto"), ("on", "on"), ("OFF", "off"), (True, "on"), (False, "off"),
-                                         ("True", "on"), ("false", "off")])
+@pytest.mark.parametrize(
+    "given, mode",
+    [("auto", "auto"), ("on", "on"), ("OFF", "off"), (True, "on"), (False, "off"), ("True", "on"), ("false", "off")],
+)
 def test_the_option_takes_modes_and_booleans(given, mode):
     assert NativeOptions(pdl=given).pdl == mode
 

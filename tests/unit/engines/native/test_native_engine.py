@@ -61,9 +61,13 @@ def test_max_new_tokens_and_stop_ids(engine, prompts):
     eos = set(engine.eos_token_ids)
     for o in outs:  # each sample either ended on EOS (stop, any length up to 4) or ran to the limit (length, 4)
         ended = bool(o.token_ids) and o.token_ids[-1] in eos
-        assert (o.finish_reason, len(o.token_ids) if not ended else None) == (("stop", None) if ended else ("length", 4))
+        assert (o.finish_reason, len(o.token_ids) if not ended else None) == (
+            ("stop", None) if ended else ("length", 4)
+        )
         assert not eos & set(o.token_ids[:-1])  # nothing generated after an EOS
-    assert any(o.finish_reason == "length" for o in outs)  # the limit branch really ran (a random tiny model rarely ends)
+    assert any(
+        o.finish_reason == "length" for o in outs
+    )  # the limit branch really ran (a random tiny model rarely ends)
     # Make every token a stop token: each sample stops after exactly one token.
     everything = list(range(engine.model.config.vocab_size))
     outs = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=4, stop_token_ids=everything, seed=0))

@@ -17,13 +17,13 @@ import traceback
 
 def scenario(rank: int, world: int, tp: int, model_dir: str, result: dict) -> None:
     import torch
-    from tests.unit.engines.sglang._fake_sglang import FAIL_NAME, FakeSglangEngine, expected_completions
 
     from hybridrl.engines.base import SamplingParams
     from hybridrl.engines.config import EngineConfig
     from hybridrl.engines.sglang.engine import SglangEngine
     from hybridrl.errors import HybridRLError
     from hybridrl.topology import Topology
+    from tests.unit.engines.sglang._fake_sglang import FAIL_NAME, FakeSglangEngine, expected_completions
 
     topology = Topology(world, tp, rank)
     tp_rank, leader = topology.engine_tp_rank, topology.engine_tp_ranks[0]

@@ -16,17 +16,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.unit.engines.sglang._fake_sglang import FakeSglangEngine
 
 from hybridrl.engines.base import SamplingParams
 from hybridrl.engines.config import EngineConfig, SglangOptions
-from hybridrl.engines.sglang.requests import request_params
 from hybridrl.engines.sglang.engine import ALL_TAGS, SglangEngine
+from hybridrl.engines.sglang.requests import request_params
+from tests.unit.engines.sglang._fake_sglang import FakeSglangEngine
 
 NO_SGLANG = (
     "sglang is not importable here (CUDA-only install); scripts/setup_sglang_test_venv.sh makes a venv where it is"
 )
-pytest.importorskip("sglang.srt", reason=NO_SGLANG)  # not "sglang": tests/unit/engines/sglang itself imports as a namespace package
+pytest.importorskip(
+    "sglang.srt", reason=NO_SGLANG
+)  # not "sglang": tests/unit/engines/sglang itself imports as a namespace package
 
 
 def sglang_source(rel: str) -> Path:

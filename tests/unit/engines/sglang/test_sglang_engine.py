@@ -8,12 +8,12 @@ import sys
 
 import pytest
 import torch
-from tests.unit.engines.sglang._fake_sglang import FAIL_NAME, FakeSglangEngine, fake_sample
 
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.engines.config import EngineConfig, SglangOptions
 from hybridrl.engines.sglang.engine import SglangEngine
 from hybridrl.errors import HybridRLError
+from tests.unit.engines.sglang._fake_sglang import FAIL_NAME, FakeSglangEngine, fake_sample
 
 EOS = [2, 5]
 
@@ -69,9 +69,11 @@ def _splitmix64_mix(z: int) -> int:
 
 
 def _hand_seed(seed: int, global_prompt: int, sample: int) -> int:
-    """The per-sample stream key every engine shares, mix(mix(seed * 1000003 + prompt) + sample * golden), in 63 bits."""
+    """The per-sample stream key all engines share, mix(mix(seed * 1000003 + prompt) + sample * golden), in 63 bits."""
     m = 2**64 - 1
-    return _splitmix64_mix((_splitmix64_mix((seed * 1_000_003 + global_prompt) & m) + sample * 0x9E3779B97F4A7C15) & m) & (2**63 - 1)
+    return _splitmix64_mix(
+        (_splitmix64_mix((seed * 1_000_003 + global_prompt) & m) + sample * 0x9E3779B97F4A7C15) & m
+    ) & (2**63 - 1)
 
 
 def test_generate_is_prompt_major_with_one_seed_per_sample(model_dir):
@@ -85,7 +87,9 @@ def test_generate_is_prompt_major_with_one_seed_per_sample(model_dir):
     want = []
     for i, p in enumerate(prompts):
         for j in range(3):
-            sp = dict(temperature=0.8, max_new_tokens=5, stop_token_ids=[2, 5, 103], sampling_seed=_hand_seed(5, 10 + i, j))
+            sp = dict(
+                temperature=0.8, max_new_tokens=5, stop_token_ids=[2, 5, 103], sampling_seed=_hand_seed(5, 10 + i, j)
+            )
             want.append(Completion(i, *fake_sample(p, sp)))
     assert out == want
     call = eng._engine.calls[-1][1]

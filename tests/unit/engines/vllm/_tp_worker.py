@@ -1,6 +1,6 @@
 """One rank of the TP=2 test (test_vllm_tp.py): our gloo group first, then a VllmEngine with tp_size=2 in it.
 
-    python _tp_worker.py RANK WORLD PORT MODEL_DIR OUT_JSON
+python _tp_worker.py RANK WORLD PORT MODEL_DIR OUT_JSON
 """
 
 from __future__ import annotations
@@ -18,15 +18,20 @@ def main() -> None:
     model, out_path = sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from safetensors.torch import load_file
-    from tests.unit.engines.vllm.vllm_helpers import perturbed
 
     from hybridrl.engines.base import SamplingParams
     from hybridrl.engines.config import EngineConfig
     from hybridrl.engines.vllm.engine import VllmEngine
     from hybridrl.topology import Topology
+    from tests.unit.engines.vllm.vllm_helpers import perturbed
 
-    eng = VllmEngine(model, EngineConfig(name="vllm", tp_size=world), topology=Topology(world, world, rank), seed=0,
-                     cache_root=os.path.join(os.path.dirname(out_path), f"vllm-cache-{rank}"))
+    eng = VllmEngine(
+        model,
+        EngineConfig(name="vllm", tp_size=world),
+        topology=Topology(world, world, rank),
+        seed=0,
+        cache_root=os.path.join(os.path.dirname(out_path), f"vllm-cache-{rank}"),
+    )
     prompts = json.loads(os.environ["TP_TEST_PROMPTS"])
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=3)
     sd = load_file(os.path.join(model, "model.safetensors"))

@@ -46,8 +46,9 @@ def vllm_tiny_path(tmp_path_factory) -> Path:
     from hybridrl.models.tiny import ensure_tiny_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    src = ensure_tiny_model(tmp_path_factory.mktemp("models"), hidden_size=128, num_heads=4, num_kv_heads=2,
-                            intermediate_size=256)
+    src = ensure_tiny_model(
+        tmp_path_factory.mktemp("models"), hidden_size=128, num_heads=4, num_kv_heads=2, intermediate_size=256
+    )
     dst = tmp_path_factory.mktemp("sharp") / "tiny"
     shutil.copytree(src, dst)
     sd = load_file(str(dst / "model.safetensors"))

@@ -40,21 +40,30 @@ def test_trainer_logprobs_equal_vllm_on_every_model_token(engine, vllm_tiny_path
     # A random model writes no tool calls: read every turn as one, and end turns often, so trajectories alternate
     # model turns and tool results (what the alignment check needs).
     loop.parse = lambda text: ParsedTurn(text, [ToolCall("calculator", {"expression": "1+1"})])
-    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": f"Compute {k}*7"}], tokenize=False,
-                                           add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-               for k in (12, 345)]
+    prompts = [
+        tok(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"Compute {k}*7"}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for k in (12, 345)
+    ]
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, stop_token_ids=list(range(3, len(tok), 3)), seed=5)
     trajs = loop.generate_sync(engine, prompts, params)
     assert all(t.turns >= 2 and 0 in t.response_mask for t in trajs)
     width = max(len(t.response_ids) for t in trajs)
-    resp, real, model_tokens = (torch.zeros((len(trajs), width), dtype=d) for d in (torch.long, torch.float32, torch.float32))
+    resp, real, model_tokens = (
+        torch.zeros((len(trajs), width), dtype=d) for d in (torch.long, torch.float32, torch.float32)
+    )
     for i, t in enumerate(trajs):
         n = len(t.response_ids)
         resp[i, :n], real[i, :n] = torch.tensor(t.response_ids), 1
         model_tokens[i, :n] = torch.tensor(t.response_mask, dtype=torch.float32)
     with torch.no_grad():
-        lp, _ = response_logprobs(vllm_hf_model, [t.prompt_ids for t in trajs], resp, model_tokens, 1.0,
-                                  tok.pad_token_id, attention_mask=real)
+        lp, _ = response_logprobs(
+            vllm_hf_model, [t.prompt_ids for t in trajs], resp, model_tokens, 1.0, tok.pad_token_id, attention_mask=real
+        )
     compared = 0
     for i, t in enumerate(trajs):
         for k, m in enumerate(t.response_mask):
@@ -69,6 +78,14 @@ def test_trust_remote_code_is_forwarded_as_set(vllm_tiny_path, engine):
     from hybridrl.engines.vllm.engine import _prepare_llm_kwargs
 
     assert engine.llm_kwargs["trust_remote_code"] is False  # the default
-    kw = _prepare_llm_kwargs(str(vllm_tiny_path), EngineConfig(name="vllm"), tp_size=1, seed=0, on_cpu=True,
-                             backend="uni", cache_root=None, trust_remote_code=True)
+    kw = _prepare_llm_kwargs(
+        str(vllm_tiny_path),
+        EngineConfig(name="vllm"),
+        tp_size=1,
+        seed=0,
+        on_cpu=True,
+        backend="uni",
+        cache_root=None,
+        trust_remote_code=True,
+    )
     assert kw["trust_remote_code"] is True

@@ -15,12 +15,17 @@ pytestmark = pytest.mark.vllm
 def test_three_step_run_with_vllm(tmp_path):
     run_dir = tmp_path / "run"
     args = [
-        "engine=vllm", "trainer.steps=3", "data.train_batch_size=4", "algorithm.group_size=4",
-        "logger.progress_bar=false", f"hydra.run.dir={run_dir}",
+        "engine=vllm",
+        "trainer.steps=3",
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "logger.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
-    r = subprocess.run([sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
@@ -38,12 +43,20 @@ def test_two_workers_with_vllm_tensor_parallel(tmp_path):
     """cluster=local with 2 worker processes forming one vLLM TP=2 engine (external_launcher in our group)."""
     run_dir = tmp_path / "run"
     args = [
-        "engine=vllm", "cluster=local", "cluster.workers_per_node=2", "engine.tp_size=2", "trainer.steps=2",
-        "data.train_batch_size=4", "algorithm.group_size=4", "logger.progress_bar=false", f"hydra.run.dir={run_dir}",
+        "engine=vllm",
+        "cluster=local",
+        "cluster.workers_per_node=2",
+        "engine.tp_size=2",
+        "trainer.steps=2",
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "logger.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
-    r = subprocess.run([sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 import torch.distributed as dist
-from tests.unit.engines.vllm.vllm_helpers import TOL, hf_greedy, make_engine, max_logprob_error
 
 from hybridrl.engines.base import SamplingParams
+from tests.unit.engines.vllm.vllm_helpers import TOL, hf_greedy, make_engine, max_logprob_error
 
 pytestmark = pytest.mark.vllm
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from peft import LoraConfig, get_peft_model
-from tests.unit.engines.vllm.vllm_helpers import TOL, make_engine, max_logprob_error
 
 from hybridrl.engines.base import SamplingParams
 from hybridrl.reshard import ReshardConfig, Resharder
+from tests.unit.engines.vllm.vllm_helpers import TOL, make_engine, max_logprob_error
 
 pytestmark = pytest.mark.vllm
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.unit.engines.vllm.vllm_helpers import TOL, hf_logprobs, perturbed
+
 from tests.paths import REPO
+from tests.unit.engines.vllm.vllm_helpers import TOL, hf_logprobs, perturbed
 
 pytestmark = [pytest.mark.vllm, pytest.mark.multiproc]
 
@@ -28,12 +29,21 @@ def _free_port() -> int:
 
 def test_tp2_inside_our_process_group(vllm_tiny_path, vllm_hf_model, vllm_state_dict, tmp_path):
     port, here = _free_port(), Path(__file__).parent
-    env = dict(os.environ, OMP_NUM_THREADS="1", TP_TEST_PROMPTS=json.dumps(PROMPTS),
-               PYTHONPATH=os.pathsep.join([str(here), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TP_TEST_PROMPTS=json.dumps(PROMPTS),
+        PYTHONPATH=os.pathsep.join([str(here), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
     procs = [
-        subprocess.Popen([sys.executable, str(here / "_tp_worker.py"), str(r), "2", str(port), str(vllm_tiny_path),
-                          str(outs[r])], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(here / "_tp_worker.py"), str(r), "2", str(port), str(vllm_tiny_path), str(outs[r])],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in range(2)
     ]
     logs = []

@@ -11,9 +11,9 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from tests.unit.engines.vllm.vllm_helpers import TOL, hf_greedy, make_engine, max_logprob_error, perturbed
 
 from hybridrl.engines.base import SamplingParams
+from tests.unit.engines.vllm.vllm_helpers import TOL, hf_greedy, make_engine, max_logprob_error, perturbed
 
 pytestmark = pytest.mark.vllm
 
