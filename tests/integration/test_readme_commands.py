@@ -1,27 +1,46 @@
-"""Every `python -m hybridrl ...` command printed in README.md and in the recipe headers composes and validates.
+"""Every command printed in the README, the docs, benchmarks/RESULTS.md, CONTRIBUTING.md and the recipe headers runs
+as printed, as far as it can be checked without running it.
 
 Each command is read as a user would copy it: continuation lines ending in `\\` joined, an environment prefix
-(`WANDB_MODE=offline`) and a trailing `# comment` dropped, shell quoting undone. Its overrides then go through
-Hydra's override parser and compose API with the repo's config validation, so a value Hydra cannot parse on a
-command line (`trainer.offload=params,optimizer` outside -m), an unknown key or a bad value fails here. Sweeps
-(`-m`) are expanded value by value (an Optuna `interval(a,b)` by its lower end). Placeholder paths such as
-`/path/to/model` are fine: composing does not open them.
+(`WANDB_MODE=offline`) and a trailing `# comment` dropped, shell quoting undone. A `python -m hybridrl ...` command's
+overrides then go through Hydra's override parser and compose API with the repo's config validation, so a value
+Hydra cannot parse on a command line (`trainer.offload=params,optimizer` outside -m), an unknown key or a bad value
+fails here. Sweeps (`-m`) are expanded value by value (an Optuna `interval(a,b)` by its lower end). A
+`python -m hybridrl.export`, `python -m benchmarks.<name>` or `python scripts/<name>.py` command's arguments go
+through that program's own argument parser, so an option that does not exist (or no longer does) fails here.
+Placeholder paths such as `/path/to/model` are fine: nothing opens them.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import itertools
 import re
 import shlex
+import sys
 
 import pytest
 
 from tests.paths import REPO
 
 README = REPO / "README.md"
+# Markdown files whose commands users copy: the README first, then the docs pages and the other guides.
+DOCS = [
+    README,
+    *sorted((REPO / "docs").glob("*.md")),
+    REPO / "benchmarks" / "RESULTS.md",
+    REPO / "CONTRIBUTING.md",
+    REPO / "recipes" / "README.md",
+]
 RECIPES = sorted((REPO / "recipes" / "recipe").glob("*.yaml"))
 
-_CMD_RE = re.compile(r"(?:^|(?<=[\s;&|(`]))(?:[\w.~/-]*/)?python3?\s+-m\s+hybridrl\b(?P<args>.*)$")
+_PREFIX = r"(?:^|(?<=[\s;&|(`]))(?:[\w.~/-]*/)?python3?\s+"
+_CMD_RE = re.compile(_PREFIX + r"-m\s+hybridrl(?![\w.])(?P<args>.*)$")
+# The package's other commands, the benchmarks and the scripts: (module or script path, arguments).
+_TOOL_RE = re.compile(
+    _PREFIX + r"(?:-m\s+(?P<module>hybridrl\.export|benchmarks\.\w+)|(?P<script>scripts/\w+\.py))(?P<args>.*)$"
+)
 _INLINE_RE = re.compile(r"`([^`\n]+)`")
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-dir", "-cd"}
 _FLAGS = {"--resolve", "--info", "-i", "--help", "-h", "--hydra-help"}
@@ -44,21 +63,37 @@ def _joined_lines(lines: list[str]) -> list[str]:
     return out
 
 
-def readme_commands(text: str) -> list[str]:
-    """The argument strings of every `python -m hybridrl` command in a markdown text: in fenced code blocks
-    (whole lines) and in inline code spans of the prose."""
-    found: list[str] = []
+def _markdown_command_lines(text: str) -> list[str]:
+    """The lines a command can be copied from: each line of a fenced code block (continuations joined) and each
+    inline code span of the prose."""
+    lines: list[str] = []
     fenced, block, prose = False, [], []
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
             if fenced:
-                found += _commands_in(_joined_lines(block))
+                lines += _joined_lines(block)
                 block = []
             fenced = not fenced
             continue
         (block if fenced else prose).append(line)
-    for span in _INLINE_RE.findall("\n".join(prose)):
-        found += _commands_in([span])
+    return lines + _INLINE_RE.findall("\n".join(prose))
+
+
+def readme_commands(text: str) -> list[str]:
+    """The argument strings of every `python -m hybridrl` command in a markdown text: in fenced code blocks
+    (whole lines) and in inline code spans of the prose."""
+    return _commands_in(_markdown_command_lines(text))
+
+
+def tool_commands(text: str) -> list[tuple[str, str]]:
+    """(module, arguments) of every `python -m hybridrl.export`, `python -m benchmarks.<name>` and
+    `python scripts/<name>.py` command in a markdown text; a script is named by its module (`scripts.<name>`)."""
+    found = []
+    for line in _markdown_command_lines(text):
+        m = _TOOL_RE.search(line)
+        if m:
+            module = m.group("module") or m.group("script")[: -len(".py")].replace("/", ".")
+            found.append((module, m.group("args").strip()))
     return found
 
 
@@ -81,14 +116,23 @@ def _commands_in(lines: list[str]) -> list[str]:
     return out
 
 
-def overrides_of(args: str) -> tuple[list[str], bool]:
-    """(overrides, multirun) of one command's arguments; Hydra's own flags are dropped."""
+def words_of(args: str) -> list[str]:
+    """The words a shell passes to the program: quoting undone, up to the first shell operator (`&& echo done`:
+    the next shell command is not ours) or comment."""
     lexer = shlex.shlex(args, posix=True, punctuation_chars=";&|")
     lexer.whitespace_split = True  # words end at spaces and shell operators; "# ..." is a comment
-    overrides, multirun, skip = [], False, False
+    words = []
     for tok in lexer:
         if tok and set(tok) <= set(";&|"):
-            break  # `&& echo done`: the next shell command is not ours
+            break
+        words.append(tok)
+    return words
+
+
+def overrides_of(args: str) -> tuple[list[str], bool]:
+    """(overrides, multirun) of one command's arguments; Hydra's own flags are dropped."""
+    overrides, multirun, skip = [], False, False
+    for tok in words_of(args):
         if skip:
             skip = False
         elif tok in ("-m", "--multirun"):
@@ -138,20 +182,28 @@ def compose_and_validate(overrides: list[str]) -> None:
         validate(compose(config_name="config", overrides=overrides))
 
 
+def _relative(path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
 def _all_commands() -> list[tuple[str, str]]:
-    cases = [("README.md", args) for args in readme_commands(README.read_text())]
+    cases = [(_relative(doc), args) for doc in DOCS for args in readme_commands(doc.read_text())]
     for path in RECIPES:
         cases += [(f"recipes/recipe/{path.name}", args) for args in recipe_commands(path.read_text())]
     return cases
 
 
 COMMANDS = _all_commands()
+TOOL_COMMANDS = [(_relative(doc), module, args) for doc in DOCS for module, args in tool_commands(doc.read_text())]
 
 
 def test_the_docs_have_commands_to_check() -> None:
     sources = {src for src, _ in COMMANDS}
     assert "README.md" in sources and len(COMMANDS) >= 10
+    pages = {"docs/configuration.md", "docs/running.md", "docs/agents.md", "docs/engines.md", "docs/ppo.md"}
+    assert pages <= sources, f"pages without a python -m hybridrl command: {sorted(pages - sources)}"
     assert {f"recipes/recipe/{p.name}" for p in RECIPES} <= sources, "every recipe header gives its command"
+    assert {"benchmarks/RESULTS.md", "CONTRIBUTING.md"} <= {src for src, _, _ in TOOL_COMMANDS}
 
 
 @pytest.mark.parametrize("source,args", COMMANDS, ids=[f"{s}: {a[:60]}" for s, a in COMMANDS])
@@ -163,6 +215,37 @@ def test_command_composes_as_printed(source: str, args: str) -> None:
             compose_and_validate(job)
     except Exception as e:  # noqa: BLE001 - report which printed command broke, and how
         pytest.fail(f"{source}: `python -m hybridrl {args}` does not run as printed: {type(e).__name__}: {e}")
+
+
+class _Parsed(Exception):
+    """Raised by the patched parser once a program's arguments parse, so the program stops before it runs."""
+
+
+def parse_like_the_program(module_name: str, words: list[str], monkeypatch) -> argparse.Namespace:
+    """Run `module_name`'s `main()` with `words` as its command line until its argument parser has parsed them;
+    argparse's own error (SystemExit) propagates for arguments the program does not accept."""
+    real_parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        raise _Parsed(real_parse_args(self, args, namespace))
+
+    module = importlib.import_module(module_name)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    monkeypatch.setattr(sys, "argv", [module_name, *words])
+    try:
+        module.main()
+    except _Parsed as parsed:
+        return parsed.args[0]
+    raise AssertionError(f"{module_name}.main() returned without parsing its arguments")
+
+
+@pytest.mark.parametrize("source,module,args", TOOL_COMMANDS, ids=[f"{s}: {m} {a[:50]}" for s, m, a in TOOL_COMMANDS])
+def test_program_command_parses_as_printed(source: str, module: str, args: str, monkeypatch, capsys) -> None:
+    try:
+        parse_like_the_program(module, words_of(args), monkeypatch)
+    except SystemExit:
+        printed = module if module.startswith(("hybridrl", "benchmarks")) else module.replace(".", "/") + ".py"
+        pytest.fail(f"{source}: `python {printed} {args}` is refused: {capsys.readouterr().err.strip()}")
 
 
 # ---- the extractor itself, on made-up text with the shapes the docs use ----------------------------------------
@@ -193,8 +276,22 @@ def test_extraction_joins_continuations_and_drops_prefixes_comments_and_other_co
     )
     assert overrides_of("a=1 | tee log") == (["a=1"], False)
     assert overrides_of("-m --cfg job 'trainer.lr=interval(1e-4,1e-2)'") == (["trainer.lr=interval(1e-4,1e-2)"], True)
+    assert tool_commands(text) == [("scripts.summarize_sweep", "multirun/x")]
+    assert tool_commands(
+        "`python -m hybridrl.export --checkpoint c --output o`, `python -m benchmarks.step --shape 1.5b`"
+    ) == [
+        ("hybridrl.export", "--checkpoint c --output o"),
+        ("benchmarks.step", "--shape 1.5b"),
+    ]
     header = "# @package _global_\n# Demo.\n#\n#   python -m hybridrl recipe=x \\\n#       a.b=1\nfoo: 1\n"
     assert [c.split() for c in recipe_commands(header)] == [["recipe=x", "a.b=1"]]
+
+
+def test_a_program_option_that_does_not_exist_is_refused(monkeypatch) -> None:
+    words = words_of("--output /tmp/x.jsonl --n 5   # five tasks")
+    assert parse_like_the_program("scripts.make_countdown", words, monkeypatch).n == 5
+    with pytest.raises(SystemExit):
+        parse_like_the_program("scripts.make_countdown", [*words, "--count", "5"], monkeypatch)
 
 
 def test_expansion_runs_each_sweep_value_and_refuses_a_sweep_without_multirun() -> None:
@@ -241,7 +338,7 @@ def test_offload_names_the_key_for_an_unknown_part(override: str) -> None:
 
 _GROUPS = ("model", "engine", "trainer", "algorithm", "data", "reward", "logger", "cluster", "reshard", "recipe")
 _OVERRIDE_SPAN_RE = re.compile(rf"^(?:{'|'.join(_GROUPS)})[\w.]*=\S+$")
-# Printed in README.md and not runnable as printed; the lead fixes the README (then this list empties).
+# Printed in the docs and not runnable as printed, while a fix is pending (then this list empties).
 AWAITING_README_FIX: set[str] = set()
 
 
@@ -257,7 +354,7 @@ def readme_inline_overrides(text: str) -> list[str]:
     return sorted(s for s in spans if "<" not in s)  # `recipe=<name>` is a pattern, not a value
 
 
-INLINE = readme_inline_overrides(README.read_text())
+INLINE = sorted({span for doc in DOCS for span in readme_inline_overrides(doc.read_text())})
 
 
 @pytest.mark.parametrize(
