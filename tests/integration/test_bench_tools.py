@@ -1,7 +1,7 @@
 """Every benchmark under benchmarks/ runs on the CPU with the tiny shape and prints the JSON it documents.
 
 The GPU figures come from these scripts; they build their roles with the product's own builder, so a change to the
-builder or the controller that breaks a benchmark must fail here, not on the next (scarce) GPU session.
+builder or the controller that breaks a benchmark must fail here, on the CPU, not on a GPU machine.
 """
 
 from __future__ import annotations
