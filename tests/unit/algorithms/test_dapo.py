@@ -1,32 +1,13 @@
-"""DAPO's overlong penalty and dynamic sampling (batch refill), and the rollout-correction modes,
-against hand-computed values."""
+"""hybridrl.algorithms.dapo: DAPO's overlong penalty and dynamic sampling (groups without signal dropped, the batch
+refilled from later rounds), against hand-computed values."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
-from hybridrl.algorithms import (
-    AlgorithmConfig,
-    GroupRefill,
-    groups_with_signal,
-    masked_is,
-    overlong_penalty,
-    rollout_correction,
-    sequence_tis_weights,
-)
-
-
-def close(actual, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float64),
-        torch.as_tensor(expected, dtype=torch.float64),
-        atol=atol,
-        rtol=0,
-    )
-
+from hybridrl.algorithms import GroupRefill, groups_with_signal, overlong_penalty
+from tests.unit.algorithms.reference import close
 
 # ---------------------------------------------------------------- overlong penalty
 
@@ -107,67 +88,3 @@ def test_refill_first_round_full_and_errors():
         GroupRefill(target_groups=2, group_size=2, max_resample_rounds=0).finish()
     with pytest.raises(ValueError, match="group_size >= 2"):
         GroupRefill(target_groups=2, group_size=1, max_resample_rounds=0)
-
-
-# ---------------------------------------------------------------- rollout correction
-# rho = pi_trainer_old / pi_engine per token. Row 0: [1.5, 4.0, 0.25] (product 1.5, geometric mean
-# 1.5^(1/3) = 1.1447142); row 1: [0.8, 1.25] (geometric mean 1). Padding engine log-probs are garbage.
-RHO = [[1.5, 4.0, 0.25, 1.0], [0.8, 1.25, 1.0, 1.0]]
-RC_MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-OLD = torch.zeros(2, 4)
-ENGINE = torch.tensor([[-math.log(r) for r in row] for row in RHO])
-ENGINE[0, 3] = ENGINE[1, 2] = -1e9
-GEO0 = 1.5 ** (1 / 3)
-
-
-def _rc(mode: str, **kw):
-    return rollout_correction(AlgorithmConfig(rollout_correction=mode, **kw), OLD, ENGINE, RC_MASK)
-
-
-def test_rollout_correction_none():
-    assert _rc("none") == (None, None, {})
-
-
-def test_token_tis():
-    w, keep, m = _rc("tis", rollout_correction_cap=2.0)
-    assert keep is None
-    close(w, [[1.5, 2.0, 0.25, 0], [0.8, 1.25, 0, 0]])
-    close(m["rollout_corr/weight_mean"], 5.8 / 5)
-    close(m["rollout_corr/weight_max"], 2.0)
-    close(m["rollout_corr/masked_frac"], 0.0)
-    close(m["rollout_corr/truncated_frac"], 1 / 5)
-
-
-def test_sequence_tis_geometric_mean():
-    w, keep, m = _rc("seq_tis", rollout_correction_cap=2.0)
-    assert keep is None
-    close(w, [[GEO0, GEO0, GEO0, 0], [1.0, 1.0, 0, 0]])
-    close(m["rollout_corr/weight_mean"], (3 * GEO0 + 2) / 5)
-    close(m["rollout_corr/truncated_frac"], 0.0)
-    # cap 1.1 truncates row 0 (3 of 5 tokens)
-    w, _, m = _rc("seq_tis", rollout_correction_cap=1.1)
-    close(w, [[1.1, 1.1, 1.1, 0], [1.0, 1.0, 0, 0]])
-    close(m["rollout_corr/truncated_frac"], 3 / 5)
-    assert not sequence_tis_weights(OLD.clone().requires_grad_(), ENGINE, RC_MASK, 2.0).requires_grad
-
-
-def test_token_masked_is():
-    w, keep, m = _rc("token_mis", rollout_correction_lower=0.5, rollout_correction_upper=2.0)
-    # 4.0 > 2 and 0.25 < 0.5 are dropped
-    close(keep, [[1, 0, 0, 0], [1, 1, 0, 0]])
-    close(w, [[1.5, 0, 0, 0], [0.8, 1.25, 0, 0]])
-    close(m["rollout_corr/masked_frac"], 2 / 5)
-    close(m["rollout_corr/weight_mean"], 3.55 / 3)
-    close(m["rollout_corr/weight_max"], 1.5)
-    assert "rollout_corr/truncated_frac" not in m
-
-
-def test_sequence_masked_is():
-    w, keep, m = _rc("seq_mis", rollout_correction_lower=0.9, rollout_correction_upper=1.1)
-    # row 0's geometric mean 1.1447 > 1.1: the whole sequence is dropped; row 1 (1.0) stays
-    close(keep, [[0, 0, 0, 0], [1, 1, 0, 0]])
-    close(w, [[0, 0, 0, 0], [1.0, 1.0, 0, 0]])
-    close(m["rollout_corr/masked_frac"], 3 / 5)
-    close(m["rollout_corr/weight_mean"], 1.0)
-    with pytest.raises(ValueError, match="level"):
-        masked_is(OLD, ENGINE, RC_MASK, 0.5, 2.0, "batch")
