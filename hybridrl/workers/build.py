@@ -1,5 +1,5 @@
-"""The one builder of a worker's roles: the app's workers, every benchmark under tools/ and the tests call it, so a
-benchmark measures exactly what a run executes.
+"""The one builder of a worker's roles: the app's workers, every benchmark under benchmarks/ and the tests call it,
+so a benchmark measures exactly what a run executes.
 
     topology = Topology(world_size, cfg.engine.tp_size, rank)
     roles = build_components(cfg, topology, device)     # actor, ref, engine (+ critic, reward models)
