@@ -87,6 +87,7 @@ PROFILE_TRAJECTORIES = 64  # a profile of every trajectory's events takes minute
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.engine`."""
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -275,6 +276,7 @@ def actor_params(actor) -> int:
 
 
 def case_single(roles, configs, args, device: torch.device, path: str, profile: str | None) -> dict:
+    """--batch distinct prompts, one sample each, in every variant; then transformers' generate on them."""
     prompts = random_prompts(args.batch, args.prompt_len, roles.actor.model.config.vocab_size, seed=1)
     res = {
         "prompts": args.batch,
@@ -291,6 +293,7 @@ def case_single(roles, configs, args, device: torch.device, path: str, profile: 
 
 
 def case_grpo(roles, configs, args, device: torch.device, path: str, profile: str | None) -> dict:
+    """--prompts prompts × --samples samples sharing each, in every variant."""
     prompts = random_prompts(args.prompts, args.prompt_len, roles.actor.model.config.vocab_size, seed=2)
     return {
         "prompts": args.prompts,
@@ -301,6 +304,8 @@ def case_grpo(roles, configs, args, device: torch.device, path: str, profile: st
 
 
 def case_multiturn(roles, configs, args, device: torch.device, path: str, profile: str | None) -> dict:
+    """--trajectories × --turns with tool calls between turns, lockstep and staggered, against one-turn generation of
+    the same tokens, in every variant."""
     t, turns = args.trajectories, args.turns
     gen = torch.Generator().manual_seed(3)
     vocab = roles.actor.model.config.vocab_size
@@ -372,6 +377,7 @@ RUN_CASE = {"single": case_single, "grpo": case_grpo, "multiturn": case_multitur
 
 
 def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)

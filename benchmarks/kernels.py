@@ -88,6 +88,7 @@ def graph_time_us(fn, calls: int = 20, replays: int = 30) -> float:
 
 
 def bench_shape(name: str, m: int, n: int, k: int, bias: bool) -> dict:
+    """One projection of `m` rows × `n` outputs × `k` inputs: cuBLAS against every Triton skinny-GEMM config."""
     dev = torch.device("cuda")
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
@@ -455,6 +456,7 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.kernels`."""
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -479,6 +481,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
     if not torch.cuda.is_available():
         raise SystemExit(

@@ -37,15 +37,17 @@ from benchmarks.common import (
     random_prompts,
 )
 from hybridrl.engines.base import SamplingParams
-from hybridrl.engines.native.fixed_memory import mapped_bytes
+from hybridrl.workers.dist import memory_snapshot
 
 
-def allocated(device) -> int:
-    """Device memory held by tensors: torch's allocator and the native engine's fixed-address memory."""
-    return torch.cuda.memory_allocated(device) + mapped_bytes(device) if device.type == "cuda" else 0
+def allocated(device: torch.device) -> int:
+    """Device memory held by tensors, as the run's memory metrics count it (torch's allocator and the native engine's
+    fixed-address memory); 0 on the CPU."""
+    return int(memory_snapshot(device)["allocated_gb"] * 2**30) if device.type == "cuda" else 0
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.lifecycle`."""
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.lifecycle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -59,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)

@@ -189,6 +189,7 @@ def full_estimate_gb(lora: dict, n_params: int) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.lora`."""
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.lora", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -220,6 +221,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)

@@ -50,6 +50,7 @@ from hybridrl.workers.dist import STORE_FILE_ENV, init_process_group
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.reshard`."""
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.reshard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -168,6 +169,7 @@ def run_rank(rank: int, args, path: str) -> None:
 
 
 def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)

@@ -78,6 +78,7 @@ PER_STEP_METRICS = ("time/", "offload/", "reshard/", "mismatch/", "engine/")
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.step`."""
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -234,6 +235,7 @@ def extra_switching_s(metrics: dict) -> float:
 
 
 def median_of(steps: list[dict], fn) -> float:
+    """The median of `fn(metrics)` over the timed steps."""
     return statistics.median(fn(m) for m in steps)
 
 
@@ -347,6 +349,7 @@ def trainer_throughput(controller, args, path: str, device: torch.device) -> dic
 
 
 def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)

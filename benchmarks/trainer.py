@@ -160,6 +160,7 @@ def plain_fsdp_tok_s(
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.trainer`."""
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -216,6 +217,7 @@ def time_variant(name: str, path: str, device: torch.device, args, vocab: int) -
 
 
 def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
     device = pick_device(args.device)
     names = args.variants.split(",")
