@@ -1,45 +1,47 @@
 #!/usr/bin/env bash
-# The GPU benchmarks of docs/measurements, by group, each with its own time limit; JSON and logs under $OUT.
+# The GPU benchmarks and CUDA tests, by group, each command with its own time limit; JSON, logs and profiles under $OUT.
 #
-#   OUT=/tmp/out bash benchmarks/gpu.sh kernel engine trainer      # groups below, in any order
+#   OUT=/tmp/out bash benchmarks/gpu.sh kernel engine trainer step     # any groups below, in any order
 #
-#   kernel    CUDA tests of the engine's Triton kernels, the sampler, the log-prob kernel, the engine, its scheduler
-#   engine_grpo  bench_engine 1.5B GRPO-shaped: 32 prompts × 8 samples × 512 new (one prefill per group)
-#   fixed_addresses  CUDA tests of fixed-address memory and graphs surviving sleep; bench_step 1.5B with
-#                engine.native.fixed_addresses=true, then false (graph capture seconds and rollout tok/s in each)
-#   shared_prefix  bench_engine GRPO-shaped with 512-token prompts, 1.5B then 0.5B: decode attention reading each
-#                group's prompt once (engine.native.shared_prefix_tokens=512) against once per row (0), in one process
-#   multiturn    bench_engine 0.5B: 256 trajectories × 4 turns with a 50 ms tool, against the same tokens single-turn,
-#                then 512 trajectories on 256 rows; turns of 64 tokens, then 256; joins inside the step and apart
-#   engine    bench_engine 0.5B, batch 64 × 256 new, vs HF generate and vs the torch sampler, with a profile
-#   engine_more  bench_engine without CUDA graphs, and at batch 256 (0.5B × 256 new, 1.5B × 1024 new)
-#   trainer   bench_trainer 1.5B, batch 8 × 1024: our update's variants vs plain FSDP2, with profiles
-#   step      bench_step 1.5B: a GRPO step with trainer.offload=params,optimizer (lazy, and eager: --eager-offload)
-#             and with none
-#   step_large  bench_step 1.5B with offload at 64 prompts × 8 × 1024 new tokens
-#   lifecycle bench_lifecycle 1.5B: sleep/wake/offload/onload/reshard seconds, GB/s, bytes freed
-#   (two GPUs, kind nvidia-h200-x2)
-#   scale       bench_step 1.5B on 1 GPU and on 2 (engine TP 1 ×2 replicas, TP 2), same global batch (strong) and
-#               same per-GPU batch (weak); set SCALE_SET="trainer.fsdp_layers_per_unit=1 ..." to try other sharding
-#   reshard_2gpu  bench_reshard 7B: FSDP over 2 GPUs → engine TP 2 (fused layout, NCCL)
-#   step_7b_2gpu  bench_step 7B on 2 GPUs, engine TP 2, full offload: phases, switching, memory per phase
-#   same_seed_2gpu  the tiny default on 1 and on 2 GPUs (TP 1 and 2), same seed; scripts/compare_runs.py gaps
-#   ppo       bench_step 1.5B with algorithm=ppo (a 1.5B critic) and two 1.5B reward models, full offload
-#   lora      bench_lora 7B: a GRPO step with LoRA rank 64 against full fine-tuning (its estimate when it does not
-#             fit one H200), and the reshard with the merge against the plain reshard
+# One GPU (an H200 for the figures in benchmarks/RESULTS.md):
+#   kernel        CUDA tests of the native engine: its Triton kernels, the sampler and log-prob kernels, the engine and
+#                 its scheduler, fixed-address memory and graphs surviving sleep
+#   kernel_sweep  benchmarks.kernels: launch sweeps of the decode GEMMs and attention at the 0.5B and 1.5B shapes
+#   engine        benchmarks.engine: 0.5B, 64 prompts × 256 new against HF generate (with a profile); 1.5B GRPO-shaped,
+#                 32 prompts × 8 samples × 512 new
+#   engine_settings  benchmarks.engine, settings side by side in one process: decode attention reading a group's
+#                 shared prompt once or per row (512-token prompts, 1.5B and 0.5B); CUDA graphs on and off; PDL on and
+#                 off; the sampler kernel against the torch path; 256 rows (0.5B × 256 new, 1.5B × 1024 new)
+#   multiturn     benchmarks.engine --case multiturn, 0.5B: 256 trajectories × 4 turns with a 50 ms tool, then 512
+#                 trajectories on 256 rows; turns of 64 tokens, then 256; joins inside the decode step and apart
+#   trainer       benchmarks.trainer 1.5B, batch 8 × 1024: the actor's update in several configurations against plain
+#                 FSDP2, with profiles ($TRAINER_VARIANTS overrides the list)
+#   step          benchmarks.step 1.5B: a GRPO step with trainer.offload=params,optimizer (lazy, then eager) and none
+#                 ($STEP_OFFLOADS overrides the list); fixed device addresses on and off
+#   step_large    benchmarks.step 1.5B at 64 prompts × 8 × 1024 new tokens
+#   lifecycle     benchmarks.lifecycle 1.5B: sleep/wake/offload/onload/reshard seconds, GB/s, bytes freed
+#   ppo           benchmarks.step 1.5B with algorithm=ppo (a 1.5B critic) and two 1.5B reward models
+#   lora          benchmarks.lora 7B: a GRPO step with LoRA rank 64 against full fine-tuning (estimated where it does
+#                 not fit), and the reshard with the merge against the plain reshard
+# Two GPUs (one host):
+#   scale         benchmarks.step 1.5B on 1 GPU and on 2 (engine TP 1 × 2 replicas, TP 2), the same global batch
+#                 (strong) and the same per-GPU batch (weak); SCALE_SET="key=value ..." adds overrides
+#   reshard_2gpu  benchmarks.reshard 7B: FSDP over 2 GPUs → engine TP 2
+#   step_7b_2gpu  benchmarks.step 7B on 2 GPUs, engine TP 2, full offload
+#   same_seed_2gpu  the tiny default run on 1 and on 2 GPUs (TP 1 and 2) with the same seed; scripts/compare_runs.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_bench_out}
 mkdir -p "$OUT" && OUT=$(realpath "$OUT")
-# The tools put this repo first on their own path; `python -m hybridrl` needs the installed copy (benchmarks/gpu_env.sh),
-# whose hybridrl.conf resolves, so app runs below start from another folder.
+# `python -m hybridrl` runs from another folder below, so it needs the installed copy (benchmarks/gpu_env.sh); the
+# benchmarks run from this folder, where `benchmarks` is importable.
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybridrl_cache
 REPO=$PWD
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # as benchmarks/gpu_env.sh says
 PY=${PYTHON:-python3}
-MODELS=/tmp/hybridrl_bench_models
+MODELS=/tmp/hybridrl_bench_models  # random-init model folders, made by the first benchmark that needs one
 
-step() {  # step NAME TIMEOUT_S CMD...
+run() {  # run NAME TIMEOUT_S CMD...: the command's output to $OUT/NAME.log, its tail here
   local name=$1 limit=$2
   shift 2
   local t0=$SECONDS
@@ -49,91 +51,99 @@ step() {  # step NAME TIMEOUT_S CMD...
   grep -v -E "Loading weights|Writing model" "$OUT/$name.log" | tail -n 40
 }
 
+bench() {  # bench NAME TIMEOUT_S MODULE ARGS...: python -m benchmarks.MODULE ARGS, its JSON to $OUT/NAME.json
+  local name=$1 limit=$2 module=$3
+  shift 3
+  run "$name" "$limit" $PY -m "benchmarks.$module" "$@" --out "$OUT/$name.json"
+}
+
 for group in "$@"; do
   case $group in
     kernel)
-      step kernel_tests 480 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu/test_engine_kernels.py \
-        tests/gpu/test_sampling_kernel.py tests/gpu/test_logprob_kernel.py tests/unit/engines/native/test_fused_engine.py tests/unit/engines/native/test_engine_scheduler.py ;;
-    engine_grpo)
-      step engine_1.5b_grpo 200 $PY -m benchmarks.engine --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \
-        --out "$OUT/bench_engine_1.5b_grpo_p32x8_n512.json" ;;
-    fixed_addresses)
-      step fixed_tests 240 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/unit/engines/native/test_fused_engine.py \
-        -k "fixed or survive"
-      for v in true false; do
-        mkdir -p "$OUT/fixed_$v"
-        step step_1.5b_fixed_$v 200 env OUT="$OUT/fixed_$v" $PY -m benchmarks.step --shape 1.5b --device cuda \
-          --set engine.native.fixed_addresses=$v
-      done ;;
-    shared_prefix)
-      for s in 1.5b 0.5b; do
-        step engine_${s}_grpo_p512 300 $PY -m benchmarks.engine --case grpo --shape $s --prompts 32 --samples 8 \
-          --prompt-len 512 --new-tokens 512 --shared-prefix-tokens 512 0 --out "$OUT/bench_engine_${s}_grpo_p512_shared.json"
-      done ;;
-    multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs);
-      # turns of 64 tokens, then of 256; each with joins inside the step (the default) and prefilled apart (0)
-      for n in 256 1024; do
-        step engine_0.5b_multiturn_n$n 240 $PY -m benchmarks.engine --case multiturn --shape 0.5b --trajectories 256 \
-          --turns 4 --tool-ms 50 --new-tokens $n --join-step-tokens 0 512 --out "$OUT/bench_engine_0.5b_multiturn_256x4_n$n.json"
-        step engine_0.5b_multiturn_512_n$n 240 $PY -m benchmarks.engine --case multiturn --shape 0.5b --trajectories 512 \
-          --max-rows 256 --turns 4 --tool-ms 50 --new-tokens $n --join-step-tokens 0 512 \
-          --out "$OUT/bench_engine_0.5b_multiturn_512on256x4_n$n.json"
-      done ;;
+      run kernel_tests 480 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu \
+        tests/unit/engines/native/test_fused_engine.py tests/unit/engines/native/test_engine_scheduler.py ;;
+    kernel_sweep)
+      bench kernel_sweep 540 kernels --what linear attention --shapes 0.5b 1.5b ;;
     engine)
-      step engine_0.5b_b64 200 $PY -m benchmarks.engine --device cuda --shape 0.5b --batch 64 --prompt-len 128 \
-        --new-tokens 256 --torch-sampler --profile "$OUT/profile_engine_0.5b.txt" --out "$OUT/bench_engine_0.5b_b64_n256.json" ;;
-    engine_more)  # no CUDA graphs; larger batches, engine only
-      B="$PY -m benchmarks.engine --device cuda --skip-hf --prompt-len 128"
-      step engine_0.5b_b64_eager 60 $B --shape 0.5b --batch 64 --new-tokens 256 --no-cuda-graphs \
-        --out "$OUT/bench_engine_0.5b_b64_n256_eager.json"
-      step engine_0.5b_b256 60 $B --shape 0.5b --batch 256 --new-tokens 256 --out "$OUT/bench_engine_0.5b_b256_n256.json"
-      step engine_1.5b_b256 90 $B --shape 1.5b --batch 256 --new-tokens 1024 --out "$OUT/bench_engine_1.5b_b256_n1024.json" ;;
+      bench engine_0.5b_b64_n256 200 engine --device cuda --shape 0.5b --model-dir $MODELS/0.5b --batch 64 \
+        --prompt-len 128 --new-tokens 256 --profile "$OUT/profile_engine_0.5b.txt"
+      bench engine_1.5b_grpo_p32x8_n512 200 engine --device cuda --case grpo --shape 1.5b --model-dir $MODELS/1.5b \
+        --prompts 32 --samples 8 --new-tokens 512 ;;
+    engine_settings)
+      for s in 1.5b 0.5b; do
+        bench engine_${s}_grpo_p512_shared_prefix 300 engine --device cuda --case grpo --shape $s \
+          --model-dir $MODELS/$s --prompts 32 --samples 8 --prompt-len 512 --new-tokens 512 \
+          --vary engine.native.shared_prefix_tokens=512,0
+      done
+      E05="engine --device cuda --skip-hf --shape 0.5b --model-dir $MODELS/0.5b --prompt-len 128"
+      E15="engine --device cuda --skip-hf --shape 1.5b --model-dir $MODELS/1.5b --prompt-len 128"
+      bench engine_0.5b_b64_graphs 120 $E05 --batch 64 --new-tokens 256 --vary engine.native.cuda_graphs=true,false
+      bench engine_0.5b_b64_sampler 120 $E05 --batch 64 --new-tokens 256 --vary engine.native.sampler_kernel=true,false
+      bench engine_1.5b_grpo_pdl 200 $E15 --case grpo --prompts 32 --samples 8 --new-tokens 512 \
+        --vary engine.native.pdl=on,off
+      bench engine_0.5b_b256_n256 90 $E05 --batch 256 --new-tokens 256
+      bench engine_1.5b_b256_n1024 120 $E15 --batch 256 --new-tokens 1024 ;;
+    multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs)
+      for n in 256 1024; do
+        M="engine --device cuda --case multiturn --shape 0.5b --model-dir $MODELS/0.5b --turns 4 --tool-ms 50"
+        M="$M --new-tokens $n"
+        bench engine_0.5b_multiturn_256x4_n$n 300 $M --trajectories 256 --vary engine.native.join_step_tokens=512,0
+        bench engine_0.5b_multiturn_512on256x4_n$n 300 $M --trajectories 512 --max-rows 256 \
+          --vary engine.native.join_step_tokens=512,0
+      done ;;
     trainer)
-      step trainer_1.5b 420 $PY -m benchmarks.trainer --shape 1.5b --model-dir $MODELS/1.5b --profile "$OUT" \
+      bench trainer_1.5b 420 trainer --device cuda --shape 1.5b --model-dir $MODELS/1.5b --profile "$OUT" \
         --variants "${TRAINER_VARIANTS:-default,eager,eager+unfused_logprobs,eager+foreach,chunk}" ;;
     step)
       for off in ${STEP_OFFLOADS:-params,optimizer params,optimizer:eager none}; do
         flag=""; [[ $off == *:eager ]] && flag=--eager-offload
-        step "step_1.5b_${off//[,:]/-}" 300 $PY -m benchmarks.step --shape 1.5b --model-dir $MODELS/1.5b \
+        bench "step_1.5b_offload-${off//[,:]/-}" 300 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b \
           --offload ${off%:eager} $flag
+      done
+      for v in true false; do
+        bench step_1.5b_fixed_addresses_$v 300 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b \
+          --set engine.native.fixed_addresses=$v
       done ;;
-    step_large)  # a batch nearer to usual GRPO runs: 64 prompts × 8 samples × 1024 new tokens
-      step step_1.5b_p64_n1024 420 $PY -m benchmarks.step --shape 1.5b --model-dir $MODELS/1.5b \
-        --offload params,optimizer --prompts 64 --new-tokens 1024 --steps 2 ;;
+    step_large)
+      bench step_1.5b_p64_n1024 420 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --prompts 64 \
+        --new-tokens 1024 --steps 2 ;;
     lifecycle)
-      step lifecycle_1.5b 200 $PY -m benchmarks.lifecycle --shape 1.5b ;;
+      bench lifecycle_1.5b 200 lifecycle --device cuda --shape 1.5b --model-dir $MODELS/1.5b ;;
+    ppo)
+      bench ppo_1.5b 420 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --algorithm ppo --reward-models 2 \
+        --steps 2 --warmup 2 ;;
+    lora)
+      bench lora_7b_r64 420 lora --device cuda --shape 7b --model-dir $MODELS/7b --rank 64 ;;
     scale)
-      S="$PY -m benchmarks.step --shape 1.5b --model-dir $MODELS/1.5b --new-tokens 256 --micro 16 --steps 3 --warmup 2"
+      S="step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --new-tokens 256 --micro 16 --steps 3 --warmup 2"
       X=""; for kv in ${SCALE_SET:-}; do X="$X --set $kv"; done
-      step scale_w1_p32 300 $S --prompts 32 $X
-      step scale_w2_tp1_p32 300 $S --prompts 32 --workers 2 $X
-      step scale_w2_tp2_p32 300 $S --prompts 32 --workers 2 --tp 2 $X
-      step scale_w2_tp1_p64 300 $S --prompts 64 --workers 2 $X ;;
+      bench scale_w1_p32 300 $S --prompts 32 $X
+      bench scale_w2_tp1_p32 300 $S --prompts 32 --workers 2 $X
+      bench scale_w2_tp2_p32 300 $S --prompts 32 --workers 2 --tp 2 $X
+      bench scale_w2_tp1_p64 300 $S --prompts 64 --workers 2 $X ;;
     reshard_2gpu)
-      step reshard_7b_w2_tp2 240 $PY -m benchmarks.reshard --shape 7b --device cuda --workers 2 --tp-size 2 --repeat 5 ;;
+      bench reshard_7b_w2_tp2 300 reshard --device cuda --shape 7b --model-dir $MODELS/7b --workers 2 --tp 2 \
+        --repeat 5 ;;
     step_7b_2gpu)
       for off in ${STEP7B_OFFLOADS:-params,optimizer params,optimizer:eager}; do
         flag=""; [[ $off == *:eager ]] && flag=--eager-offload
-        step "step_7b_w2_tp2_${off//[,:]/-}" 540 $PY -m benchmarks.step --shape 7b --model-dir $MODELS/7b --workers 2 \
-          --tp 2 --prompts ${STEP7B_PROMPTS:-16} --new-tokens 256 --micro 8 --steps 2 --warmup 2 --offload ${off%:eager} $flag
+        bench "step_7b_w2_tp2_offload-${off//[,:]/-}" 540 step --device cuda --shape 7b --model-dir $MODELS/7b \
+          --workers 2 --tp 2 --prompts ${STEP7B_PROMPTS:-16} --new-tokens 256 --micro 8 --steps 2 --warmup 2 \
+          --offload ${off%:eager} $flag
       done ;;
-    lora)
-      step lora_7b_r64 420 $PY -m benchmarks.lora --shape 7b --model-dir $MODELS/7b --rank 64 ;;
-    ppo)
-      step ppo_1.5b 420 $PY -m benchmarks.step --shape 1.5b --model-dir $MODELS/1.5b --algorithm ppo --reward-models 2 \
-        --offload params,optimizer --steps 2 --warmup 2 ;;
     same_seed_2gpu)
-      RUNS=$(realpath "$OUT")/runs
+      RUNS=$OUT/runs
       A="$PY -m hybridrl trainer.steps=20 trainer.eval_every=0 logger.progress_bar=false"
       cd /tmp
-      step same_seed_1gpu 200 $A hydra.run.dir=$RUNS/gpu1
-      step same_seed_2gpu_tp1 200 $A cluster=local cluster.workers_per_node=2 hydra.run.dir=$RUNS/gpu2_tp1
-      step same_seed_2gpu_tp2 200 $A cluster=local cluster.workers_per_node=2 engine.tp_size=2 hydra.run.dir=$RUNS/gpu2_tp2
+      run same_seed_1gpu 200 $A hydra.run.dir=$RUNS/gpu1
+      run same_seed_2gpu_tp1 200 $A cluster=local cluster.workers_per_node=2 hydra.run.dir=$RUNS/gpu2_tp1
+      run same_seed_2gpu_tp2 200 $A cluster=local cluster.workers_per_node=2 engine.tp_size=2 \
+        hydra.run.dir=$RUNS/gpu2_tp2
       cd "$REPO"
       for r in gpu2_tp1 gpu2_tp2; do
         $PY scripts/compare_runs.py $RUNS/gpu1 $RUNS/$r > "$OUT/compare_gpu1_$r.json"
         head -c 1500 "$OUT/compare_gpu1_$r.json"; echo
       done ;;
-    *) echo "unknown group $group" >&2 ;;
+    *) echo "unknown group $group (see the list at the top of benchmarks/gpu.sh)" >&2 ;;
   esac
 done

@@ -1,5 +1,6 @@
-"""Launch sweeps of the decode step's kernels, each op timed inside a CUDA graph (as the engine runs it): 20 calls per
-graph, the median of replays, side by side in one process. Prints JSON.
+"""Launch sweeps of the native engine's decode kernels on one GPU, each op timed inside a CUDA graph (as the engine runs
+it): 20 calls per graph, the median of replays, every configuration side by side in one process. Prints JSON; the
+`gpu` field names the device the microseconds are from. Needs CUDA and Triton.
 
   linear     the projections: cuBLAS (F.linear) against the Triton skinny GEMM over tiles and K splits; per shape
              cuBLAS µs, the best Triton config (with one split, and overall), the weight-read bound, the largest
@@ -18,6 +19,9 @@ graph, the median of replays, side by side in one process. Prints JSON.
              a kernel change in one process)
 
     python -m benchmarks.kernels --what linear attention --shapes 0.5b 1.5b --out kernels.json
+
+JSON: the device labels (`device`, `gpu`, versions) and one object per sweep keyed by model shape (`shapes` holds the
+linear sweep's rows; `sampler` is keyed by decode rows) with its timings and, where it sweeps, the best.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ import importlib.util
 import itertools
 import json
 import statistics
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import add_out_arg, device_info, emit
 from hybridrl.engines.native.kernels import sampling as sampling_kernel
 from hybridrl.engines.native.kernels.attention import decode_attention_triton, pipeline_stages, split_count, tile_keys
 from hybridrl.engines.native.kernels.linear import batched_splits, linear_batched, linear_triton, skinny_plan
@@ -82,6 +88,7 @@ def graph_time_us(fn, calls: int = 20, replays: int = 30) -> float:
 
 
 def bench_shape(name: str, m: int, n: int, k: int, bias: bool) -> dict:
+    """One projection of `m` rows × `n` outputs × `k` inputs: cuBLAS against every Triton skinny-GEMM config."""
     dev = torch.device("cuda")
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
@@ -96,7 +103,8 @@ def bench_shape(name: str, m: int, n: int, k: int, bias: bool) -> dict:
         "cublas_us": graph_time_us(lambda: F.linear(x, w, b)),
     }
     results = []
-    # Few rows: narrow tiles, 4 warps (i_linear.json); more rows: the taller tiles and 8 warps of a compute-bound GEMM.
+    # Few rows: narrow tiles and 4 warps (a weight-read-bound GEMM); more rows: the taller tiles and 8 warps of a
+    # compute-bound one.
     block_ms, block_ns, block_ks, warp_set = (
         ([64], [16, 32, 64, 128], [64, 128, 256], [4]) if m <= 64 else ([64, 128], [64, 128, 256], [64, 128], [4, 8])
     )
@@ -172,7 +180,7 @@ def bench_pairs(shape: str) -> list[dict]:
             "cublas": {w_: graph_time_us(lambda w_=w_: consume(F.linear(a, w, b), w_)) for w_ in warp_set},
         }
         res = []
-        # Few rows: the skinny tiles of i_linear.json; more rows: taller tiles and 8 GEMM warps too.
+        # Few rows: the skinny tiles; more rows: taller tiles and 8 GEMM warps too.
         tiles = [(64, 32, 4), (64, 64, 4)] if m <= 64 else [(64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8)]
         for splits, (bm, bn, gemm_warps), warps in itertools.product([1, 2, 4, 8], tiles, warp_set):
             bk = 128 if k // splits >= 512 and bn <= 64 else 64
@@ -195,8 +203,8 @@ def engine_tables(rows: int, group: int, prompt_len: int, new_tokens: int, block
     admitted at once (`Scheduler._give_blocks`), `group` consecutive rows per prompt: a group's first row takes the
     prompt's full blocks (then shared by the group) and each row its own blocks (a partial prompt block, and every block
     its new tokens will fill) in one run, with ids ascending from 1 as the allocator's free list hands them out. Decode
-    attention's speed depends on this layout (docs/measurements/README.md, twenty-first session): a shuffled table or
-    rows interleaved block by block time the kernels on memory the engine never reads."""
+    attention's speed depends on this layout: a shuffled table, or rows interleaved block by block, would time the
+    kernels on memory the engine never reads."""
     full = prompt_len // block_size
     total = -(-(prompt_len + new_tokens - 1) // block_size)
     table = torch.zeros(rows, total, dtype=torch.int32)
@@ -447,22 +455,40 @@ def bench_sampler(rows: int, baseline_file: str | None, vocab: int = 151936) -> 
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.kernels`."""
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
         "--what",
         nargs="+",
         default=["linear", "attention"],
         choices=("linear", "pairs", "attention", "sampler", "blas", "batched", "rope"),
+        help="the sweeps to run (see above)",
     )
-    ap.add_argument("--shapes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
-    ap.add_argument("--out", default=None, help="also write the JSON here")
-    ap.add_argument("--sampler-baseline", default=None, help="a module file whose sample_counter is timed beside")
-    ap.add_argument("--rope-baseline", default=None, help="a module file whose rope_write_triton is timed beside")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--shapes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES), help="the models' decode shapes"
+    )
+    ap.add_argument(
+        "--sampler-baseline", metavar="FILE", help="a module file whose sample_counter is timed beside the current one"
+    )
+    ap.add_argument(
+        "--rope-baseline", metavar="FILE", help="a module file whose rope_write_triton is timed beside the current one"
+    )
+    add_out_arg(ap)
+    return ap
+
+
+def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
+    args = parser().parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "benchmarks.kernels times Triton kernels in CUDA graphs: it needs a CUDA device (none is visible)"
+        )
     report = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        **device_info(torch.device("cuda", 0)),
         "shapes": {},
         "attention": {},
         "pairs": {},
@@ -472,10 +498,9 @@ def main() -> None:
         "rope": {},
     }
 
-    def save() -> None:  # after each shape, so a run cut short keeps what it measured
+    def save() -> None:  # after each sweep, so a run cut short keeps what it measured
         if args.out:
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=2)
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
     if "sampler" in args.what:
         for rows in (64, 256):
@@ -498,7 +523,7 @@ def main() -> None:
             for shape in SHAPES[s]:
                 report["shapes"].setdefault(s, []).append(bench_shape(*shape))
                 save()
-    print(json.dumps(report, indent=2))
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

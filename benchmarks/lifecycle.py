@@ -1,44 +1,69 @@
 """Seconds, GB/s and memory freed for every phase switch of the hybrid engine; JSON out.
 
     python -m benchmarks.lifecycle --shape 1.5b --device cuda
-    python -m benchmarks.lifecycle --shape tiny --device cpu      # mechanics only: CPU frees nothing
+    python -m benchmarks.lifecycle --shape tiny --device cpu      # mechanics only: the CPU frees nothing
 
-Measured on one device, each switch after a warm-up round: engine sleep(1) / wake(weights) /
-wake(kv_cache), sleep(2) / wake(weights) + reshard / wake(kv_cache), trainer offload / onload of
-parameters and optimizer state. "freed" is the drop in allocated device memory, compared with the
-engine's footprint (weights + KV cache) and the trainer's (parameter shards + Adam state).
+One device's roles, built by the run's builder (`build_components`, trainer.offload=[params,optimizer] on the GPU),
+each switch timed after a warm-up round of it: the engine's sleep(1) / wake(weights) / wake(kv_cache), sleep(2) /
+wake(weights) + reshard / wake(kv_cache), and the trainer's offload / onload of parameters and optimizer state. A
+generate of --batch prompts × --new-tokens before each engine round fills the KV cache, as a rollout leaves it.
+"freed" is the drop in allocated device memory (torch's allocator and the native engine's fixed-address memory),
+compared with the engine's footprint (weights + KV cache) and the trainer's (parameter shards + Adam state). Times and
+GB/s are the device's named in `gpu`.
+
+JSON: the labels (`shape`, `device`, `gpu`, versions, `engine`, `overrides`); `sleep1` and `sleep2`, each with the
+engine's footprint, the GB it freed and their share, `seconds` per switch and `memory_after` it (GPU), plus the weight
+wake-up's GB/s (sleep1) or the reshard's GB and GB/s (sleep2); `trainer`: the offload and onload figures and the GB
+the offload freed.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks.common import Timer, add_model_args, bench_config, bench_worker, make_model_dir, random_prompts  # noqa: E402
-from hybridrl.engines.base import SamplingParams  # noqa: E402
-from hybridrl.engines.native.fixed_memory import mapped_bytes  # noqa: E402
+from benchmarks.common import (
+    Timer,
+    add_model_args,
+    add_run_args,
+    bench_config,
+    bench_worker,
+    device_info,
+    emit,
+    exit_now,
+    make_model_dir,
+    pick_device,
+    random_prompts,
+)
+from hybridrl.engines.base import SamplingParams
+from hybridrl.workers.dist import memory_snapshot
 
 
-def allocated(device) -> int:
-    """Device memory held by tensors: torch's allocator and the native engine's fixed-address memory."""
-    return torch.cuda.memory_allocated(device) + mapped_bytes(device) if device.type == "cuda" else 0
+def allocated(device: torch.device) -> int:
+    """Device memory held by tensors, as the run's memory metrics count it (torch's allocator and the native engine's
+    fixed-address memory); 0 on the CPU."""
+    return int(memory_snapshot(device)["allocated_gb"] * 2**30) if device.type == "cuda" else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.lifecycle`."""
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.lifecycle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_args(ap, "1.5b")
+    ap.add_argument(
+        "--batch", type=int, default=64, help="sequences of the generate before each round (fill the KV cache)"
+    )
+    ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per sequence of that generate")
+    add_run_args(ap)
+    return ap
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_args(ap, "1.5b")
-    ap.add_argument("--batch", type=int, default=64, help="sequences in the warm-up generate (sizes the KV cache)")
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--impl", default="auto")
-    ap.add_argument("--model-dir", default=None)
-    args = ap.parse_args()
-
-    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    """Run the benchmark the command line describes and print its JSON."""
+    args = parser().parse_args()
+    device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = "params,optimizer" if device.type == "cuda" else "none"
     cfg = bench_config(
@@ -48,8 +73,8 @@ def main() -> None:
             f"trainer.offload={offload}",
             "algorithm.kl_coef=0",
             f"engine.max_new_tokens={args.new_tokens}",
-            f"engine.native.impl={args.impl}",
             f"engine.native.max_batch_size={max(256, args.batch)}",
+            *args.set,
         ],
     )
     roles = bench_worker(cfg, device)
@@ -90,9 +115,10 @@ def main() -> None:
 
     result = {
         "shape": args.shape,
-        "device": str(device),
+        "model_dir": args.model_dir,
+        **device_info(device),
         "engine": type(engine).__name__,
-        "engine_impl": getattr(engine, "impl", args.impl),
+        "overrides": args.set,
     }
     for level in (1, 2):
         round_trip(level, Timer(device))  # warm-up
@@ -114,12 +140,8 @@ def main() -> None:
     freed = before - allocated(device)
     on = {**trainer.onload_params(), **trainer.onload_optimizer()}
     result["trainer"] = {"offload": off, "onload": on, "freed_gb": freed / 1e9}
-    print(json.dumps(result, indent=2))
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, f"bench_lifecycle_{args.shape}.json").write_text(json.dumps(result, indent=2))
-    sys.stdout.flush()
-    os._exit(0)
+    emit(result, args.out)
+    exit_now()  # processes that used a DeviceMesh sometimes abort at interpreter exit
 
 
 if __name__ == "__main__":

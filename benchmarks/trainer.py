@@ -1,13 +1,19 @@
-"""Trainer throughput: our FSDP2 update (in several configurations) against a plain FSDP2 step, one process; JSON.
+"""Trainer throughput: the actor's update (in several configurations) against a plain FSDP2 step, in one process; JSON.
 
     python -m benchmarks.trainer --shape 1.5b --variants default,eager,eager+unfused_logprobs,eager+foreach,chunk
     python -m benchmarks.trainer --shape tiny --device cpu --batch 2 --seq 64 --variants default,chunk
 
-Every variant trains on the same batch × seq tokens (prompt-len of prompt, the rest response, all trained on)
-and is timed over --iters updates after --warmup ones (median). The plain baseline — HF model, fully_shard per
-layer + root, bf16 mixed precision, HF's own loss, AdamW — runs first and again last, so drift shows; the ratio
-is against the median of its runs. --profile DIR also writes torch.profiler tables (top kernels by device time)
-of one update of the baseline and of each variant.
+Each variant is the run's actor role (`build_components`, the config's trainer.* settings plus the variant's
+overrides, --variants names them; `a+b` combines two), training on the same batch × seq tokens (prompt-len of prompt,
+the rest response, all trained on), timed over --iters updates after --warmup ones (median). The plain baseline — the
+HF model, fully_shard per layer + root, bf16 mixed precision on the GPU, the model's own loss, AdamW — runs first and
+again last, so drift shows; `ratio_vs_plain` is against the median of its runs, `mfu` (GPU) is 6·N·tokens/s over the
+dense bf16 peak. --profile DIR also writes torch.profiler tables (top ops by device time) of one update of the
+baseline and of each variant. Times are the device's named in `gpu` (or the CPU's).
+
+JSON: the labels (`shape`, `device`, `gpu`, versions, `params`, `batch`, `seq`, `overrides`), `plain_fsdp2_tok_s`
+(its first and last runs) and `plain_median_tok_s`, and `variants`: {name: overrides, tok_s, step_s_median, steps_s,
+build_s, warmup_s, ratio_vs_plain, and on the GPU peak_memory_gb and mfu}.
 """
 
 from __future__ import annotations
@@ -15,26 +21,31 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
 from benchmarks.common import (
     add_model_args,
+    add_run_args,
     bench_config,
     bench_worker,
+    device_info,
+    emit,
+    exit_now,
     gpu_peak_flops,
     init_single_process,
     make_model_dir,
-)  # noqa: E402
-from hybridrl.batch import Batch  # noqa: E402
-from hybridrl.models.config import ModelConfig  # noqa: E402
-from hybridrl.models.loading import load_causal_lm  # noqa: E402
+    model_vocab,
+    note,
+    pick_device,
+    sync,
+)
+from hybridrl.batch import Batch
+from hybridrl.models.config import ModelConfig
+from hybridrl.models.loading import load_causal_lm
 
 # Named trainer configurations (config overrides, as on the command line); "a+b" combines them.
 VARIANTS = {
@@ -47,10 +58,11 @@ VARIANTS = {
 
 
 def variant_overrides(name: str) -> list[str]:
+    """The config overrides of a variant name (`a+b`: both parts')."""
     out: list[str] = []
     for part in name.split("+"):
         if part not in VARIANTS:
-            raise SystemExit(f"unknown variant {part!r}; known: {sorted(VARIANTS)}")
+            raise SystemExit(f"--variants: unknown variant {part!r}; known: {', '.join(VARIANTS)} (or a+b)")
         out += VARIANTS[part]
     return out
 
@@ -73,18 +85,14 @@ def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
     return b
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed_runs(step, device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Seconds of each of `iters` calls of `step` after `warmup` untimed ones."""
     times = []
     for i in range(warmup + iters):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         step()
-        _sync(device)
+        sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return times
@@ -96,7 +104,7 @@ def _profile_table(step, device: torch.device, rows: int = 30) -> str:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         step()
-        _sync(device)
+        sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
 
@@ -151,101 +159,107 @@ def plain_fsdp_tok_s(
     return batch * seq / statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m benchmarks.trainer`."""
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_model_args(ap, "1.5b")
     ap.add_argument("--batch", type=int, default=8, help="sequences per update (one micro-batch)")
     ap.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--variants", default="default,eager,eager+unfused_logprobs,eager+foreach,chunk")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--model-dir", default=None)
-    ap.add_argument("--profile", default=None, help="folder for profiler tables")
-    args = ap.parse_args()
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens of each sequence (not trained on)")
+    ap.add_argument(
+        "--variants",
+        default="default,eager,eager+unfused_logprobs,eager+foreach,chunk",
+        help=f"comma-separated trainer configurations to time, each one of {', '.join(VARIANTS)} or a+b: "
+        + "; ".join(f"{k}: {' '.join(v) or 'the config as it is'}" for k, v in VARIANTS.items()),
+    )
+    ap.add_argument("--warmup", type=int, default=2, help="untimed updates first (compiles, allocator, Adam state)")
+    ap.add_argument("--iters", type=int, default=5, help="timed updates per variant (the median is reported)")
+    ap.add_argument("--profile", metavar="DIR", help="also write profiler tables of one update of each to DIR")
+    add_run_args(ap)
+    return ap
 
-    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+
+def time_variant(name: str, path: str, device: torch.device, args, vocab: int) -> tuple[dict, int, str | None]:
+    """One variant's actor, built by the run's builder, timed on the bench's batch; its figures, the policy's
+    parameter count, and with --profile its profiler table."""
+    overrides = [
+        "trainer.lr=1e-6",
+        f"trainer.micro_batch_size={args.batch}",
+        "trainer.steps=1000",
+        "data.train_batch_size=1",
+        *args.set,
+        *variant_overrides(name),
+    ]
+    cfg = bench_config(path, device, overrides)
+    t_build = time.perf_counter()
+    trainer = bench_worker(cfg, device, with_engine=False).actor
+    params = sum(p.numel() for p in trainer.model.parameters())
+    t_first = time.perf_counter()
+    update = functools.partial(trainer.update, throughput_batch(args.batch, args.seq, args.prompt_len, vocab))
+    times = _timed_runs(update, device, args.warmup, args.iters)
+    out = {
+        "overrides": variant_overrides(name),
+        "tok_s": args.batch * args.seq / statistics.median(times),
+        "step_s_median": statistics.median(times),
+        "steps_s": times,
+        "build_s": t_first - t_build,
+        "warmup_s": time.perf_counter() - t_first - sum(times),
+    }
+    if device.type == "cuda":
+        out["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+    table = _profile_table(update, device) if args.profile else None
+    del trainer, update
+    _free(device)
+    return out, params, table
+
+
+def main() -> None:
+    """Run the benchmark the command line describes and print its JSON."""
+    args = parser().parse_args()
+    device = pick_device(args.device)
+    names = args.variants.split(",")
+    for name in names:
+        variant_overrides(name)  # an unknown name fails before any model loads
     init_single_process(device)
     path = make_model_dir(args.shape, device, args.model_dir)
-    tokens = args.batch * args.seq
+    vocab = model_vocab(path)
     profiles: dict[str, str] = {}
-    from transformers import AutoConfig
-
-    vocab = AutoConfig.from_pretrained(path).vocab_size
-    plain = [
-        plain_fsdp_tok_s(path, device, args.batch, args.seq, vocab, args.iters, profiles if args.profile else None)
-    ]
-    results = {}
-    n_params = None
-    for name in args.variants.split(","):
-        cfg = bench_config(
-            path,
-            device,
-            [
-                "trainer.lr=1e-6",
-                f"trainer.micro_batch_size={args.batch}",
-                "trainer.steps=1000",
-                "data.train_batch_size=1",
-                *variant_overrides(name),
-            ],
-        )
-        t_build = time.perf_counter()
-        trainer = bench_worker(cfg, device, with_engine=False).actor
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        batch = throughput_batch(args.batch, args.seq, args.prompt_len, vocab)
-        t_first = time.perf_counter()
-        update = functools.partial(trainer.update, batch)
-        times = _timed_runs(update, device, args.warmup, args.iters)
-        warm_s = time.perf_counter() - t_first - sum(times)
-        results[name] = {
-            "overrides": variant_overrides(name),
-            "tok_s": tokens / statistics.median(times),
-            "step_s_median": statistics.median(times),
-            "steps_s": times,
-            "build_s": t_first - t_build,
-            "warmup_s": warm_s,
-        }
-        if device.type == "cuda":
-            results[name]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-            torch.cuda.reset_peak_memory_stats(device)
-        print(
-            f"variant {name}: {results[name]['tok_s']:.0f} tok/s (plain first run {plain[0]:.0f}), "
-            f"warm-up {warm_s:.1f} s",
-            flush=True,
-        )
-        if args.profile:
-            profiles[name] = _profile_table(update, device)
-        del trainer, update
-        _free(device)
-    plain.append(plain_fsdp_tok_s(path, device, args.batch, args.seq, vocab, args.iters))
+    baseline = functools.partial(plain_fsdp_tok_s, path, device, args.batch, args.seq, vocab, args.iters)
+    plain = [baseline(profiles if args.profile else None)]
+    results, params = {}, 0
+    for name in names:
+        results[name], params, table = time_variant(name, path, device, args, vocab)
+        if table is not None:
+            profiles[name] = table
+        note(f"variant {name}: {results[name]['tok_s']:.0f} tok/s (plain FSDP2, first run: {plain[0]:.0f})")
+    plain.append(baseline())
     base = statistics.median(plain)
-    peak = gpu_peak_flops()
     for r in results.values():
         r["ratio_vs_plain"] = r["tok_s"] / base
         if device.type == "cuda":
-            r["mfu"] = 6 * n_params * r["tok_s"] / peak
-    out = {
+            r["mfu"] = 6 * params * r["tok_s"] / gpu_peak_flops()
+    result = {
         "shape": args.shape,
-        "device": str(device),
-        "params": n_params,
+        "model_dir": args.model_dir,
+        **device_info(device),
+        "params": params,
         "batch": args.batch,
         "seq": args.seq,
+        "overrides": args.set,
         "plain_fsdp2_tok_s": plain,
         "plain_median_tok_s": base,
         "variants": results,
-        "torch": torch.__version__,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"bench_trainer_{args.shape}.json").write_text(text)
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         Path(args.profile, f"profile_trainer_{args.shape}.txt").write_text(
             "\n\n".join(f"===== {k} =====\n{v}" for k, v in profiles.items())
         )
-    sys.stdout.flush()
-    os._exit(0)  # processes that used DeviceMesh sometimes abort at interpreter exit
+    emit(result, args.out)
+    exit_now()  # processes that used a DeviceMesh sometimes abort at interpreter exit
 
 
 if __name__ == "__main__":

@@ -1,232 +1,164 @@
-"""Every benchmark under benchmarks/ runs on the CPU with the tiny shape and prints the JSON it documents.
+"""Every benchmark under benchmarks/ runs on the CPU with the tiny shape and prints the JSON its docstring documents.
 
-The GPU figures come from these scripts; they build their roles with the product's own builder, so a change to the
-builder or the controller that breaks a benchmark must fail here, on the CPU, not on a GPU machine.
+The GPU figures come from these commands; they build their roles with the product's own builder, so a change to the
+builder or the controller that breaks a benchmark fails here, not on the next GPU run. The fast tests check the parts
+that need no run: every option is documented, `--vary` makes every combination, the roofline's arithmetic, the device
+monitor, and the kernel benchmark's block tables.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
 from tests.paths import REPO
 
 SMALL = ["--shape", "tiny", "--device", "cpu"]
+STEP = ["--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2", "--warmup", "1"]
+BENCHMARKS = ("engine", "step", "trainer", "lifecycle", "lora", "reshard", "kernels")
 
-CASES = {
-    "bench_step": (
-        [
-            *SMALL,
-            "--prompts",
-            "2",
-            "--group",
-            "2",
-            "--prompt-len",
-            "8",
-            "--new-tokens",
-            "4",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-        ],
-        ["rollout", "trainer_offload", "device_state_per_phase"],
-    ),
-    "bench_step:probe": (
-        [
-            *SMALL,
-            "--prompts",
-            "2",
-            "--group",
-            "2",
-            "--prompt-len",
-            "8",
-            "--new-tokens",
-            "4",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--probe-rollout",
-            "--probe-first",
-            "--probe-after-steps",
-            "1",
-            "--probe-after-phases",
-            "sleep",
-            "update",
-            "--probe-phases-step",
-            "2",
-            "--probe-l2-reset",
-            "--l2-reset-after-update",
-            "--probe-pdl-off",
-            "--probe-pdl-completion",
-            "--probe-release",
-            "--probe-subprocess",
-            "--probe-idle-s",
-            "0",
-            "--model-dir",
-            "model",
-        ],
-        ["rollout_probe"],
-    ),
-    "bench_lora": (
-        [
-            *SMALL,
-            "--rank",
-            "4",
-            "--alpha",
-            "8",
-            "--prompts",
-            "2",
-            "--group",
-            "2",
-            "--prompt-len",
-            "8",
-            "--new-tokens",
-            "4",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-        ],
-        ["lora_rank", "base_params"],
-    ),
-    "bench_lifecycle": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["sleep1", "engine"]),
-    "bench_trainer": (
-        [
-            *SMALL,
-            "--batch",
-            "2",
-            "--seq",
-            "32",
-            "--prompt-len",
-            "8",
-            "--variants",
-            "default",
-            "--warmup",
-            "1",
-            "--iters",
-            "2",
-        ],
-        ["plain_fsdp2_tok_s", "params"],
-    ),
-    "bench_reshard": (SMALL, ["style", "params"]),
-    "bench_engine": ([*SMALL, "--batch", "2", "--new-tokens", "4"], ["prompt_len", "dtype"]),
-    "bench_engine:multiturn": (
-        [
-            *SMALL,
-            "--case",
-            "multiturn",
-            "--trajectories",
-            "6",
-            "--max-rows",
-            "4",
-            "--turns",
-            "3",
-            "--new-tokens",
-            "9",
-            "--prompt-len",
-            "8",
-            "--tool-ms",
-            "1",
-            "--join-wait",
-            "0",
-            "8",
-            "--join-step-tokens",
-            "0",
-            "512",
-        ],
-        ["multiturn"],
-    ),
-    "bench_engine:grpo": (
-        [
-            *SMALL,
-            "--case",
-            "grpo",
-            "--prompts",
-            "2",
-            "--samples",
-            "2",
-            "--prompt-len",
-            "8",
-            "--new-tokens",
-            "4",
-            "--shared-prefix-tokens",
-            "0",
-            "8",
-            "--long-keys",
-            "0",
-            "4",
-            "--pdl",
-            "off",
-            "auto",
-            "--pdl-trial-pairs",
-            "2",
-            "--pdl-trial-first",
-            "off",
-            "--pdl-trigger",
-            "completion",
-            "start",
-            "--sleep-cycle",
-            "none",
-            "0.001x0.25",
-            "--heat-s",
-            "0.01",
-            "--process-state",
-            "nccl",
-            "nccl-avg",
-            "fsdp",
-            "actor",
-            "compile",
-            "pinned",
-            "backward",
-            "adam",
-            "--l2-reset",
-        ],
-        ["grpo"],
-    ),
-    "bench_engine:grpo-actor-parts": (
-        [
-            *SMALL,
-            "--case",
-            "grpo",
-            "--prompts",
-            "2",
-            "--samples",
-            "2",
-            "--prompt-len",
-            "8",
-            "--new-tokens",
-            "4",
-            "--process-state",
-            "actor-logprob",
-            "--stack-reset",
-            "--release-state",
-        ],
-        ["grpo"],
-    ),
+
+def assert_tokens(fig: dict, budget: int, stopped: int) -> None:
+    """A sample (or turn) runs to its budget unless it stopped at EOS: all `budget` tokens when none stopped, fewer
+    (but at least one per stopped sample) when some did."""
+    if stopped == 0:
+        assert fig["tokens"] == budget, fig
+    else:
+        assert stopped <= fig["tokens"] < budget, fig
+
+
+def check_engine_single(out: dict) -> None:
+    case = out["single"]
+    assert case["rows"] == 3 and list(case["variants"]) == ["default"]
+    v = case["variants"]["default"]
+    assert v["engine"] == "FusedEngine" and v["samples"] == 3
+    assert_tokens(v, 3 * 5, v["stopped_at_eos"])
+    assert v["scheduler"]["prefilled_tokens"] == 3 * 8  # each prompt prefilled once per run
+    assert v["tokens_per_s_vs_first"] == 1.0
+    # The engine and the actor agree on the log-probs of the engine's tokens (float32 on the CPU).
+    assert v["parity"]["samples"] == 3 and v["parity"]["logp_abs_max"] < 1e-3
+    hf = case["hf_generate"]
+    assert hf["tokens"] == 3 * 5  # transformers' generate runs every sample to the end
+    assert v["tokens_per_s_vs_hf_generate"] == pytest.approx(v["tokens_per_s"] / hf["tokens_per_s"])
+    assert "roofline" not in v  # a bound at a GPU's bandwidth says nothing about the CPU
+
+
+def check_engine_grpo(out: dict) -> None:
+    case = out["grpo"]
+    names = [f"shared_prefix_tokens={s},pdl={p}" for s in (0, 8) for p in ("on", "off")]
+    assert out["variants"] == names and list(case["variants"]) == names  # every combination, in order
+    first = case["variants"][names[0]]
+    for name, v in case["variants"].items():
+        assert v["overrides"] == [f"engine.native.{part}" for part in name.split(",")]
+        assert_tokens(v, 2 * 3 * 4, v["stopped_at_eos"])
+        assert v["scheduler"]["prefilled_tokens"] == 2 * 8  # a group's prompt is prefilled once for its 3 samples
+        assert v["tokens_per_s_vs_first"] == pytest.approx(v["tokens_per_s"] / first["tokens_per_s"])
+        assert v["parity"]["samples"] == 4 and v["parity"]["logp_abs_max"] < 1e-3
+
+
+def check_engine_multiturn(out: dict) -> None:
+    case = out["multiturn"]
+    assert (case["trajectories"], case["rows"], case["turns"], case["new_tokens_per_trajectory"]) == (6, 4, 3, 9)
+    names = [f"join_step_tokens={j},join_wait_steps={w}" for j in (0, 512) for w in (0, 8)]
+    assert list(case["variants"]) == names
+    for name, v in case["variants"].items():
+        assert_tokens(v["single_turn"], 6 * 9, v["single_turn"]["stopped_at_eos"])
+        assert 0 < v["lockstep_bound_vs_single_turn"] <= 1
+        for workload in ("lockstep", "staggered"):
+            fig = v[workload]
+            assert_tokens(fig, 6 * 9, fig["turns_stopped_at_eos"])
+            assert fig["vs_single_turn"] == pytest.approx(fig["tokens_per_s"] / v["single_turn"]["tokens_per_s"])
+            # Later turns join the running batch inside a decode step only when join_step_tokens allows it.
+            assert (fig["scheduler"]["step_joins"] > 0) == name.startswith("join_step_tokens=512"), (name, fig)
+            assert "tokens_per_s_vs_first" in fig
+
+
+def check_step(out: dict) -> None:
+    phases = {f"time/{p}" for p in ("wake", "generate", "sleep", "logprob", "reward", "update", "reshard", "step")}
+    assert phases <= set(out["phases_s_median"]), out["phases_s_median"]
+    assert out["steps_timed"] == 2 and len(out["per_step"]) == 2
+    assert out["rollout"] == {"prompts": 2, "group": 2, "prompt_len": 8, "new_tokens": 4}
+    assert 0 <= out["switching_share"] < 1 and out["trainer_offload"] == "none"
+    assert out["device_state_per_phase"] == {"available": False}  # no NVML on the CPU
+    assert out["trainer_throughput"]["ratio"] > 0 and out["trainer_throughput"]["ours_mfu"] is None
+
+
+def check_step_ppo(out: dict) -> None:
+    assert {"time/values", "time/update_critic"} <= set(out["phases_s_median"])  # the critic's phases ran
+    assert out["algorithm"] == "ppo" and out["reward_models"] == 2
+    assert "trainer_throughput" not in out  # measured for the GRPO actor only
+
+
+def check_trainer(out: dict) -> None:
+    assert list(out["variants"]) == ["default", "chunk"]
+    assert out["variants"]["chunk"]["overrides"] == ["trainer.logprob_chunk_size=2048"]
+    assert len(out["plain_fsdp2_tok_s"]) == 2 and out["params"] > 0  # the baseline first and last
+    for v in out["variants"].values():
+        assert len(v["steps_s"]) == 2 and v["ratio_vs_plain"] > 0
+
+
+def check_lifecycle(out: dict) -> None:
+    assert out["engine"] == "FusedEngine"
+    for level in (1, 2):
+        assert {f"sleep{level}", f"wake_weights_after_sleep{level}"} <= set(out[f"sleep{level}"]["seconds"])
+    assert out["sleep2"]["reshard_gb"] > 0 and "onload" in out["trainer"]
+
+
+def check_lora(out: dict) -> None:
+    assert out["lora_rank"] == 4 and out["base_params"] > 0
+    # The reshard merged an adapter into each of the 7 projections of the tiny model's 2 layers.
+    assert out["lora"]["reshard"]["lora_merged"] == 2 * 7
+    assert "full" in out and out["lora_step_over_full"] > 0 and out["reshard_merge_over_plain"] > 0
+
+
+def check_reshard(out: dict) -> None:
+    assert (out["workers"], out["tp_size"], out["style"]) == (1, 1, "fused")
+    # The baseline copies every parameter once, in the engine's dtype (float32 on the CPU).
+    assert out["baseline_state_dict_copy"]["bytes"] == out["params"] * 4
+    assert out["reshard"]["bytes_moved_per_rank"] > 0 and out["verified"] is True
+
+
+def check_reshard_tp(out: dict) -> None:
+    assert (out["workers"], out["tp_size"], out["style"]) == (2, 2, "fused")
+    # Each engine TP rank receives its shard: less than the whole model, more than half of it (norms are whole).
+    assert out["params"] * 2 < out["reshard"]["bytes_moved_per_rank"] < out["params"] * 4
+
+
+MULTITURN = ["--trajectories", "6", "--max-rows", "4", "--turns", "3", "--new-tokens", "9", "--tool-ms", "1"]
+JOINS = ["--vary", "engine.native.join_step_tokens=0,512", "--vary", "engine.native.join_wait_steps=0,8"]
+GRPO = ["--case", "grpo", "--prompts", "2", "--samples", "3", "--new-tokens", "4", "--parity-rows", "4"]
+TRAINER = ["--batch", "2", "--seq", "32", "--prompt-len", "8"]
+VARY_GRPO = ["--vary", "engine.native.shared_prefix_tokens=0,8", "--vary", "engine.native.pdl=on,off"]
+
+CASES: dict[str, tuple[list[str], Callable[[dict], None]]] = {
+    "engine": (["--batch", "3", "--prompt-len", "8", "--new-tokens", "5", "--parity-rows", "3"], check_engine_single),
+    "engine:grpo": ([*GRPO, "--prompt-len", "8", *VARY_GRPO], check_engine_grpo),
+    "engine:multiturn": (["--case", "multiturn", "--prompt-len", "8", *MULTITURN, *JOINS], check_engine_multiturn),
+    "step": (STEP, check_step),
+    "step:ppo": ([*STEP, "--algorithm", "ppo", "--reward-models", "2"], check_step_ppo),
+    "trainer": ([*TRAINER, "--variants", "default,chunk", "--warmup", "1", "--iters", "2"], check_trainer),
+    "lifecycle": (["--batch", "2", "--new-tokens", "4"], check_lifecycle),
+    "lora": (["--rank", "4", "--alpha", "8", *STEP], check_lora),
+    "reshard": (["--verify"], check_reshard),
+    "reshard:tp": (["--workers", "2", "--tp", "2"], check_reshard_tp),
 }
 
 
-def _json_object(stdout: str) -> dict:
-    """The JSON object a benchmark prints last (some print a progress line first)."""
-    start = stdout.index("{")
-    return json.loads(stdout[start:])
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("tool", sorted(CASES))
-def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
-    args, keys = CASES[tool]
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_benchmark_runs_on_cpu_and_prints_json(case, tmp_path):
+    args, check = CASES[case]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-    module = tool.split(":")[0].removeprefix("bench_")  # "tool:case" runs another case of the same benchmark
+    module = case.split(":")[0]  # "module:case" runs another case of the same benchmark
+    out_file = tmp_path / "out" / "result.json"
     r = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", *args],
+        [sys.executable, "-m", f"benchmarks.{module}", *SMALL, *args, "--out", str(out_file)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -234,85 +166,63 @@ def test_benchmark_runs_on_cpu_and_prints_json(tool, tmp_path):
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    out = _json_object(r.stdout)
-    assert out["shape"] == "tiny" and out["device"] == "cpu", out
-    for key in keys:
-        assert key in out, (key, sorted(out))
-    if tool == "bench_engine:grpo-actor-parts":  # the role up to its log-prob pass (no update metrics), then dropped
-        assert out["process_state"]["actor_update"] == {} and out["process_state"]["group_for"] == ["actor-logprob"]
-        assert out["process_state"]["released"] is True and out["process_state"]["stack_reset"] is False  # no CUDA
-        assert out["grpo"]["tokens"] == 2 * 2 * 4
-        return
-    if "grpo" in out:  # the A/Bs of grouped attention and long-context splits: the first value in full, others beside
-        assert out["grpo"]["shared_prefix_tokens"] == 0 and list(out["grpo"]["shared_prefix_tokens_variants"]) == ["8"]
-        assert out["grpo"]["long_keys"] == 0 and list(out["grpo"]["long_keys_variants"]) == ["4"]
-        assert out["grpo"]["pdl_mode"] == "off" and list(out["grpo"]["pdl_mode_variants"]) == ["auto"]
-        assert out["grpo"]["pdl_mode_final"] == "off"  # the reported run's, set back after the variants
-        assert out["grpo"]["pdl_trigger"] == "completion" and list(out["grpo"]["pdl_trigger_variants"]) == ["start"]
-        assert out["grpo"]["sleep_cycle"] == "none" and list(out["grpo"]["sleep_cycle_variants"]) == ["0.001x0.25"]
-        assert out["grpo"]["tokens"] == 2 * 2 * 4
-        assert out["grpo"]["launch_timing"] == {"available": False}
-        # the CPU's group; no compile, pinned memory or L2 off the GPU; a backward and an AdamW step run anywhere
-        limits = out["process_state"].pop("device_limits")
-        norm = out["process_state"].pop("fsdp_grad_norm")  # the FSDP2 actor's update ran: a real gradient's norm
-        assert math.isfinite(norm) and norm > 0
-        actor = out["process_state"].pop("actor_update")  # the product's actor role ran its update phase
-        assert math.isfinite(actor["actor/grad_norm"]) and actor["actor/grad_norm"] > 0
-        assert actor["actor/nonfinite_steps"] == 0 and "actor/kl" in actor  # the KL to the reference was in the loss
-        assert out["process_state"] == {
-            "nccl": "gloo",
-            "group_for": ["actor", "fsdp", "nccl", "nccl-avg"],
-            "nccl_avg": False,
-            "compile": False,
-            "pinned_gb": 0.0,
-            "backward": True,
-            "adam": True,
-            "l2_reset": False,
-        }
-        assert set(limits) == {"threads"} and limits["threads"] >= 1
-        assert out["grpo"]["device_state"] == {"available": False}  # no NVML on the CPU
-    if "rollout_probe" in out:  # each timed step's generate, repeated three ways; bench_engine's run in the process
-        probe = out["rollout_probe"]
-        assert all(len(probe[k]["seconds"]) == 2 for k in ("step_generate", "worker_again", "engine_direct"))
-        assert len(probe["prefill_only_s"]) == 2
-        assert probe["engine_settings"]["eos"] == [2] and probe["bench_engine_here"]["engine_settings"]["eos"] == []
-        assert probe["bench_engine_here"]["tokens_per_s"] > 0
-        assert probe["bench_engine_before_steps"]["tokens_per_s"] > 0  # --probe-first: the same run before step 1
-        assert list(probe["bench_engine_after_step"]) == ["1"]  # --probe-after-steps 1: after the warm-up step only
-        # --probe-after-phases: inside step 2 (--probe-phases-step; the first timed one), in the order it runs them
-        assert list(probe["bench_engine_after_phase"]) == ["sleep", "update"]
-        assert {v["step"] for v in probe["bench_engine_after_phase"].values()} == {2}
-        assert probe["bench_engine_after_phase"]["update"]["device_limits_before"]["threads"] >= 1
-        assert probe["device_state"] == {}  # no NVML on the CPU: nothing filed under the probes
-        assert probe["l2_reset"] is False and probe["bench_engine_after_l2_reset"]["tokens_per_s"] > 0  # no L2 here
-        # --probe-release: after empty_cache, after idling, after the controller's cleanup; no throughput test then
-        assert list(probe["bench_engine_released"]) == ["empty_cache", "idle_0s", "cleanup"]
-        assert all(r["tokens_per_s"] > 0 for r in probe["bench_engine_released"].values())
-        assert "trainer_throughput" not in out
-        # device timestamps per launch exist only on CUDA: on CPU each run says so instead of reporting zeros
-        assert probe["engine_direct_launches"] == [{"available": False}] * 2
-        assert probe["bench_engine_here"]["launch_timing"] == {"available": False}
-        assert probe["bench_engine_here"]["launch_timing_pdl_off"] == {"available": False}  # --probe-pdl-off ran
-        here = probe["bench_engine_here"]
-        assert here["pdl_off_engine_setting"] is False  # on an engine without PDL, not a new engine's default
-        assert here["launch_timing_pdl_completion"] == {"available": False}  # --probe-pdl-completion ran
-        assert here["pdl_completion_engine_setting"] == "completion"
-        # --probe-subprocess: bench_engine in a process of its own before step 1 and after the steps, PDL on then off
-        child = probe["bench_engine_child"]
-        assert list(child) == ["before_steps", "after_steps"], child
-        for run in child.values():
-            assert run["pdl_mode"] == "on" and run["tokens_per_s"] > 0 and run["pdl_off"]["tokens_per_s"] > 0, run
-            assert run["launch_busy_ms_median"] is None  # no device timestamps on the CPU
-    if "multiturn" in out:  # lockstep and staggered turns, each join wait with joins prefilled apart and riding
-        variants = out["multiturn"]["variants"]
-        assert sorted(variants) == [
-            f"{kind}_join{wait}_ride{ride}"
-            for kind in ("lockstep", "staggered")
-            for wait in (0, 8)
-            for ride in (0, 512)
-        ]
-        assert all(v["tokens"] == 6 * 9 for v in variants.values())  # every token produced
-        assert all((v["step_joins"] > 0) == (v["join_step_tokens"] > 0) for v in variants.values())
+    out = json.loads(r.stdout)  # stdout is the JSON alone (progress goes to stderr)
+    assert json.loads(out_file.read_text()) == out  # --out writes the same object
+    assert (out["shape"], out["device"], out["gpu"]) == ("tiny", "cpu", None), out
+    check(out)
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_option_is_documented(name):
+    """`python -m benchmarks.<name> --help` explains the benchmark and every option it takes."""
+    ap = importlib.import_module(f"benchmarks.{name}").parser()
+    assert ap.prog == f"python -m benchmarks.{name}" and "JSON" in ap.description
+    undocumented = [a.option_strings for a in ap._actions if a.option_strings and not a.help]
+    assert not undocumented, undocumented
+
+
+def test_vary_runs_every_combination_the_first_values_first():
+    from benchmarks.engine import parse_variants
+
+    assert parse_variants([]) == [("default", [])]
+    got = parse_variants(["engine.native.pdl=on,off", "engine.top_p=1.0,0.9"])
+    assert got == [
+        ("pdl=on,top_p=1.0", ["engine.native.pdl=on", "engine.top_p=1.0"]),
+        ("pdl=on,top_p=0.9", ["engine.native.pdl=on", "engine.top_p=0.9"]),
+        ("pdl=off,top_p=1.0", ["engine.native.pdl=off", "engine.top_p=1.0"]),
+        ("pdl=off,top_p=0.9", ["engine.native.pdl=off", "engine.top_p=0.9"]),
+    ]
+    for bad in (["engine.native.pdl"], ["=on"], ["engine.native.pdl=on", "engine.native.pdl=off"]):
+        with pytest.raises(SystemExit, match="--vary"):
+            parse_variants(bad)
+
+
+def test_a_bad_override_fails_naming_the_key():
+    import torch
+
+    from benchmarks.common import bench_config
+
+    with pytest.raises(SystemExit, match="engine.native.pdl"):
+        bench_config("/nonexistent", torch.device("cpu"), ["engine.native.pdl=sometimes"])
+
+
+def test_the_roofline_is_bytes_over_bandwidth():
+    """Hand-computed: the 0.5B shape's K/V per token (2 × 24 layers × 2 heads × 64 dims × 2 bytes), and one step of
+    2 rows attending 3 tokens each over weights of 1000 bytes at 1 MB/s."""
+    import torch
+    import transformers
+
+    from benchmarks.rollout_figures import ModelShape, model_shape, roofline
+
+    config = transformers.Qwen2Config(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=1000
+    )
+
+    assert model_shape(config, torch.bfloat16, 500) == ModelShape(weight_bytes=1000, kv_bytes_per_token=12288)
+    r = roofline(ModelShape(1000, 10), rows=2, context=3, unique_tokens=4, step_s=2e-3, bandwidth=1e6)
+    assert r["attended"]["bytes"] == 1000 + 2 * 3 * 10 and r["unique"]["bytes"] == 1000 + 4 * 10
+    assert r["attended"]["bound_ms"] == pytest.approx(1.06) and r["unique"]["bound_ms"] == pytest.approx(1.04)
+    assert r["attended"]["step_over_bound"] == pytest.approx(2 / 1.06)
 
 
 def test_device_monitor_files_readings_by_phase():
@@ -342,7 +252,7 @@ def test_device_monitor_files_readings_by_phase():
 
 @pytest.mark.parametrize("group,prompt_len,new_tokens", [(3, 8, 6), (1, 6, 9)])
 def test_the_kernel_bench_times_attention_on_the_engines_block_tables(group, prompt_len, new_tokens):
-    """`bench_decode_kernels.engine_tables` is the layout the fused engine's scheduler gives a batch admitted at once
+    """`benchmarks.kernels.engine_tables` is the layout the fused engine's scheduler gives a batch admitted at once
     (a group's prompt blocks shared, each row's own blocks in one run): read off the engine's runner in its first
     decode step, for GRPO groups and for distinct prompts with a partial last prompt block."""
     import torch
