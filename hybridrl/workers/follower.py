@@ -96,7 +96,10 @@ def compose_as_the_app(argv: list[str]) -> DictConfig | None:
     hydra = Hydra.create_main_hydra2(task_name="hybridrl", config_search_path=search_path)
     if hydra.get_mode(config_name=config_name, overrides=args.overrides) == RunMode.MULTIRUN:
         raise ConfigError("hydra.mode=MULTIRUN (a sweep) does not run under torchrun: launch one torchrun per run")
-    cfg = hydra.compose_config(config_name, args.overrides, run_mode=RunMode.RUN, with_log_configuration=False)
+    try:
+        cfg = hydra.compose_config(config_name, args.overrides, run_mode=RunMode.RUN, with_log_configuration=False)
+    finally:
+        GlobalHydra.instance().clear()
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]  # as Hydra's run_job hands the job its config
     return cfg
