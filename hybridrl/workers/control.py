@@ -3,6 +3,7 @@ pickled messages over gloo (CPU, TCP), beside the compute group (NCCL on GPU, gl
 
     rank 0 (controller)                                   rank r (follower)
     PeerLink r ── pair group [0, r] ── command ────────►  recv → HybridWorker.<phase>(...) → send
+                  (Topology.control_groups)
                ◄─────────────────────── answer ────────
     WorkerThread: rank 0's own HybridWorker, on a thread of its own
 
@@ -49,21 +50,6 @@ def link_timeout_s(collective_timeout_s: float) -> float:
     """How long one end of a link waits for the other: past the controller's own deadlines (a phase, or a worker's
     start-up), which decide first; a follower waiting this long for its next command concludes rank 0 is gone."""
     return phase_deadline_s(collective_timeout_s) + STARTUP_S + 60.0
-
-
-def control_groups(rank: int, world_size: int, timeout_s: float) -> dict[int, Any]:
-    """Rank 0: {r: gloo group [0, r]} for every other rank; rank r: {0: its group with rank 0}.
-
-    Collective over the default group: every rank creates every group, in the same order, so the groups made later
-    (the FSDP mesh, the engine's) get the same names everywhere."""
-    groups = {}
-    for r in range(1, world_size):
-        group = dist.new_group([0, r], backend="gloo", timeout=timedelta(seconds=timeout_s))
-        if rank == 0:
-            groups[r] = group
-        elif rank == r:
-            groups[0] = group
-    return groups
 
 
 def send_message(msg: Any, peer: int, group: Any) -> None:

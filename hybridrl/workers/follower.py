@@ -33,7 +33,6 @@ from hybridrl.workers.control import (
     SHUTDOWN,
     StopSignal,
     WorkerHost,
-    control_groups,
     link_timeout_s,
     recv_message,
     send_message,
@@ -165,6 +164,11 @@ def follow(argv: list[str], rank: int) -> int:
         check_composed(composed)
         cfg = validate(composed)
         check_not_launched(cfg.cluster.name)
+        if cfg.cluster.name != "torchrun":
+            raise ConfigError(
+                f"RANK={rank} and WORLD_SIZE are set, so this process would serve rank 0 of a cluster=torchrun run, "
+                f"but cluster={cfg.cluster.name}: add cluster=torchrun, or unset RANK and WORLD_SIZE"
+            )
         env = read_launch_env()
     except HybridRLError as e:
         log.error("error: %s", e)
@@ -182,7 +186,7 @@ def serve(cfg: RunConfig, env: LaunchEnv) -> int:
     try:
         device = pick_device(cfg.trainer.device, env.local_rank)
         init_process_group(env.rank, env.world_size, device, timeout_s)
-        group = control_groups(env.rank, env.world_size, link_timeout_s(timeout_s))[0]
+        group = cfg.topology(env.rank).control_groups(link_timeout_s(timeout_s))[0]
     except Exception as e:  # noqa: BLE001 - rank 0 never came (it failed first, or the rendezvous timed out)
         log.error("error: could not join rank 0 at %s:%d: %s", env.master_addr, env.master_port, error_summary(e))
         return 1

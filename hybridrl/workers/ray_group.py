@@ -143,12 +143,13 @@ class RayWorkerGroup(WorkerGroup):
                 f"{self.deadline_s:.0f}s; does the Ray cluster have cluster.nnodes={nnodes} nodes with that much "
                 "free, or are the resources taken by another job?"
             ) from None
-        # Ranks in node order (bundle b holds ranks b·G … b·G+G-1), so an engine TP group's ranks share a node.
+        # Ranks in node order (node b's bundle holds the next workers_per_node ranks), so an engine TP group's ranks
+        # share a node.
         actor_cls = ray.remote(RayWorkerActor)
-        for rank in range(self.world_size):
-            strat = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank // per_node)
+        for node in range(nnodes):
+            strat = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=node)
             opts = {"num_cpus": worker["CPU"], "num_gpus": worker.get("GPU", 0), "scheduling_strategy": strat}
-            self.actors.append(actor_cls.options(max_restarts=0, **opts).remote())
+            self.actors += [actor_cls.options(max_restarts=0, **opts).remote() for _ in range(per_node)]
         startup = self.deadline_s + STARTUP_S
         self.info = self._gather("init", [a.node_info.remote() for a in self.actors], startup)
         master_addr, master_port = self.info[0][:2]

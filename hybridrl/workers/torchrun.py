@@ -39,7 +39,6 @@ from hybridrl.workers.control import (
     StopSignal,
     WorkerHost,
     WorkerThread,
-    control_groups,
     link_timeout_s,
 )
 from hybridrl.workers.dist import init_process_group, pick_device
@@ -95,7 +94,7 @@ class TorchrunWorkerGroup(WorkerGroup):
         os.environ.update(NCCL_ERROR_HANDLING)
         device = pick_device(cfg.trainer.device, self.env.local_rank)
         init_process_group(0, self.world_size, device, self.timeout_s)
-        groups = control_groups(0, self.world_size, link_timeout_s(self.timeout_s))
+        groups = self.topology.control_groups(link_timeout_s(self.timeout_s))
         self.stop_signal = StopSignal(self.env)
 
         def make_worker():

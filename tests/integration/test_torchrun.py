@@ -58,18 +58,20 @@ def workers_line(log_text: str) -> dict[int, int]:
 class TorchrunApp:
     """`torchrun --standalone --nproc_per_node 2 -m hybridrl ...` in `tmp`; each rank's output in its own files."""
 
-    def __init__(self, args: list[str], tmp: Path, env: dict[str, str] | None = None, nproc: int = 2) -> None:
+    def __init__(
+        self, args: list[str], tmp: Path, env: dict[str, str] | None = None, cluster: str = "torchrun"
+    ) -> None:
         self.tmp, self.seen = tmp, set()
         self.logs = tmp / "torchrun-logs"
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HOME=str(tmp / "home"), **(env or {}))
         if "HYBRIDRL_TEST_FAULT" in full_env:
             full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")]))
         (tmp / "home").mkdir(exist_ok=True)
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
         launcher += [f"--log-dir={self.logs}", "--redirects=3"]
         with (tmp / "launcher.txt").open("w") as out:
             self.proc = subprocess.Popen(
-                [*launcher, "-m", "hybridrl", *FAST, "cluster=torchrun", *args],
+                [*launcher, "-m", "hybridrl", *FAST, f"cluster={cluster}", *args],
                 cwd=tmp,
                 env=full_env,
                 stdout=out,
@@ -161,6 +163,17 @@ def test_torchrun_killed_rank_ends_the_run_naming_it(tmp_path):
     assert "Traceback" not in out, out[-3000:]
     assert died_at and ended_at - died_at[0] < timeout_s, (died_at, ended_at)
     assert [r["step"] for r in run.metrics()] == [1]
+    assert_all_gone(run.seen)
+
+
+@pytest.mark.multiproc
+def test_torchrun_without_cluster_torchrun_is_refused(tmp_path):
+    """Under torchrun every rank runs `python -m hybridrl`: with another cluster kind each would run a job of its own,
+    so the run stops with a line saying to add cluster=torchrun."""
+    run = TorchrunApp(["trainer.steps=1"], tmp_path, cluster="local")
+    assert run.wait() != 0
+    out = run.rank_output(0) + run.rank_output(1)
+    assert "but cluster=local: every rank would run a job of its own. Add cluster=torchrun" in out, out[-3000:]
     assert_all_gone(run.seen)
 
 
