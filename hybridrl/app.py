@@ -149,6 +149,21 @@ def _hydra_entry(cfg: DictConfig) -> float:
 def main() -> None:
     """Console-script entry point (`hybridrl ...`), same as `python -m hybridrl ...`.
 
+    Under torchrun (RANK and WORLD_SIZE set) every rank comes here: rank 0 runs the app below, the others serve
+    it (hybridrl/workers/torchrun_rank.py).
+    """
+    from hybridrl.workers.torchrun_env import launched_rank
+
+    if launched_rank() is not None:
+        from hybridrl.workers.torchrun_rank import run_rank
+
+        run_rank(_main)
+    _main()
+
+
+def _main() -> None:
+    """The app: compose, run, and print any failure as one line.
+
     Moved keys on the command line fail before Hydra composes. Hydra's composition errors (printed
     by Hydra over several lines) are raised to here and printed as one line, unless the user set
     HYDRA_FULL_ERROR=1 to see them whole.

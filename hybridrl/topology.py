@@ -12,6 +12,7 @@ other module derives a TP rank, a DP rank or a prompt slice. For 4 workers and `
 
 Process groups are made on first use and kept: the FSDP mesh over all ranks, and an engine TP group only for
 engines that run their own collectives (the native fused engine, SGLang's CPU leader group); vLLM builds its own.
+cluster=torchrun's control plane adds a gloo group of two between rank 0 and each other rank.
 Creating a group is collective over the default group: every rank asks for the same groups in the same order.
 """
 
@@ -147,4 +148,22 @@ class Topology:
                 if leader == self.engine_tp_ranks[0]:
                     mine = group
             self._groups[key] = mine
+        return self._groups[key]
+
+    def control_groups(self, timeout_s: float) -> dict[int, Any]:
+        """The control plane of cluster=torchrun: a gloo group of two between rank 0 and each other rank. Rank 0 gets
+        {r: group [0, r]} for every other rank, rank r {0: its group}. Every rank creates every group, in order, as
+        `dist.new_group` requires, so the groups made later get the same names everywhere."""
+        key = ("control", timeout_s)
+        if key not in self._groups:
+            from datetime import timedelta
+
+            import torch.distributed as dist
+
+            groups = {}
+            for r in range(1, self.world_size):
+                group = dist.new_group([0, r], backend="gloo", timeout=timedelta(seconds=timeout_s))
+                if self.rank in (0, r):
+                    groups[r if self.rank == 0 else 0] = group
+            self._groups[key] = groups
         return self._groups[key]

@@ -2,21 +2,22 @@
 
 Start-up, then one phase command::
 
-    placement group: nnodes × workers_per_node bundles ({"GPU": 1, "CPU": 1} or {"CPU": 1})
-    actors, one per bundle, ranks in node order → rank 0 reports its node IP and a free port
+    placement group: one bundle per node of workers_per_node × ({"GPU": 1, "CPU": 1} or {"CPU": 1}),
+                     on nnodes different nodes (STRICT_SPREAD; one node: STRICT_PACK)
+    actors, workers_per_node per bundle, ranks in node order → rank 0 reports its node IP and a free port
     every actor: setup(MASTER_ADDR/PORT, RANK, ...) → HybridWorker joins the torch.distributed group
     run: actor.call.remote(method, ...) on every rank, same order → ray.wait with a deadline
          → results in rank order, or WorkerFailure naming the rank and the phase (then all are stopped)
 
 Ray is optional (`pip install "hybridrl[ray]"`) and imported only here. Each GPU actor sees only
-its own GPU (Ray sets CUDA_VISIBLE_DEVICES), so its local device index is 0.
+its own GPU (Ray sets CUDA_VISIBLE_DEVICES), so its local device index is 0. Without `cluster.ray_address` the run
+starts a private Ray whose files stay in a temporary folder of the run (workers/ray_private.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from hybridrl.workers.errors import WorkerFailure, raised_message
 from hybridrl.workers.failures import STARTUP_S, Answers, Failure, error_summary, phase_deadline_s
 from hybridrl.workers.group import WorkerGroup
 from hybridrl.workers.process import prepare_worker_process, reward_modules
+from hybridrl.workers.ray_private import PrivateRay
 
 log = logging.getLogger("hybridrl")
 
@@ -46,14 +48,14 @@ class RayWorkerActor:
     def __init__(self) -> None:
         self.worker: Any = None
 
-    def node_info(self) -> tuple[str, int, int]:
-        """(node IP, a free TCP port on this node, pid)."""
+    def node_info(self) -> tuple[str, int, int, str]:
+        """(node IP, a free TCP port on this node, pid, Ray node id)."""
         import ray
 
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port, os.getpid()
+        return ray.util.get_node_ip_address(), port, os.getpid(), ray.get_runtime_context().get_node_id()
 
     def setup(self, cfg, rank: int, world_size: int, env: dict[str, str], modules: list[str]) -> None:
         """Build the HybridWorker (joins the process group named by env's MASTER_ADDR/PORT)."""
@@ -83,11 +85,12 @@ class RayWorkerGroup(WorkerGroup):
         self.timeout_s = cfg.cluster.collective_timeout_s
         self.deadline_s = phase_deadline_s(self.timeout_s)
         self.actors: list[Any] = []
-        self.info: list[tuple[str, int, int]] = []
+        self.info: list[tuple[str, int, int, str]] = []
         self.pg = None
         self.closed = False
         self.failed = False
-        self.started_ray, self.temp_dir = self._connect(cfg.cluster.ray_address)
+        self.private: PrivateRay | None = None
+        self._connect(cfg.cluster.ray_address)
         try:
             self._start(cfg)
         except BaseException:
@@ -95,10 +98,10 @@ class RayWorkerGroup(WorkerGroup):
             self.shutdown()
             raise
 
-    def _connect(self, address: str | None) -> tuple[bool, str | None]:
+    def _connect(self, address: str | None) -> None:
         ray = self.ray
         if ray.is_initialized():
-            return False, None
+            return
         if address:
             try:
                 ray.init(address=address, log_to_driver=True)
@@ -107,57 +110,51 @@ class RayWorkerGroup(WorkerGroup):
                     f"cluster.ray_address={address!r}: cannot connect to a Ray cluster ({e}); start one with "
                     "`ray start --head --port=6379` and pass its address (or auto on a node of it)"
                 ) from e
-            return False, None
-        # A short folder of our own: Ray's socket paths must stay under ~107 bytes.
-        temp_dir = f"/tmp/hybridrl-ray-{os.getpid()}"
-        ray.init(
-            address="local",
-            num_cpus=max(self.world_size, os.cpu_count() or 1),
-            include_dashboard=False,
-            _temp_dir=temp_dir,
-            log_to_driver=True,
-        )
-        return True, temp_dir
+            return
+        self.private = PrivateRay(ray)
+        self.private.start(num_cpus=max(self.world_size, os.cpu_count() or 1))
 
     def _start(self, cfg) -> None:
         ray = self.ray
-        from ray.util.placement_group import placement_group, placement_group_table
+        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         total = ray.cluster_resources()
         use_gpu = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and total.get("GPU", 0) >= 1)
-        bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpu else {"CPU": 1.0}
-        need = {k: v * self.world_size for k, v in bundle.items()}
+        worker = {"GPU": 1.0, "CPU": 1.0} if use_gpu else {"CPU": 1.0}
+        nnodes, per_node = cfg.cluster.nnodes, cfg.cluster.workers_per_node
+        need = {k: v * self.world_size for k, v in worker.items()}
         short = {k: v for k, v in need.items() if total.get(k, 0) < v}
         if short:
             raise HybridRLError(
                 f"cluster=ray: {self.world_size} workers need {need}, the Ray cluster has "
                 f"{ {k: total.get(k, 0) for k in need} } (cluster.nnodes × cluster.workers_per_node too large?)"
             )
-        strategy = "STRICT_PACK" if cfg.cluster.nnodes == 1 else "PACK"
-        self.pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=strategy)
+        # One bundle per node holding that node's workers: nnodes nodes exactly, workers_per_node on each (a bundle
+        # per worker with PACK could crowd a big node and leave the others empty).
+        node_bundle = {k: v * per_node for k, v in worker.items()}
+        strategy = "STRICT_PACK" if nnodes == 1 else "STRICT_SPREAD"
+        self.pg = placement_group([dict(node_bundle) for _ in range(nnodes)], strategy=strategy)
         try:
             ray.get(self.pg.ready(), timeout=self.deadline_s)
         except ray.exceptions.GetTimeoutError:
             raise HybridRLError(
-                f"cluster=ray: could not place {self.world_size} × {bundle} ({strategy}) within "
-                f"{self.deadline_s:.0f}s; are the resources taken by another job?"
+                f"cluster=ray: could not place {nnodes} node(s) × {node_bundle} ({strategy}) within "
+                f"{self.deadline_s:.0f}s; does the Ray cluster have cluster.nnodes={nnodes} nodes with that much "
+                "free, or are the resources taken by another job?"
             ) from None
-        # Ranks in node order, so the consecutive ranks of an engine TP group share a node.
-        nodes = placement_group_table(self.pg)["bundles_to_node_id"]
-        first_seen = {n: min(i for i, m in nodes.items() if m == n) for n in nodes.values()}
-        bundles = sorted(range(self.world_size), key=lambda i: (first_seen[nodes[i]], i))
+        # Ranks in node order (node b's bundle holds the next workers_per_node ranks), so an engine TP group's ranks
+        # share a node.
         actor_cls = ray.remote(RayWorkerActor)
-        for b in bundles:
-            strat = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=b)
-            opts = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "scheduling_strategy": strat}
-            self.actors.append(actor_cls.options(max_restarts=0, **opts).remote())
+        for node in range(nnodes):
+            strat = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=node)
+            opts = {"num_cpus": worker["CPU"], "num_gpus": worker.get("GPU", 0), "scheduling_strategy": strat}
+            self.actors += [actor_cls.options(max_restarts=0, **opts).remote() for _ in range(per_node)]
         startup = self.deadline_s + STARTUP_S
         self.info = self._gather("init", [a.node_info.remote() for a in self.actors], startup)
-        master_addr, master_port, _ = self.info[0]
-        log.info(
-            "ray workers: %s", ", ".join(f"rank {r} pid {pid} on {ip}" for r, (ip, _, pid) in enumerate(self.info))
-        )
+        master_addr, master_port = self.info[0][:2]
+        where = [f"rank {r} pid {pid} on {ip} (node {node[:8]})" for r, (ip, _, pid, node) in enumerate(self.info)]
+        log.info("ray workers: %s", ", ".join(where))
         base = {k: v for k, v in os.environ.items() if k.startswith("HYBRIDRL_")}  # e.g. the model cache
         base.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), WORLD_SIZE=str(self.world_size))
         modules = reward_modules()
@@ -231,9 +228,5 @@ class RayWorkerGroup(WorkerGroup):
                 remove_placement_group(self.pg)
             except Exception:  # noqa: BLE001
                 pass
-        if self.started_ray:
-            ray.shutdown()
-            if self.temp_dir and not self.failed:
-                shutil.rmtree(self.temp_dir, ignore_errors=True)
-            elif self.temp_dir:
-                log.info("Ray's logs are kept in %s", self.temp_dir)
+        if self.private is not None:
+            self.private.stop(keep_logs=self.failed)
