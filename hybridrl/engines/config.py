@@ -113,7 +113,8 @@ class NativeOptions:
     """Fused engine on GPU: keep the weights and the KV cache at fixed device addresses (CUDA virtual memory), so that
     a sleep gives their memory back but the CUDA graphs survive it and the next rollout captures none (the KV cache
     keeps its size across sleeps). In the 1.5B GRPO step on the H200: graph capture 45 ms → 0 per rollout, rollout
-    83.7k → 86.7k tok/s. Where the driver refuses (or not CUDA) the engine allocates as before."""
+    83.7k → 86.7k tok/s. Where the driver refuses (or not CUDA) the engine allocates through torch and captures its
+    graphs again after each sleep."""
 
     pdl: str = "on"
     """Fused engine on an NVIDIA GPU of compute capability ≥ 9 (Hopper): "on" launches the Triton kernels with

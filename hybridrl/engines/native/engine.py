@@ -271,7 +271,7 @@ class FusedEngine(NativeEngineBase):
     def _packed(self, g: PromptGroup) -> bool:
         """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step)."""
         # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
-        # cheaper padded through SDPA; float32 CPU runs then also reproduce earlier runs bit for bit.
+        # cheaper padded through SDPA; float32 CPU runs then also keep the golden run's numbers bit for bit.
         return bool(g.cached) or (
             self.model.paged_attention_kernel(self.block_size) and len(g.prompt) <= PACKED_PROMPT_MAX
         )

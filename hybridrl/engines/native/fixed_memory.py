@@ -11,7 +11,7 @@ the same way (its CuMemAllocator). Here the driver API is reached through ctypes
 `FixedMemory` is one such range, viewed as torch tensors (`view`). `release` and `restore` drop and bring back its
 physical memory; the tensor views keep their addresses throughout and must not be touched in between (the engine's
 asleep checks guard that). Where the driver cannot (not CUDA, an old driver, a failed probe) `fixed_memory` returns
-None and the engine allocates as before.
+None and the engine allocates through torch's caching allocator.
 """
 
 from __future__ import annotations

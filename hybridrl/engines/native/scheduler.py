@@ -219,8 +219,8 @@ class Scheduler:
         launched = []
         if self.rows:
             # The torch attention path's width: positions up to the cohort's longest prompt plus the steps taken
-            # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit), within the
-            # block tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
+            # (a fixed padding, so float32 CPU runs keep the golden run's numbers bit for bit), within the block
+            # tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
             width = run.width * self.backend.block_size
             longest = max(s.cohort_len + s.launched for s in self.rows)
             attend = width if run.on_gpu else min(width, longest)

@@ -17,7 +17,7 @@ Construction and teardown are in `vllm.construction`, weight delivery in `vllm.w
 - Per-request seeds: vLLM seeds the n samples of a request `seed + j`; we seed prompt i from its global index
   (`stream_key(seed, prompt_offset + i, 0)`, 30 bits), so samples do not depend on the split over engine groups.
 - TP on CPU uses shared memory named after VLLM_DIST_IDENT, which external_launcher fixes to "//" — two TP jobs
-  on one host may collide [unverified]; segments an exited worker left are removed first (`vllm.shm`).
+  on one host may collide (not checked); segments an exited worker left are removed first (`vllm.shm`).
 - Sleep mode is unsupported on CPU (`enable_sleep_mode=True` raises); there sleep/wake only keep the bookkeeping
   (and warn once). GPU: `enable_sleep_mode=True`, `llm.sleep(level)`, `llm.wake_up(tags)`; vLLM does not
   schedule until every tag is awake, so `generate` refuses to run while anything sleeps (it would hang).
