@@ -44,15 +44,14 @@ def init_process_group(rank: int, world_size: int, device: torch.device, timeout
 
 
 def memory_snapshot(device: torch.device, mapped: int = 0) -> dict[str, float]:
-    """Memory in use now, in GiB: allocated/reserved on a GPU (torch's allocator plus `mapped`, the bytes the engine
-    maps itself outside it, `RolloutEngine.mapped_bytes`, also given alone as fixed_gb), resident set size on the
+    """Memory in use now, in GiB: allocated/reserved on a GPU, torch's allocator plus `mapped` (the bytes the engine
+    maps itself outside it, `RolloutEngine.mapped_bytes`; also given alone as fixed_gb); resident set size on the
     CPU."""
     if device.type == "cuda":
-        fixed = mapped
         return {
-            "allocated_gb": (torch.cuda.memory_allocated(device) + fixed) / 2**30,
-            "reserved_gb": (torch.cuda.memory_reserved(device) + fixed) / 2**30,
-            "fixed_gb": fixed / 2**30,
+            "allocated_gb": (torch.cuda.memory_allocated(device) + mapped) / 2**30,
+            "reserved_gb": (torch.cuda.memory_reserved(device) + mapped) / 2**30,
+            "fixed_gb": mapped / 2**30,
         }
     try:
         with open("/proc/self/statm") as f:
