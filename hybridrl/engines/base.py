@@ -13,12 +13,15 @@ A worker drives its engine through one iteration like this::
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 WAKE_TAGS: tuple[str, ...] = ("weights", "kv_cache")
+
+#: Called by an engine with the bytes it is about to allocate on its device (None: as much as it can get).
+MemoryGate = Callable[[int | None], None]
 
 
 @dataclass
@@ -91,6 +94,11 @@ class RolloutEngine(abc.ABC):
     #: first generate (the native fused engine); False when it loads the checkpoint itself.
     starts_empty: bool = False
 
+    #: True for an engine that calls its memory gate (`set_memory_gate`) before each large device allocation (weights
+    #: at wake-up, the KV cache), so the trainer's state may stay on the device until the engine needs its room
+    #: (`trainer.offload_lazy`, workers/device_room.py); False: the worker offloads the trainer's state at wake-up.
+    gates_memory: bool = False
+
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample `params.n` completions per prompt; returns len(prompts) * n items, prompt-major."""
@@ -102,7 +110,7 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def sleep(self, level: int = 1) -> None:
-        """Release device memory: level 1 frees the KV cache and parks weights in host memory,
+        """Release device memory: level 1 frees the KV cache and offloads the weights to host memory,
         level 2 frees the weights too (the next load overwrites them)."""
 
     @abc.abstractmethod
@@ -125,6 +133,21 @@ class RolloutEngine(abc.ABC):
     def memory_stats(self) -> dict[str, float]:
         """Engine-side memory figures in GiB (empty where the engine cannot tell)."""
         return {}
+
+    # -- device memory shared with the trainer ------------------------------------------------------------------
+    def set_memory_gate(self, gate: MemoryGate | None) -> None:
+        """Call `gate(nbytes)` before each large device allocation from now on; None: stop. Engines that do not gate
+        their allocations (`gates_memory` False) ignore it."""
+
+    def mapped_bytes(self) -> int:
+        """Device memory the engine maps itself through the CUDA driver, outside torch's caching allocator (which
+        `torch.cuda.memory_allocated` does not count), held now; 0 for engines that allocate through torch."""
+        return 0
+
+    def take_peak_mapped_bytes(self) -> int:
+        """The most `mapped_bytes` held at once since the last call (as `torch.cuda.max_memory_allocated` is for torch's
+        allocator); the next peak starts from what is held now."""
+        return 0
 
     def take_stats(self) -> dict[str, float]:
         """Engine figures accumulated since the last call, as step metrics (empty where the engine keeps none)."""

@@ -9,7 +9,7 @@ from hybridrl.errors import ConfigError
 
 ENGINE_NAMES = ("native", "vllm", "sglang")
 NATIVE_IMPLS = ("auto", "fused", "hf")
-PDL_MODES = ("auto", "on", "off")
+PDL_MODES = ("on", "off")
 PDL_ALIASES = {"true": "on", "false": "off", "1": "on", "0": "off"}
 
 
@@ -95,13 +95,13 @@ class NativeOptions:
     join_wait_steps: int = 8
     """Fused engine: decode steps a request that would prefill apart may wait to join a running batch, so that
     requests arriving close together share one prefill instead of one each, counted from when a row is free; they
-    join at once when an eighth of the rows (at least 2) can, or nothing runs. Joins riding in a step
+    join at once when an eighth of the rows (at least 2) can, or nothing runs. Joins inside a decode step
     (`join_step_tokens`) never wait. 0 = join at the next step."""
     join_step_tokens: int = 512
-    """Fused engine: most prompt tokens that ride along in one decode step when single requests join a running batch
-    (an agent's next turn past its cached prefix; on GPU also a new prompt ≤ 512 tokens): they run as extra rows of
-    that step and the joining rows sample their first token in it, instead of a separate prefill. More, or groups of
-    samples sharing a prompt, prefill apart. 0 = every join prefills apart."""
+    """Fused engine: most prompt tokens computed inside one decode step when single requests join a running batch (a
+    mixed step, what vLLM calls chunked prefill; an agent's next turn past its cached prefix, on GPU also a new prompt
+    ≤ 512 tokens): they run as extra rows of that step and the joining rows sample their first token in it, instead of
+    a separate prefill. More, or groups of samples sharing a prompt, prefill apart. 0 = every join prefills apart."""
 
     shared_prefix_tokens: int = 512
     """Fused engine on GPU: decode attention reads the KV blocks that rows share (a GRPO group's prompt) once per group
@@ -113,18 +113,19 @@ class NativeOptions:
     """Fused engine on GPU: keep the weights and the KV cache at fixed device addresses (CUDA virtual memory), so that
     a sleep gives their memory back but the CUDA graphs survive it and the next rollout captures none (the KV cache
     keeps its size across sleeps). In the 1.5B GRPO step on the H200: graph capture 45 ms → 0 per rollout, rollout
-    83.7k → 86.7k tok/s. Where the driver refuses (or not CUDA) the engine allocates as before."""
+    83.7k → 86.7k tok/s. Where the driver refuses (or not CUDA) the engine allocates through torch and captures its
+    graphs again after each sleep."""
 
-    pdl: str = "auto"
-    """Fused engine on an NVIDIA GPU of compute capability ≥ 9 (Hopper): launch the Triton kernels with programmatic
-    dependent launch, so each one's programs start while the kernel ahead finishes and wait for its writes
-    (`kernels/pdl.py`); elsewhere it has no effect. "on", "off", or "auto": capture the decode graphs both ways and,
-    after each wake-up, keep whichever the first steps time faster (`fused/launch_choice.py`). In the 1.5B GRPO step
-    on the H200 (256 rows × 512 new): rollout 91.2–92.2k tok/s with auto, 90.1–90.8k with on, 91.4k with off.
-    Process-wide: the last engine made sets it."""
+    pdl: str = "on"
+    """Fused engine on an NVIDIA GPU of compute capability ≥ 9 (Hopper): "on" launches the Triton kernels with
+    programmatic dependent launch, so each one's programs start while the kernel ahead finishes and wait for its writes
+    (`kernels/pdl.py`); "off" launches them in plain stream order. Elsewhere it has no effect. In a fresh process on
+    the H200 the 1.5B GRPO rollout ran 2–3% faster with it; in a process that has run training steps the gain varies
+    from run to run, between none and ~1% slower: set "off" where a benchmark of your own run (`python -m
+    benchmarks.engine`) measures it faster."""
 
     def __post_init__(self) -> None:
-        # Booleans from older configs and command lines (`engine.native.pdl=true` arrives as "True").
+        # Booleans are accepted too: true → on, false → off (`engine.native.pdl=true` arrives as "True").
         self.pdl = PDL_ALIASES.get(str(self.pdl).lower(), str(self.pdl).lower())
         if self.pdl not in PDL_MODES:
             raise ConfigError(f"engine.native.pdl must be one of {', '.join(PDL_MODES)}, got {self.pdl!r}")

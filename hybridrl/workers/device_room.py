@@ -2,18 +2,19 @@
 
     room = DeviceRoom(device, headroom_bytes)
     room.defer("actor", actor.param_offload)      # wake: what trainer.offload names, not moved yet
-    engine.memory_gate = room.make_room           # the engine calls it before it allocates (weights, KV cache)
+    engine.set_memory_gate(room.make_room)        # the engine calls it before it allocates (weights, KV cache)
     ...                                           # logprob: the onload of what never left moves nothing
 
-`make_room(n)` offloads deferred parts, largest first, until the device has `n` bytes plus the headroom free (`None`:
-all of them). When the device has room for the engine beside the trainer's state, nothing moves, out or back: the step
-skips both copies. When it has not, the engine waits for exactly the parts it needs, as an eager offload at wake-up
-would have made it wait. A copy already in flight (the reference's, started behind the update) is completed instead.
-`trainer.offload_lazy=false` offloads everything at wake-up.
+Only an engine that gates its allocations (`RolloutEngine.gates_memory`) calls it; for the others the worker offloads
+everything at wake-up. `make_room(n)` offloads deferred parts, largest first, until the device has `n` bytes plus the
+headroom free (`None`: all of them). When the device has room for the engine beside the trainer's state, nothing moves,
+out or back: the step skips both copies. When it has not, the engine waits for exactly the parts it needs, as an eager
+offload at wake-up would have made it wait. A copy already in flight (the reference's, started behind the update) is
+completed instead. `trainer.offload_lazy=false` offloads everything at wake-up.
 
-Why not copy to host in the background and free on demand: on the H200 the decode steps' small device-to-host token
-copies queue behind the offload's copies on the copy engine, so a 7B step's generate phase took 0.9 s longer (the
-whole 45.7 GB transfer) when the offload ran behind it (docs/measurements, issue 21).
+Why not copy to host in the background and free on demand: the decode steps' small device-to-host token copies queue
+behind the offload's copies on the copy engine; on the H200 a 7B step's generate phase took 0.9 s longer (the whole
+45.7 GB transfer) with the offload running behind it.
 """
 
 from __future__ import annotations

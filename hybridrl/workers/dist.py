@@ -8,8 +8,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hybridrl.engines.native.fixed_memory import mapped_bytes
-
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
     """`trainer.device` resolved: auto takes this worker's GPU when there is one, else the CPU."""
@@ -45,15 +43,15 @@ def init_process_group(rank: int, world_size: int, device: torch.device, timeout
         )
 
 
-def memory_snapshot(device: torch.device) -> dict[str, float]:
-    """Memory in use now, in GiB: allocated/reserved on a GPU (torch's allocator plus the engine's fixed-address
-    memory, also given alone as fixed_gb), resident set size on the CPU."""
+def memory_snapshot(device: torch.device, mapped: int = 0) -> dict[str, float]:
+    """Memory in use now, in GiB: allocated/reserved on a GPU, torch's allocator plus `mapped` (the bytes the engine
+    maps itself outside it, `RolloutEngine.mapped_bytes`; also given alone as fixed_gb); resident set size on the
+    CPU."""
     if device.type == "cuda":
-        fixed = mapped_bytes(device)
         return {
-            "allocated_gb": (torch.cuda.memory_allocated(device) + fixed) / 2**30,
-            "reserved_gb": (torch.cuda.memory_reserved(device) + fixed) / 2**30,
-            "fixed_gb": fixed / 2**30,
+            "allocated_gb": (torch.cuda.memory_allocated(device) + mapped) / 2**30,
+            "reserved_gb": (torch.cuda.memory_reserved(device) + mapped) / 2**30,
+            "fixed_gb": mapped / 2**30,
         }
     try:
         with open("/proc/self/statm") as f:

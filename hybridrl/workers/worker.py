@@ -20,7 +20,6 @@ from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.cpu_threads import configure_threads
 from hybridrl.engines.base import Completion, SamplingParams
-from hybridrl.engines.native.fixed_memory import peak_mapped_bytes, reset_peak_mapped
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.rewards.base import RewardScores
 from hybridrl.workers.build import build_components
@@ -62,17 +61,17 @@ class HybridWorker:
     def _record(self, phase: str) -> None:
         """Memory after `phase`. The phase's device work is waited for first (the current stream only: copies left
         on side streams on purpose keep running), so the controller's `time/<phase>` is the phase's real time."""
+        engine = self.roles.rollout.engine
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        self.memory[phase] = memory_snapshot(self.device)
+        self.memory[phase] = memory_snapshot(self.device, engine.mapped_bytes())
         if self.device.type == "cuda":
-            # The most held at any time since the previous record: during this phase. With the engine's fixed-address
-            # memory an upper bound: where torch's and its peaks fall at different moments of a phase (a wake-up moves
+            # The most held at any time since the previous record: during this phase. With memory the engine maps
+            # itself an upper bound: where torch's and its peaks fall at different moments of a phase (a wake-up moves
             # trainer state out, then maps the engine's), the sum overstates by the smaller.
-            peak = torch.cuda.max_memory_allocated(self.device) + peak_mapped_bytes(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) + engine.take_peak_mapped_bytes()
             self.memory[phase]["peak_allocated_gb"] = peak / 2**30
             torch.cuda.reset_peak_memory_stats(self.device)
-            reset_peak_mapped(self.device)
 
     # -- phase commands -------------------------------------------------------------------
     def wake(self) -> dict[str, float]:
@@ -82,12 +81,12 @@ class HybridWorker:
         r = self.roles
         self.switch_stats = {}  # a step whose update was skipped (critic warm-up) leaves its figures behind
         self.room.clear()
-        if self.cfg.trainer.offload_lazy and getattr(r.rollout.engine, "gates_memory", False):
+        if self.cfg.trainer.offload_lazy and r.rollout.engine.gates_memory:
             learners = {"actor": r.actor, "ref": r.ref, "critic": r.critic}
             for name, learner in learners.items():
                 for offloader in learner.lazy_offloaders() if learner is not None else ():
                     self.room.defer(name, offloader)
-            r.rollout.engine.memory_gate = self.room.make_room
+            r.rollout.engine.set_memory_gate(self.room.make_room)
             r.rollout.wake()
             stats = self.room.take_stats()
         else:
@@ -118,10 +117,10 @@ class HybridWorker:
     def sleep(self) -> None:
         """Free the engine's memory for training (level per engine.sleep_level). Offloads the engine did not need
         stay unfreed: the log-prob phase's onload cancels them."""
+        engine = self.roles.rollout.engine
         self.roles.rollout.sleep()
-        self.switch_stats.update(getattr(self.roles.rollout.engine, "take_stats", dict)())  # e.g. its graph captures
-        if getattr(self.roles.rollout.engine, "gates_memory", False):
-            self.roles.rollout.engine.memory_gate = None
+        self.switch_stats.update(engine.take_stats())  # e.g. its graph captures
+        engine.set_memory_gate(None)
         self.switch_stats.update(self.room.take_stats())  # what the engine freed while it generated
         self.room.clear()
         self._record("sleep")

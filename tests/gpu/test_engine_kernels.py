@@ -412,39 +412,66 @@ def test_triton_shared_prefix_attention_matches_a_softmax_per_row(dtype, hq, hkv
         assert (got.double().cpu() - want).abs().max().item() < 1e-5
 
 
-def test_one_kernel_attention_where_measured_faster():
-    """The engine takes the one-kernel form where its grid is one wave (the 0.5B's 64 rows × 2 kv heads on the H200's
-    132 SMs: 9.1 µs against 10.3) and not at 256 rows (the 1.5B's: 48.0 against 39.2), o_rope_attention.txt."""
-    from hybridrl.engines.native.kernels.rope_attention import one_wave
-
-    assert one_wave(64, 2, 1, 132) and one_wave(8, 2, 8, 132)
-    assert not one_wave(256, 2, 1, 132) and not one_wave(96, 2, 1, 132)
-
-
-def test_skinny_plans_are_the_measured_best():
-    """On 132 SMs, the plans for the 0.5B's projections at batch 64 are the best of the H200 sweep
-    (docs/measurements/h200_1201/i_linear.json); where cuBLAS won or tied (gate_up, 256 rows) there is no plan."""
-    assert linear.skinny_plan(64, 1152, 896, 132) == (8, 64, 64)  # qkv: 3.88 → 2.87 µs
-    assert linear.skinny_plan(64, 896, 896, 132) == (4, 32, 64)  # o_proj: 3.71 → 2.63 µs
-    assert linear.skinny_plan(64, 896, 4864, 132) == (8, 64, 128)  # down_proj: 7.22 → 4.28 µs
-    assert linear.skinny_plan(64, 9728, 896, 132) is None  # gate_up: cuBLAS 5.98, ours 6.13 µs
-    assert linear.skinny_plan(256, 1536, 1536, 132) is None  # 1.5B o_proj at 256 rows: cuBLAS 5.5, ours 6.3
-    assert linear.skinny_plan(64, 896, 896, 0) is None  # no SMs given: cuBLAS
-    assert linear.skinny_plan(4, 64, 96, 132).splits == 1  # K too short to split
-    assert linear.skinny_plan(0, 896, 896, 132) is None  # no rows: nothing to launch
+# The decode projections of the supported Qwen2.5 shapes (0.5B: hidden 896, 1.5B: 1536), per layer at TP 1: qkv,
+# o_proj, gate_up, down_proj as (N, K).
+PROJECTIONS = [
+    (1152, 896),
+    (896, 896),
+    (9728, 896),
+    (896, 4864),
+    (2048, 1536),
+    (1536, 1536),
+    (17920, 1536),
+    (1536, 8960),
+]
 
 
-def test_batched_split_plans_are_the_measured_best():
-    """The batched cuBLAS split (float32 K slices) where it beat F.linear on the H200
-    (docs/measurements/h200_1201/x_batched_split.json), and nowhere else."""
-    assert linear.batched_splits(256, 1536, 8960) == 4  # 1.5B down_proj + norm at 256 rows: 20.1 → 15.3 µs
-    assert linear.batched_splits(128, 1536, 8960) == 4  # ... at 128 rows: 11.6 → 10.2 µs
-    assert linear.batched_splits(256, 896, 4864) == 4  # 0.5B down_proj + norm at 256 rows: 11.3 → 8.4 µs
-    assert linear.batched_splits(64, 896, 4864) == 0  # ≤ 64 rows: the skinny kernel's (4.3 µs against 4.9)
-    assert linear.batched_splits(256, 1536, 1536) == 0  # o_proj: K too short to gain (≤ 0.35 µs)
-    assert linear.batched_splits(256, 17920, 1536) == 0  # gate_up: a wide output loses (32 against 22.6 µs)
-    assert linear.batched_splits(256, 1536, 4100) == 0  # slices would not be 16-byte aligned
-    assert linear.batched_splits(2048, 1536, 8960) == 0  # a packed prefill: compute-bound, F.linear's
+def test_skinny_plans_are_valid_launches():
+    """Every plan `skinny_plan` gives for a decode projection (1 to 64 rows, an H100/H200's 132 SMs or a smaller
+    GPU's 46) is a launch the kernel takes: power-of-two K splits no finer than its 64-wide steps, supported tiles; no
+    plan without SMs or rows, or past the skinny kernel's row and width limits."""
+    for n, k in PROJECTIONS:
+        for m in (1, 8, 33, 64):
+            for sms in (46, 132):
+                plan = linear.skinny_plan(m, n, k, sms)
+                if plan is None:
+                    assert n > linear.SKINNY_MAX_WIDTH
+                    continue
+                assert plan.splits in (1, 2, 4, 8) and plan.splits <= max(1, k // 64)
+                assert plan.block_n in (32, 64) and plan.block_k in (64, 128)
+        assert linear.skinny_plan(0, n, k, 132) is None and linear.skinny_plan(8, n, k, 0) is None
+        assert linear.skinny_plan(linear.SKINNY_MAX_ROWS + 1, n, k, 132) is None
+
+
+@needs_triton
+@pytest.mark.parametrize("m,n,k", [(8, 1152, 896), (64, 896, 896), (64, 896, 4864), (33, 1536, 1536)])
+def test_skinny_plans_compute_the_product(m, n, k):
+    """The skinny kernel launched by its plan for a decode projection (float32 partials where it splits K) sums to the
+    float64 product."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen) / k**0.5
+    want = x.double() @ w.double().T
+    plan = linear.skinny_plan(m, n, k, 132)
+    assert plan is not None
+    dev = TRITON_DEVICE
+    got = linear.linear_triton(
+        x.to(dev), w.to(dev), None, splits=plan.splits, block_n=plan.block_n, block_k=plan.block_k
+    )
+    got = linear.summed(got, torch.float32)
+    assert got.shape == (m, n) and (got.double().cpu() - want).abs().max().item() < 1e-4
+
+
+def test_batched_split_plans_give_aligned_slices():
+    """Wherever `batched_splits` splits a projection, its K slices start on 16-byte boundaries of a half-precision
+    row (what `linear_batched`'s strided views need) and the batch is past the skinny kernel's rows; a K that does not
+    split so is never split."""
+    for n, k in [*PROJECTIONS, (1536, 4100), (896, 4104)]:
+        for m in (64, 65, 128, 256, 2048):
+            splits = linear.batched_splits(m, n, k)
+            if splits:
+                assert k % splits == 0 and (k // splits) * 2 % 16 == 0
+                assert linear.SKINNY_MAX_ROWS < m <= linear.BATCHED_MAX_ROWS
+    assert linear.batched_splits(256, 1536, 4100) == 0
 
 
 def test_batched_split_needs_a_bmm_with_float32_output():
@@ -471,6 +498,17 @@ def test_batched_split_matches_a_float64_product():
     assert linear.project(x.cuda(), w.cuda(), None, 132).shape == (4, m, n)
     assert linear.project(x.cuda(), w.cuda(), torch.zeros(n, dtype=x.dtype, device="cuda"), 132).shape == (m, n)
     assert linear.project(x.cuda(), w.cuda(), None, 0).shape == (m, n)  # no SMs given: F.linear
+    # Every decode projection the batched split takes sums to F.linear's product.
+    for n, k in PROJECTIONS:
+        for m in (128, 256):
+            if linear.batched_splits(m, n, k):
+                x, w = (
+                    torch.randn(m, k, generator=gen).bfloat16(),
+                    (torch.randn(n, k, generator=gen) / k**0.5).bfloat16(),
+                )
+                want = x.double() @ w.double().T
+                got = linear.project(x.cuda(), w.cuda(), None, 132)
+                assert got.dim() == 3 and (got.double().sum(0).cpu() - want).abs().max().item() < 1e-3
 
 
 def test_project_is_f_linear_without_triton():
@@ -592,63 +630,60 @@ def test_triton_step_state_matches_torch(rows):
         assert torch.equal(got, want)
 
 
-def test_split_count_splits_in_two_only_for_long_contexts():
+def test_split_count_splits_in_two_only_for_long_contexts(monkeypatch):
     """At most one program per SM's worth of splits for a small batch (132 SMs: 16 rows × 2 kv heads → 4); past that,
-    two splits only from the long-context threshold (`long_keys`, or the measured rule by shape), never more splits
-    than 64-key stretches."""
+    two splits only from the long-context threshold (`long_context_keys`, whatever it is tuned to), never more splits
+    than 64-key stretches of the tables nor than 32."""
     assert attention.split_count(16, 2, 40, 16, 132) == 4
     assert attention.split_count(256, 2, 40, 16, 132) == 1
-    assert attention.split_count(256, 2, 40, 16, 132, keys=319, long_keys=320) == 1
-    assert attention.split_count(256, 2, 40, 16, 132, keys=320, long_keys=320) == 2
-    assert attention.split_count(256, 2, 40, 16, 132, keys=640, long_keys=0) == 1
-    assert attention.split_count(256, 2, 2, 16, 132, keys=640, long_keys=32) == 1  # 32 keys in the tables
-    # the rule: 128 programs (one per SM) from 384 keys at head dim 128, 512 at 64; more programs never
-    assert attention.split_count(256, 2, 40, 16, 132, keys=2048, head_dim=128) == 1
-    assert attention.split_count(256, 2, 40, 16, 132, keys=2048, head_dim=64) == 1
-    assert attention.split_count(64, 2, 40, 16, 132, keys=383, head_dim=128) == 1
-    assert attention.split_count(64, 2, 40, 16, 132, keys=384, head_dim=128) == 2
-    assert attention.split_count(64, 2, 40, 16, 132, keys=511, head_dim=64) == 1
-    assert attention.split_count(64, 2, 40, 16, 132, keys=512, head_dim=64) == 2
-    assert attention.split_count(128, 2, 40, 16, 132, keys=640, head_dim=128) == 1
+    assert attention.split_count(1, 1, 2, 16, 132) == 1  # 32 keys in the tables: one stretch
+    assert attention.split_count(1, 1, 4096, 16, 132) == 32
+    monkeypatch.setattr(attention, "long_context_keys", lambda head_dim, programs, sms: 320)
+    assert attention.split_count(256, 2, 40, 16, 132, keys=319) == 1
+    assert attention.split_count(256, 2, 40, 16, 132, keys=320) == 2
+    assert attention.split_count(256, 2, 2, 16, 132, keys=640) == 1  # 32 keys in the tables
+    monkeypatch.setattr(attention, "long_context_keys", lambda head_dim, programs, sms: 0)
+    assert attention.split_count(256, 2, 40, 16, 132, keys=10**6) == 1  # 0: never
 
 
-@pytest.fixture
-def pdl_switch():
-    """The process-wide PDL switch, restored after the test."""
+def test_a_batch_that_fills_the_sms_splits_at_most_in_two():
+    """Whatever the context, a batch with at least one program (row × kv head) per SM splits its keys in two at
+    most: more splits would only add programs to an already full device."""
+    for head_dim in (64, 128):
+        for rows, kv_heads in ((66, 2), (128, 2), (256, 2), (132, 1)):
+            for keys in (0, 256, 1024, 8192):
+                assert 1 <= attention.split_count(rows, kv_heads, 1024, 16, 132, keys, head_dim) <= 2
+
+
+def test_pdl_is_off_where_it_cannot_run_or_is_not_wanted():
+    """On the CPU (and the interpreter) no launch asks for PDL and the kernels compile without the wait; inside
+    `launches(False)` no launch asks for it anywhere, and the setting ends with the block."""
     from hybridrl.engines.native.kernels import pdl
 
-    before, early = pdl.is_enabled(), pdl.early_trigger()
-    yield pdl
-    pdl.set_enabled(before)
-    pdl.set_early_trigger(early)
-
-
-def test_pdl_is_off_where_it_cannot_run(pdl_switch):
-    """On the CPU (and the interpreter) no launch asks for PDL and the kernels compile without the wait; the switch
-    turns it off everywhere."""
     x = torch.zeros(2)
-    assert not pdl_switch.capable(x.device)
-    assert pdl_switch.launch(x) == {"PDL": 0}
-    pdl_switch.set_early_trigger(False)  # the trigger setting changes nothing where PDL is off
-    assert pdl_switch.launch(x) == {"PDL": 0} and not pdl_switch.early_trigger()
-    pdl_switch.set_enabled(False)
-    assert not pdl_switch.is_enabled()
-    pdl_switch.set_enabled(True)
-    assert pdl_switch.is_enabled()
+    assert not pdl.capable(x.device) and pdl.launch(x) == {"PDL": 0}
+    assert pdl.wanted()
+    with pdl.launches(False):
+        assert not pdl.wanted() and pdl.launch(x) == {"PDL": 0}
+        if CUDA:
+            assert pdl.launch(x.cuda()) == {"PDL": 0}
+        with pdl.launches(True):
+            assert pdl.wanted()
+        assert not pdl.wanted()
+    assert pdl.wanted()
 
 
 @pytest.mark.skipif(not CUDA, reason="programmatic dependent launch needs a GPU")
-@pytest.mark.parametrize("early", [True, False])
-def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch, early):
+def test_pdl_launches_wait_for_the_kernel_ahead():
     """A CUDA graph of a long cuBLAS product whose output the norm kernel reads at once, then silu_mul on the norm's
     output and the norm again on that: with PDL every kernel starts before the one ahead has finished, so a missing
     wait would read the previous replay's values (each replay has new inputs) or the NaNs the outputs are filled
     with. Every replay equals the torch path on its inputs."""
+    from hybridrl.engines.native.kernels import pdl
+
     dev = torch.device("cuda")
-    if not pdl_switch.capable(dev):
+    if not pdl.capable(dev):
         pytest.skip("needs compute capability >= 9 and a Triton with grid dependency control")
-    pdl_switch.set_enabled(True)
-    pdl_switch.set_early_trigger(early)  # trigger at each kernel's start, or leave it to its completion
     g = torch.Generator().manual_seed(0)
     n, h = 256, 1024
     a = torch.randn(n, 4096, generator=g).to(dev, torch.bfloat16)
@@ -668,11 +703,12 @@ def test_pdl_launches_wait_for_the_kernel_ahead(pdl_switch, early):
         act = norms.silu_mul_torch(normed)
         return s, norms.add_rms_norm_torch(act, act, nw2, 1e-6)[1]
 
-    assert pdl_switch.launch(x)["PDL"] == (1 if early else 2)
-    chain()  # compiles the kernels outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = chain()
+    assert pdl.launch(x) == {"PDL": 1, "launch_pdl": True}
+    with pdl.launches(True):
+        chain()  # compiles the kernels outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = chain()
     for _ in range(5):
         a.copy_(torch.randn(a.shape, generator=g).to(dev, torch.bfloat16))
         want = reference()

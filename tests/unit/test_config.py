@@ -120,7 +120,7 @@ def test_bad_values_fail_validation_naming_the_key(override, key):
 def test_engine_native_pdl_takes_a_boolean_from_the_command_line():
     assert validate(composed("engine.native.pdl=true")).engine.native.pdl == "on"
     assert validate(composed("engine.native.pdl=off")).engine.native.pdl == "off"
-    assert validate(composed()).engine.native.pdl == "auto"
+    assert validate(composed()).engine.native.pdl == "on"
 
 
 def test_missing_model_path_is_reported():

@@ -1,8 +1,8 @@
-"""What the two built-in engines share: the request form of generation, sleep/wake with weight parking, and
-loading weights by name.
+"""What the two built-in engines share: the request form of generation, sleep/wake with the weights offloaded to host
+memory, and loading weights by name.
 
-    HFEngine (engines/native.py)        any transformers causal LM; batched per call
-    FusedEngine (engines/fused/)        our decoder on the fused TP layout; paged KV cache, continuous batching
+    HFEngine (native/hf.py)             any transformers causal LM; batched per call
+    FusedEngine (native/engine.py)      our decoder on the fused TP layout; paged KV cache, continuous batching
 
 Both generate through `generate_requests`; `generate(prompts, params)` is that over
 `GenerationRequest(prompts[i], params.prompt_offset + i, j)` for every prompt i and sample j < n, so the two forms
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
-from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
+from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, MemoryGate, RolloutEngine, SamplingParams
 from hybridrl.engines.native.fixed_memory import FixedMemory
-from hybridrl.engines.native.weight_offload import WeightParking
+from hybridrl.engines.native.weight_offload import WeightOffloader
 from hybridrl.errors import HybridRLError
 
 
@@ -54,11 +54,12 @@ def check_requests(requests: Sequence[GenerationRequest]) -> None:
 class NativeEngineBase(RolloutEngine):
     """A rollout engine in this process over parameters it owns: sleep/wake, weight loading, the request form."""
 
-    gates_memory = False
-    """Whether every large allocation (weights at wake-up, the KV cache) first calls `memory_gate`, so the trainer's
-    lazy offload (workers/device_room.py) may leave its memory on the device until the engine needs it."""
-    memory_gate: Callable[[int | None], None] | None = None
-    """Called with the bytes about to be allocated (None: as much as it can get) before each such allocation."""
+    memory_gate: MemoryGate | None = None
+    """What `set_memory_gate` set: called with the bytes about to be allocated (None: as much as it can get) before
+    each large allocation, where the engine gates them (`gates_memory`)."""
+
+    def set_memory_gate(self, gate: MemoryGate | None) -> None:
+        self.memory_gate = gate if self.gates_memory else None
 
     def _make_room(self, nbytes: int | None) -> None:
         if self.memory_gate is not None:
@@ -72,10 +73,11 @@ class NativeEngineBase(RolloutEngine):
         memory: FixedMemory | None = None,
     ) -> None:
         """Register the parameters `load_weights` fills by name (`params` may list a tied tensor under each of its
-        names; `unique` once) and where they park while asleep (`memory`: the `FixedMemory` they are views of)."""
+        names; `unique` once) and how they leave the device while asleep (`memory`: the `FixedMemory` they are views
+        of)."""
         self.device = device
         self._params, self._unique = params, unique
-        self._parking = WeightParking(unique, device, memory)
+        self._weight_offload = WeightOffloader(unique, device, memory)
         self._asleep: set[str] = set()
 
     # -- generation -----------------------------------------------------------------------------------
@@ -97,12 +99,12 @@ class NativeEngineBase(RolloutEngine):
 
     # -- memory lifecycle -----------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
-        """Free the KV cache; level 1 parks weights in pinned host memory (GPU; on CPU they stay where they
+        """Free the KV cache; level 1 offloads the weights to pinned host memory (GPU; on CPU they stay where they
         are), level 2 drops them (the next reshard rewrites every one)."""
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         self._free_cache()
-        if self._parking.park(level):
+        if self._weight_offload.offload(level):
             self._asleep.add("weights")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -115,8 +117,8 @@ class NativeEngineBase(RolloutEngine):
         if unknown:
             raise ValueError(f"unknown wake_up tags {sorted(unknown)}; valid: {WAKE_TAGS}")
         if "weights" in tags and "weights" in self._asleep:
-            self._make_room(self._parking.device_bytes())
-            self._parking.restore()
+            self._make_room(self._weight_offload.device_bytes())
+            self._weight_offload.restore()
             self._asleep.discard("weights")
         if "kv_cache" in tags and "kv_cache" in self._asleep:
             self._asleep.discard("kv_cache")
@@ -152,4 +154,4 @@ class NativeEngineBase(RolloutEngine):
         self._free_cache()
         self._params.clear()
         self._unique.clear()
-        self._parking.clear()
+        self._weight_offload.clear()

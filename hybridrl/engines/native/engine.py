@@ -7,8 +7,9 @@
     for handle, completion in engine.step(): ...        # ... one token per running sequence per step
 
 `generate` and `generate_requests` are `submit` for every request, then `step` until all are done (see
-`engines/scheduler.py` for the loop; `engines/async_engine.py` for many coroutines sharing one engine). The engine
-neither makes process groups nor imports the resharder: its TP group and its weights come from the caller.
+`native/scheduler.py` for the loop; `native/async_engine.py` for many coroutines sharing one engine). The engine
+neither makes process groups nor imports the resharder: its TP group and its weights come from the caller. Its
+Triton kernels launch with programmatic dependent launch per `engine.native.pdl` (`kernels/pdl.py`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,21 @@ import torch
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
 from hybridrl.engines.native.base import NativeEngineBase, check_requests
-from hybridrl.engines.native.fixed_memory import FixedMemory, fixed_bytes, fixed_memory
+from hybridrl.engines.native.fixed_memory import (
+    FixedMemory,
+    fixed_bytes,
+    fixed_memory,
+    peak_mapped_bytes,
+    reset_peak_mapped,
+)
+from hybridrl.engines.native.fixed_memory import mapped_bytes as device_mapped_bytes
 from hybridrl.engines.native.frozen_heap import frozen_heap
 from hybridrl.engines.native.kernels import pdl
 from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.native.model import FusedDecoder
-from hybridrl.engines.native.runner import DecodeRunner, JoinTokens, SamplerMode, to_device
+from hybridrl.engines.native.runner import DecodeRunner
 from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
+from hybridrl.engines.native.step_io import PackedTokens, SamplerMode, to_device
 from hybridrl.engines.native.tensor_parallel import TensorParallel
 from hybridrl.engines.sampling import sample_tokens
 from hybridrl.errors import HybridRLError
@@ -75,10 +84,6 @@ class FusedEngine(NativeEngineBase):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
-        pdl.set_enabled(self.options.pdl != "off")
-        pdl.set_early_trigger(
-            True
-        )  # the measured default; a benchmark's A/B (`runner.pdl_trigger`) ends with the engine
         self.runner = DecodeRunner(
             self.model,
             self.options.max_batch_size,
@@ -87,8 +92,6 @@ class FusedEngine(NativeEngineBase):
             self.options.join_step_tokens,
             self.options.shared_prefix_tokens,
         )
-        if self.options.pdl == "auto":
-            self.runner.pdl_auto = True
         self.scheduler = Scheduler(
             self,
             self.options.max_batch_size,
@@ -120,9 +123,10 @@ class FusedEngine(NativeEngineBase):
 
     @torch.inference_mode()
     def step(self) -> list[tuple[int, Completion]]:
-        """One scheduler step (see engines/scheduler.py): the completions that finished, with their handles."""
+        """One scheduler step (see native/scheduler.py): the completions that finished, with their handles."""
         self._check_awake("step")
-        return self.scheduler.step()
+        with self._launches():
+            return self.scheduler.step()
 
     @torch.inference_mode()
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
@@ -138,7 +142,7 @@ class FusedEngine(NativeEngineBase):
             if requests:  # a cache sized by demand is sized once for the whole call, by its longest sequence
                 longest = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1
                 self.kv_allocator(0, blocks_for(longest, self.block_size))
-            with frozen_heap():
+            with frozen_heap(), self._launches():
                 while self.scheduler.has_work:
                     done.update(self.scheduler.step())
         except BaseException:
@@ -157,16 +161,21 @@ class FusedEngine(NativeEngineBase):
         self.reserve_width(per_seq)  # RoPE tables for the longest prompt
         groups = [PromptGroup(list(p), alloc.allocate(blocks_for(len(p), self.block_size)), []) for p in prompts]
         try:
-            if cached is not None and any(cached):
-                self._prefill_logits(
-                    [PromptGroup(list(p[:c]), g.shared, []) for p, c, g in zip(prompts, cached, groups) if c]
-                )
-                for g, c in zip(groups, cached):
-                    g.cached = c
-            return self._prefill_logits(groups)[:, : self.vocab].float()
+            with self._launches():
+                if cached is not None and any(cached):
+                    self._prefill_logits(
+                        [PromptGroup(list(p[:c]), g.shared, []) for p, c, g in zip(prompts, cached, groups) if c]
+                    )
+                    for g, c in zip(groups, cached):
+                        g.cached = c
+                return self._prefill_logits(groups)[:, : self.vocab].float()
         finally:
             for g in groups:
                 alloc.release(g.shared)
+
+    def _launches(self):
+        """The block inside which this engine's kernels launch as `engine.native.pdl` says."""
+        return pdl.launches(self.options.pdl == "on")
 
     # -- the scheduler's backend --------------------------------------------------------------------------
     def kv_allocator(self, need: int, per_seq: int) -> BlockAllocator:
@@ -260,26 +269,26 @@ class FusedEngine(NativeEngineBase):
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def _packed(self, g: PromptGroup) -> bool:
-        """Whether the group's prompt runs packed, a row per token (`extend`, or riding along in a step)."""
+        """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step)."""
         # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
-        # cheaper padded through SDPA; float32 CPU runs then also reproduce earlier runs bit for bit.
+        # cheaper padded through SDPA; float32 CPU runs then also keep the golden run's numbers bit for bit.
         return bool(g.cached) or (
             self.model.paged_attention_kernel(self.block_size) and len(g.prompt) <= PACKED_PROMPT_MAX
         )
 
-    def ride_tokens(self, group: PromptGroup) -> int | None:
-        """The prompt tokens a single request rides along in a step: past its cached prefix, but the last (the row's
-        input). None for a group of several samples (they share a copied partial block: a prefill does that) or a
-        prompt the packed path does not take."""
+    def step_prefill_tokens(self, group: PromptGroup) -> int | None:
+        """The prompt tokens a single request computes inside a mixed step: past its cached prefix, but the last (the
+        row's input). None for a group of several samples (they share a copied partial block: a prefill does that) or
+        a prompt the packed path does not take."""
         if len(group.seqs) != 1 or not self._packed(group):
             return None
         return len(group.prompt) - 1 - group.cached
 
-    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> JoinTokens:
+    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> PackedTokens:
         """Place single-request groups as rows start.. whose first token the next step samples, their last prompt
-        token the row's input and the rest past the cached prefix riding along (`JoinTokens`)."""
+        token the row's input and the rest past the cached prefix computed inside that step (`PackedTokens`)."""
         seqs = [g.seqs[0] for g in groups]
-        join = self._past_cache(groups, [s.blocks for s in seqs], start, last=False)
+        mixed = self._past_cache(groups, [s.blocks for s in seqs], start, last=False)
         self.runner.place(
             start,
             [g.prompt[-1] for g in groups],
@@ -288,7 +297,7 @@ class FusedEngine(NativeEngineBase):
             [s.blocks for s in seqs],
             step=0,
         )
-        return join
+        return mixed
 
     def _tables(self, groups: list[PromptGroup]) -> list[list[int]]:
         return [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
@@ -320,10 +329,12 @@ class FusedEngine(NativeEngineBase):
         tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
         return self.runner.extend(tokens, tables, last)
 
-    def _past_cache(self, groups: list[PromptGroup], tables: list[list[int]], first_row: int, last: bool) -> JoinTokens:
+    def _past_cache(
+        self, groups: list[PromptGroup], tables: list[list[int]], first_row: int, last: bool
+    ) -> PackedTokens:
         """Each group's prompt tokens past its cached prefix, with (`last`) or without its last token, packed: ids,
         positions, cache slots in the group's table, and the row of that table (first_row + the group's index)."""
-        out = JoinTokens([], [], [], [])
+        out = PackedTokens([], [], [], [])
         for row, (g, table) in enumerate(zip(groups, tables), first_row):
             end = len(g.prompt) - (0 if last else 1)
             out.ids += g.prompt[g.cached : end]
@@ -429,7 +440,6 @@ class FusedEngine(NativeEngineBase):
     def _allocate_cache(self) -> None:
         """The KV cache at its configured size, or at its last size; else it is sized at the first generate. A pool at
         fixed addresses comes back at its size and addresses (its graphs with it)."""
-        self.runner.rechoose()  # a trainer phase ran while the engine slept: PDL's gain may have changed
         if self.cache is not None and not self.cache.resident:
             self._make_room(self.cache.nbytes() + self._prefill_workspace_bytes())
             self.cache.restore()
@@ -447,15 +457,20 @@ class FusedEngine(NativeEngineBase):
         return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
     def take_stats(self) -> dict[str, float]:
-        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call; with
-        `engine.native.pdl=auto`, once a choice was made, `engine/pdl` (1: the decode graphs launch with PDL) and
-        `engine/pdl_gain` (PDL's measured saving, a fraction of a plain step; negative where it was slower)."""
+        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call."""
         n, seconds = self.runner.take_capture_stats()
-        stats = {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
-        choice = self.runner.pdl_choice
-        if choice is not None and choice.verdict is not None:
-            stats.update({"engine/pdl": float(choice.verdict.pdl), "engine/pdl_gain": choice.verdict.gain})
-        return stats
+        return {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+
+    def mapped_bytes(self) -> int:
+        """The fixed-address weights and KV cache mapped on this device now (`fixed_memory`; 0 off CUDA)."""
+        return device_mapped_bytes(self.device) if self.device.type == "cuda" else 0
+
+    def take_peak_mapped_bytes(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        peak = peak_mapped_bytes(self.device)
+        reset_peak_mapped(self.device)
+        return peak
 
     def shutdown(self) -> None:
         super().shutdown()

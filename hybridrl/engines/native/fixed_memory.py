@@ -2,8 +2,8 @@
 virtual address when it wakes, so the CUDA graphs captured over it stay valid.
 
 A CUDA graph bakes in the addresses of every tensor its kernels read: the weights, the KV cache. Freed at sleep and
-allocated again at wake, they come back elsewhere, and each rollout after a wake-up captured its graphs again (24–42
-ms inside the 1.5B GRPO step's rollout, docs/measurements/h200_1201_s5/). CUDA's virtual memory management separates
+allocated again at wake, they come back elsewhere, and each rollout after a wake-up would capture its graphs again
+(24–42 ms inside the 1.5B GRPO step's rollout on the H200). CUDA's virtual memory management separates
 the two: `cuMemAddressReserve` holds an address range, `cuMemCreate` + `cuMemMap` back it with physical memory,
 `cuMemUnmap` + `cuMemRelease` give the physical memory back and keep the range. vLLM's sleep mode keeps its graphs
 the same way (its CuMemAllocator). Here the driver API is reached through ctypes: no extension to build.
@@ -11,7 +11,7 @@ the same way (its CuMemAllocator). Here the driver API is reached through ctypes
 `FixedMemory` is one such range, viewed as torch tensors (`view`). `release` and `restore` drop and bring back its
 physical memory; the tensor views keep their addresses throughout and must not be touched in between (the engine's
 asleep checks guard that). Where the driver cannot (not CUDA, an old driver, a failed probe) `fixed_memory` returns
-None and the engine allocates as before.
+None and the engine allocates through torch's caching allocator.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ class _Driver:
 
 
 _driver: _Driver | None = None
-# Bytes mapped now, and the most mapped since the last `reset_peak_mapped`, per device index: this memory is the
-# driver's, not torch's caching allocator's, so torch.cuda.memory_allocated does not see it (`memory_snapshot` adds it).
+# Bytes mapped now, and the most mapped since the last `reset_peak_mapped`, per device index, as torch keeps its
+# allocator's: this memory is the driver's, not torch's caching allocator's, so torch.cuda.memory_allocated does not
+# see it (the engine reports it: `RolloutEngine.mapped_bytes`).
 _mapped: dict[int, int] = {}
 _peak: dict[int, int] = {}
 

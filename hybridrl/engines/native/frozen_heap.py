@@ -2,7 +2,7 @@
 
 A full (oldest-generation) collection walks every tracked object, and the device runs out of queued decode steps
 while it does. A rollout allocates steadily (token lists, completions, agent contexts), so such passes do come:
-in `benchmarks/engine.py`'s 512-trajectory agent workload on this project's CPU, one full pass took 0.18 s, and
+in a 512-trajectory agent workload (`python -m benchmarks.engine`) on a 2-core CPU, one full pass took 0.18 s, and
 3 ms with the heap frozen; a training process (modules, configs, datasets) holds more. `gc.freeze` moves everything
 alive at the start to a permanent generation that collections ignore; what the rollout allocates is still collected
 as usual; `gc.unfreeze` at the end hands the old objects back to the oldest generation, so garbage among them is

@@ -110,15 +110,11 @@ class FusedDecoder(nn.Module):
         self.vocab_rows = padded_vocab(s.vocab) // tp.size
         self.eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
         self.kernels = use_triton(torch.empty(0, device=self.device), kernels)
-        # The device's SMs (132, an H100/H200's, under Triton's CPU interpreter in tests).
+        # The device's SMs, which the skinny GEMMs and the one-kernel attention plan for (132, an H100/H200's, under
+        # Triton's CPU interpreter in tests).
         self.sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 132
         )
-        # SMs the skinny GEMMs plan for (`linear.project`); 0 leaves every projection to cuBLAS.
-        self.gemm_sms = self.sms if self.kernels else 0
-        # Decode attention straight from qkv in one kernel (`kernels/rope_attention.py`) where its grid is at most one
-        # program per SM; False always runs `rope_write` then `decode_attention`, as an extend does (benchmarks' A/B).
-        self.rope_attention = True
         self.model = nn.Module()
         self.model.embed_tokens = _Weights((self.vocab_rows, s.hidden), False, dtype, self.device)
         self.model.layers = nn.ModuleList(FusedLayer(s, tp.size, dtype, self.device) for _ in range(s.num_layers))
@@ -134,9 +130,10 @@ class FusedDecoder(nn.Module):
         return self.kernels and triton_supports(self.head_dim, block_size)
 
     def one_kernel_attention(self, rows: int, n_splits: int) -> bool:
-        """Whether a decode step of `rows` rows (one query each) runs RoPE and attention in one kernel, where that is
-        faster (`one_wave`)."""
-        return self.rope_attention and one_wave(rows, self.kv_heads, n_splits, self.sms)
+        """Whether a decode step of `rows` rows (one query each) runs RoPE and attention in one kernel
+        (`kernels/rope_attention.py`), where that is faster (`one_wave`); else `rope_write` then `decode_attention`,
+        as an extend does."""
+        return one_wave(rows, self.kv_heads, n_splits, self.sms)
 
     def head_weight(self) -> torch.Tensor:
         """The lm_head shard: the embedding's when tied."""
@@ -167,7 +164,7 @@ class FusedDecoder(nn.Module):
         """x Wᵀ summed over the TP group (+ b); unsharded and bias-free, possibly float32 partials for the
         residual add (`linear.project`)."""
         if self.tp.size == 1 and proj.bias is None:
-            return project(x, proj.weight, None, self.gemm_sms, self.kernels)
+            return project(x, proj.weight, None, self.sms, self.kernels)
         out = self.tp.all_reduce(F.linear(x, proj.weight))
         return out if proj.bias is None else out + proj.bias  # the bias is added once, after the sum
 
@@ -273,19 +270,20 @@ class FusedDecoder(nn.Module):
         cache: PagedKVCache,
         max_len: int,
         n_splits: int = 1,
-        join: tuple[torch.Tensor, ...] | None = None,
+        mixed: tuple[torch.Tensor, ...] | None = None,
         prefix: SharedPrefix | None = None,
     ) -> torch.Tensor:
         """One token per row (tokens, positions, cache slots [B]; block tables [B, blocks]): store its K/V, attend to
         positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
         in a CUDA graph. `max_len` (> every position) is the torch attention path's gathered width; `n_splits` the
-        Triton kernel's key split. `join` (ids, positions, slots, rows [E]): prompt tokens of rows joining at this
-        step, run as extra rows (as `extend` runs them) whose K/V the rows' own tokens attend in the same layer.
-        `prefix`: rows sharing leading blocks read them once per group (`shared_prefix`; Triton attention, no join)."""
+        Triton kernel's key split. `mixed` (ids, positions, slots, rows [E]): prompt tokens of rows joining at this
+        step (a mixed step), run as extra rows (as `extend` runs them) whose K/V the rows' own tokens attend in the same
+        layer. `prefix`: rows sharing leading blocks read them once per group (`shared_prefix`; Triton attention, no
+        mixed tokens)."""
         b = tokens.shape[0]
-        if join is None:
+        if mixed is None:
             return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, prefix=prefix))
-        ids, jpos, jslots, jrows = join
+        ids, jpos, jslots, jrows = mixed
         rows = torch.cat((torch.arange(b, device=tokens.device), jrows))
         h = self._layers(
             torch.cat((tokens, ids)),
@@ -326,7 +324,7 @@ class FusedDecoder(nn.Module):
         for i, layer in enumerate(self.model.layers):
             a = layer.self_attn
             kc, vc = cache.layer(i)
-            qkv = project(h, a.qkv_proj.weight, a.qkv_proj.bias, self.gemm_sms, self.kernels)
+            qkv = project(h, a.qkv_proj.weight, a.qkv_proj.bias, self.sms, self.kernels)
             if one_kernel:
                 o = rope_attention(
                     qkv,

@@ -13,15 +13,17 @@ One step: each row's cache slot from (table, pos) → `FusedDecoder.decode` → 
 step → outputs to `out_tok` / `out_lp`, tokens ← sampled, pos and steps += active (the bookkeeping on either side
 of the forward is one kernel each: `kernels/step_state.py`). Rows join with `place` and
 leave with `compact` (a few [rows]-sized copies; no KV moves), between steps, so a graph stays valid while
-sequences come and go. A graph is captured lazily per (bucket, sampler mode), and dropped by `release` whenever
-what it points at moves (sleep, a larger cache or block table, new RoPE tables). Unseeded sampling draws from a
-torch.Generator, which a graph cannot replay: then the graph covers the forward and the sampler runs after it.
+sequences come and go. A graph is captured lazily per (bucket, sampler mode) (`cuda_graphs.GraphCache`), and dropped
+by `release` whenever what it points at moves (sleep, a larger cache or block table, new RoPE tables). Unseeded
+sampling draws from a torch.Generator, which a graph cannot replay: then the graph covers the forward and the sampler
+runs after it.
 
-Requests joining a running batch can ride along in a step (`JoinTokens`): each becomes a row whose input is its last
-prompt token, at step 0 of its stream, and its other uncached prompt tokens run as extra rows of the same forward,
-writing their K/V before the layer's attention reads them. The step then samples the joiners' first tokens with
-everyone else's: one pass over the weights instead of a prefill and a step. Such steps are graphed per (batch
-bucket, bucket of extra tokens), captured at a pair's second use.
+Mixed steps (what vLLM calls chunked prefill): single requests joining a running batch can have their prompt computed
+inside a decode step (`PackedTokens`). Each becomes a row whose input is its last prompt token, at step 0 of its
+stream, and its other uncached prompt tokens run as extra rows of the same forward, writing their K/V before the
+layer's attention reads them. The step then samples the joiners' first tokens with everyone else's: one pass over the
+weights instead of a prefill and a step. Mixed steps are graphed per (batch bucket, bucket of prompt tokens),
+captured at a pair's second use.
 
 Rows whose block tables begin with the same blocks (the samples of one GRPO prompt) may read those blocks once per group
 in attention (`kernels/shared_prefix.py`) where they share `shared_prefix_tokens` on average: after rows join or leave
@@ -29,112 +31,32 @@ the scheduler hands over the live rows' tables where some may share (`share_rows
 out before the next step and copies them into a static buffer the graphs read (a step graphed with grouping is its
 own graph).
 
-With `engine.native.pdl=auto` each step graph is captured twice at once, its kernels launched with programmatic
-dependent launch and without (the last element of a graph's key: True, False; None where the process-wide switch
-decides), and `PdlChoice` (`launch_choice.py`) times the two kinds over the first steps after each wake-up and keeps
-the faster.
-
 `extend` runs prompt tokens (an agent's next turn past its cached prefix, or a short new prompt) as rows of the same
 layers (`FusedDecoder.extend`), apart from a step. Eagerly that is ~10 launches per layer, ~14 ms of host time at 24
-layers on the H200's host (measured), several decode steps' worth; graphed per bucket of token counts it is one
-launch.
+layers on the H200's host, several decode steps' worth; graphed per bucket of token counts it is one launch.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass
-
 import torch
 
-from hybridrl.engines.native.kernels import pdl as pdl_switch
+from hybridrl.engines.native.cuda_graphs import GraphCache, batch_buckets
 from hybridrl.engines.native.kernels.attention import split_count
 from hybridrl.engines.native.kernels.shared_prefix import SharedPrefix, pack_prefix, prefix_groups, slot_members
 from hybridrl.engines.native.kernels.step_state import advance, cache_slots
 from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, PagedKVCache
-from hybridrl.engines.native.launch_choice import PdlChoice, PdlLaunches
 from hybridrl.engines.native.model import FusedDecoder
+from hybridrl.engines.native.step_io import HostCopy, PackedTokens, SamplerMode, to_device
 from hybridrl.engines.sampling import sample_tokens
 
-log = logging.getLogger(__name__)
-
-_SMALL = (1, 2, 4, 8, 12, 16, 24, 32, 48)
 _STATE = ("tokens", "steps", "keys", "pos", "active")  # the rows of `DecodeRunner.state`; pos and active last
 
-
-def batch_buckets(limit: int) -> list[int]:
-    """Batch sizes a GPU step runs at: 1, 2, 4, 8, then two per octave (x, 1.5x): ≤ 33% padding rows."""
-    out, b = list(_SMALL), 64
-    while out[-1] < limit:
-        out += [b, b * 3 // 2]
-        b *= 2
-    return sorted({min(x, limit) for x in out})
+# A mixed step is captured at its (rows, prompt tokens) pair's second use: at the end of a multi-turn rollout most pairs
+# come once, and a capture costs more than one eager step.
+MIXED_CAPTURE_USE = 2
 
 
-@dataclass
-class JoinTokens:
-    """Prompt tokens packed a row each: token i (id, position, cache slot) belongs to the sequence whose block table
-    is row rows[i]. They ride along in a decode step (writing K/V, feeding nothing else), or run as an `extend`."""
-
-    ids: list[int]
-    pos: list[int]
-    slots: list[int]
-    rows: list[int]
-
-
-@dataclass(frozen=True)
-class SamplerMode:
-    """How the rows of one running batch sample (the same for all of them)."""
-
-    temperature: float
-    top_k: int
-    top_p: float
-    seeded: bool
-    kernel: bool
-
-    @property
-    def in_graph(self) -> bool:
-        """Whether the sampler can run inside a CUDA graph (counter uniforms, or greedy: no generator state)."""
-        return self.seeded or self.temperature == 0
-
-
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on the device without waiting for the stream (pinned staging on CUDA)."""
-    t = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-class HostCopy:
-    """Device tensors on their way to host memory: the copy is queued now and waited for in `result`."""
-
-    def __init__(self, tensors: list[torch.Tensor], into: list[torch.Tensor] | None = None) -> None:
-        """`into`: pinned host buffers at least as long as each tensor (else fresh ones); the caller keeps them
-        untouched until `result`."""
-        self.event = None
-        if tensors and tensors[0].is_cuda:
-            self.host = (
-                [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-                if into is None
-                else [h[: t.shape[0]] for h, t in zip(into, tensors)]
-            )
-            for h, t in zip(self.host, tensors):
-                h.copy_(t, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host = [t.clone() for t in tensors]
-
-    def result(self) -> list[list]:
-        """The tensors as Python lists (waits for the copy, and only for it)."""
-        if self.event is not None:
-            self.event.synchronize()
-        return [h.tolist() for h in self.host]
-
-
-class DecodeRunner(PdlLaunches):
+class DecodeRunner:
     """Owns the per-row decode state of up to `rows` sequences and the CUDA graphs captured over it."""
 
     def __init__(
@@ -143,39 +65,39 @@ class DecodeRunner(PdlLaunches):
         rows: int,
         cuda_graphs: bool,
         extend_tokens: int = 0,
-        join_tokens: int = 0,
+        mixed_tokens: int = 0,
         shared_prefix_tokens: int = 0,
     ) -> None:
         """`extend_tokens`: the most packed prompt tokens one `extend` graph takes (0: extends run eagerly);
-        `join_tokens`: the most prompt tokens riding along in one step (`JoinTokens`); `shared_prefix_tokens`: the
+        `mixed_tokens`: the most prompt tokens one mixed step takes (`PackedTokens`); `shared_prefix_tokens`: the
         mean tokens per row that rows sharing leading blocks must share for attention to read them once per group
         (`kernels/shared_prefix.py`; 0: never)."""
         self.model, self.rows = model, rows
         self.device = model.device
         self.on_gpu = self.device.type == "cuda"
-        self.use_graphs = cuda_graphs and self.on_gpu
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self.pool = None
+        self.cuda_graphs = GraphCache(self.device, cuda_graphs and self.on_gpu)
         self.cache: PagedKVCache | None = None
         self._buckets = batch_buckets(rows)
         self._extend_buckets = [b for b in batch_buckets(extend_tokens) if b >= 16] if extend_tokens else []
-        self._join_buckets = sorted({max(16, b) for b in batch_buckets(join_tokens)}) if join_tokens else []
-        # A step with tokens riding along is captured at its (rows, tokens) pair's second use: at the end of a
-        # multi-turn rollout most pairs come once, and a capture costs more than one eager step.
-        self.join_capture_use = 2
+        self._mixed_buckets = sorted({max(16, b) for b in batch_buckets(mixed_tokens)}) if mixed_tokens else []
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_gpu else 1
-        # May change between batches (benchmarks' A/B); the rows' grouping is kept wherever the Triton kernels run.
         self.shared_prefix_tokens = shared_prefix_tokens
         self._members = slot_members(model.q_heads, model.kv_heads) if model.kernels else 0
-        # Keys from which a step's attention splits in two where the batch alone would not (None: the measured rule,
-        # `long_context_keys`; 0: never). Benchmarks' A/B.
-        self.long_keys: int | None = None
-        # Graph captures since `take_capture_stats`: each sleep drops the graphs, so a rollout after a wake-up pays
-        # them again (host seconds: the warm-up's launches, the capture's, the instantiation).
-        self.captures, self.capture_s = 0, 0.0
-        # `engine.native.pdl=auto`: decode graphs captured both ways, the faster kind chosen after each wake-up.
-        self.pdl_choice: PdlChoice | None = None
         self.release()  # no buffers until `bind`
+
+    @property
+    def graphs(self) -> dict[tuple, torch.cuda.CUDAGraph]:
+        """The captured graphs by key."""
+        return self.cuda_graphs.graphs
+
+    @property
+    def use_graphs(self) -> bool:
+        """Whether steps and extends run as CUDA graphs (off for good after a failed capture)."""
+        return self.cuda_graphs.enabled
+
+    @use_graphs.setter
+    def use_graphs(self, on: bool) -> None:
+        self.cuda_graphs.enabled = on
 
     # -- buffers ------------------------------------------------------------------------------------------
     def bind(self, cache: PagedKVCache, width: int) -> None:
@@ -226,9 +148,11 @@ class DecodeRunner(PdlLaunches):
 
     def drop_graphs(self) -> None:
         """Forget every captured graph (they are captured again on first use; an extend bucket on its second)."""
-        self.graphs.clear()
-        self._uses: dict[tuple, int] = {}  # uses of graph keys that are captured at a later use, since the last drop
-        self.pool = None
+        self.cuda_graphs.drop()
+
+    def take_capture_stats(self) -> tuple[int, float]:
+        """Graphs captured and host seconds spent capturing them since the last call."""
+        return self.cuda_graphs.take_stats()
 
     def release(self) -> None:
         """Drop the graphs, the buffers and the cache reference; `bind` again before the next step."""
@@ -239,7 +163,7 @@ class DecodeRunner(PdlLaunches):
         # A graphed extend's inputs (tokens, positions, slots, table rows), the joining sequences' block tables and
         # the tokens whose logits are wanted: made at the first graphed extend after `bind`.
         self.ext_in = self.ext_table = self.ext_last = None
-        self.join_in = None  # the same four inputs for the tokens riding along in a step
+        self.mixed_in = None  # the same four inputs for the prompt tokens of a mixed step
         self.share = None
         self._sharing: tuple[list[list[int]], list[int]] | None = None  # `share_rows`' tables and positions
         self._grouped: bool | None = False  # None: to work out again before the next step
@@ -298,9 +222,9 @@ class DecodeRunner(PdlLaunches):
         self._grouped = None
 
     def _shared_prefix(self, b: int, extra: int) -> SharedPrefix | None:
-        """The grouping a step of rows [0, b) with `extra` riding tokens attends with, or None: grouped attention
-        only where it pays (rows share ≥ shared_prefix_tokens on average, the batch fills the SMs unsplit, no riding
-        tokens, the two-kernel attention). Worked out again, and copied to the device, after `share_rows`."""
+        """The grouping a step of rows [0, b) with `extra` prompt tokens mixed in attends with, or None: grouped
+        attention only where it pays (rows share ≥ shared_prefix_tokens on average, the batch fills the SMs unsplit, no
+        mixed tokens, the two-kernel attention). Worked out again, and copied to the device, after `share_rows`."""
         bs = self.cache.block_size
         if (
             self._sharing is None
@@ -330,14 +254,15 @@ class DecodeRunner(PdlLaunches):
             return n
         return next(b for b in self._buckets if b >= n)
 
-    def join_bucket(self, n: int) -> int:
-        """Extra tokens a step runs over when n ride along: 0 for none, else the next bucket on GPU, exact on CPU."""
+    def mixed_bucket(self, n: int) -> int:
+        """Extra tokens a step runs over when n prompt tokens are mixed in: 0 for none, else the next bucket on GPU,
+        exact on CPU."""
         if not n or not self.on_gpu:
             return n
-        return next(b for b in self._join_buckets if b >= n)
+        return next(b for b in self._mixed_buckets if b >= n)
 
     def _splits(self, rows: int, keys: int | None) -> int:
-        """Attention key splits of a step over `rows` rows (riding tokens included) whose longest attends `keys`
+        """Attention key splits of a step over `rows` rows (mixed prompt tokens included) whose longest attends `keys`
         keys (None: not known, so no split for a long context)."""
         return split_count(
             rows,
@@ -346,14 +271,18 @@ class DecodeRunner(PdlLaunches):
             self.cache.block_size,
             self.sms,
             keys or 0,
-            self.long_keys,
-            self.model.head_dim,
+            head_dim=self.model.head_dim,
         )
 
     def _forward(
-        self, b: int, attend: int, join: torch.Tensor | None = None, prefix: SharedPrefix | None = None, splits: int = 1
+        self,
+        b: int,
+        attend: int,
+        mixed: torch.Tensor | None = None,
+        prefix: SharedPrefix | None = None,
+        splits: int = 1,
     ) -> torch.Tensor:
-        """Logits [b, padded vocab] of rows [0, b); `join` [4, e]: ids, positions, slots, rows of extra tokens;
+        """Logits [b, padded vocab] of rows [0, b); `mixed` [4, e]: ids, positions, slots, rows of prompt tokens;
         `prefix`: the rows' shared blocks, read once per group; `splits`: the attention's key splits."""
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
@@ -366,11 +295,11 @@ class DecodeRunner(PdlLaunches):
             self.cache,
             attend,
             splits,
-            join=None if join is None else tuple(join),
+            mixed=None if mixed is None else tuple(mixed),
             prefix=prefix,
         )
 
-    def _padded(self, tokens: JoinTokens, n: int) -> torch.Tensor:
+    def _padded(self, tokens: PackedTokens, n: int) -> torch.Tensor:
         """[4, n] on the device: the tokens' ids, positions, slots and rows, padded to `n` tokens (position 0 of row
         0, K/V into the scratch slot: written, never read; their logits are never read either)."""
         pad = n - len(tokens.ids)
@@ -384,12 +313,6 @@ class DecodeRunner(PdlLaunches):
             torch.long,
             self.device,
         )
-
-    def _graph_due(self, key: tuple, use: int) -> bool:
-        """Count a use of graph `key`; whether it is captured (or due: this is its `use`-th use since the graphs were
-        dropped). Graphs that most rollouts need once are captured late: a capture costs more than one eager run."""
-        self._uses[key] = self._uses.get(key, 0) + 1
-        return key in self.graphs or self._uses[key] >= use
 
     @property
     def scratch_slot(self) -> int:
@@ -427,36 +350,30 @@ class DecodeRunner(PdlLaunches):
         mode: SamplerMode,
         generator: torch.Generator | None,
         attend: int,
-        join: JoinTokens | None = None,
+        mixed: PackedTokens | None = None,
         longest: int | None = None,
     ) -> HostCopy:
-        """Queue one decode step of rows [0, n), with `join`'s tokens riding along, and the copy of their sampled
-        tokens and log-probs to the host. `attend` > every live row's position and every joining token's (the torch
-        attention path's gathered width; graphs use the table's); `longest` ≥ the keys any of them attends (None:
-        not known), which sets the attention's key splits (one graph per split count)."""
+        """Queue one decode step of rows [0, n), with `mixed`'s prompt tokens computed inside it, and the copy of their
+        sampled tokens and log-probs to the host. `attend` > every live row's position and every mixed token's (the
+        torch attention path's gathered width; graphs use the table's); `longest` ≥ the keys any of them attends
+        (None: not known), which sets the attention's key splits (one graph per split count)."""
         b = self.bucket(n)
-        eb = self.join_bucket(len(join.ids)) if join is not None else 0
+        eb = self.mixed_bucket(len(mixed.ids)) if mixed is not None else 0
         prefix = self._shared_prefix(b, eb)
         splits = 1 if prefix is not None else self._splits(b + eb, longest)
-        choice = self.pdl_choice if self.use_graphs else None
-        kind = choice.next_kind() if choice is not None else None  # None: the process-wide switch's kind
-        key = (b, eb, mode if mode.in_graph else None, prefix is not None, splits, kind)
-        if self.use_graphs and (not eb or self._graph_due(key, self.join_capture_use)):
+        key = (b, eb, mode if mode.in_graph else None, prefix is not None, splits)
+        if self.use_graphs and (not eb or self.cuda_graphs.due(key, MIXED_CAPTURE_USE)):
             if eb:
-                if self.join_in is None:
-                    self.join_in = torch.zeros(4, self._join_buckets[-1], dtype=torch.long, device=self.device)
-                self.join_in[:, :eb] = self._padded(join, eb)
-            graph = self.graphs.get(key) or self._capture_pair(key, b, eb, mode, prefix, splits)
+                if self.mixed_in is None:
+                    self.mixed_in = torch.zeros(4, self._mixed_buckets[-1], dtype=torch.long, device=self.device)
+                self.mixed_in[:, :eb] = self._padded(mixed, eb)
+            graph = self.graphs.get(key) or self._capture(key, b, eb, mode, prefix, splits)
             if graph is not None:
-                timing = choice.start_timing(kind) if choice is not None else None
                 graph.replay()
-                if choice is not None:
-                    choice.stop_timing(timing)
-                    choice.poll()
                 if not mode.in_graph:
                     self._sample_advance(b, self.logits[:b], mode, generator)
                 return self._outputs(n)
-        extra = self._padded(join, eb) if eb else None  # eagerly at the bucket's shapes too
+        extra = self._padded(mixed, eb) if eb else None  # eagerly at the bucket's shapes too
         self._sample_advance(b, self._forward(b, attend, extra, prefix, splits), mode, generator)
         return self._outputs(n)
 
@@ -469,7 +386,7 @@ class DecodeRunner(PdlLaunches):
 
     def _graph_body(self, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None, splits: int) -> None:
         logits = self._forward(
-            b, self.width * self.cache.block_size, self.join_in[:, :eb] if eb else None, prefix, splits
+            b, self.width * self.cache.block_size, self.mixed_in[:, :eb] if eb else None, prefix, splits
         )
         if mode.in_graph:
             self._sample_advance(b, logits, mode, None)
@@ -479,70 +396,16 @@ class DecodeRunner(PdlLaunches):
     def _capture(
         self, key: tuple, b: int, eb: int, mode: SamplerMode, prefix: SharedPrefix | None, splits: int
     ) -> torch.cuda.CUDAGraph | None:
-        # The warm-up runs the real step and advances the row state; it is put back before the capture, so the replay
-        # computes the step exactly once. The K/V the warm-up writes are the values the replay writes again.
-        kind = key[-1]  # the launch kind `pdl_auto` asked for (None: the switch's)
-        with pdl_switch.switched(pdl_switch.is_enabled() if kind is None else kind):
-            return self._capture_graph(
-                key,
-                lambda: self._graph_body(b, eb, mode, prefix, splits),
-                [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp],
-            )
-
-    def _capture_graph(self, key: tuple, body, state: list[torch.Tensor]) -> torch.cuda.CUDAGraph | None:
-        """Warm `body` up (lazy inits, Triton compiles, cuBLAS workspaces), put `state` back, capture it as the graph
-        `key`. On any failure: log once, run eagerly from now on, return None."""
-        t0 = time.perf_counter()
-        saved = [t.clone() for t in state]
-        try:
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()  # shared: one graph runs at a time
-            side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                body()
-            torch.cuda.current_stream().wait_stream(side)
-            for t, old in zip(state, saved):
-                t.copy_(old)
-            graph = torch.cuda.CUDAGraph()
-            # Not `with torch.cuda.graph(...)`: it first synchronizes and empties the device and pinned-host caches,
-            # so each capture gave back memory the next steps allocate again (cudaFree and cudaFreeHost wait for the
-            # device) and dropped the pinned staging buffers. thread_local: other threads' CUDA calls (the NCCL
-            # watchdog's event queries) must not void the capture.
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
-                try:
-                    body()
-                finally:
-                    graph.capture_end()
-            torch.cuda.current_stream().wait_stream(side)
-        except Exception as e:  # noqa: BLE001 - any capture failure: run eagerly, say so once
-            log.warning(
-                "native engine: CUDA graph capture failed (%s: %s); running eagerly from now on", type(e).__name__, e
-            )
-            self.use_graphs = False
-            self.drop_graphs()
-            try:
-                torch.cuda.synchronize(self.device)
-            except Exception:  # noqa: BLE001 - the eager path reports any real device error itself
-                pass
-            for t, old in zip(state, saved):
-                t.copy_(old)
-            return None
-        self.graphs[key] = graph
-        self.captures += 1
-        self.capture_s += time.perf_counter() - t0
-        return graph
-
-    def take_capture_stats(self) -> tuple[int, float]:
-        """Graphs captured and host seconds spent capturing them since the last call."""
-        out = (self.captures, self.capture_s)
-        self.captures, self.capture_s = 0, 0.0
-        return out
+        """The graph of one decode step (`_graph_body`); None if the capture failed (graphs are off from then on). The
+        K/V the warm-up writes are the values the replay writes again."""
+        return self.cuda_graphs.capture(
+            key,
+            lambda: self._graph_body(b, eb, mode, prefix, splits),
+            [self.tokens, self.pos, self.steps, self.out_tok, self.out_lp],
+        )
 
     # -- prompts joining ------------------------------------------------------------------------------------
-    def extend(self, tokens: JoinTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
+    def extend(self, tokens: PackedTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
         """Logits [len(last), padded vocab] of prompt tokens packed as `FusedDecoder.extend` takes them (the tables
         padded to one width). A CUDA graph per token bucket where one serves (GPU, Triton attention, ≤ extend_tokens
         tokens, ≤ rows sequences), captured at a bucket's second use (a GRPO rollout prefills once per wake-up)."""
@@ -560,7 +423,7 @@ class DecodeRunner(PdlLaunches):
             return self._extend_eager(tokens, tables, last)
         nb = next(b for b in self._extend_buckets if b >= n)
         key = ("extend", nb)
-        if not self._graph_due(key, 2):
+        if not self.cuda_graphs.due(key, 2):
             return self._extend_eager(tokens, tables, last)
         gb = min(nb, self.rows)
         if self.ext_in is None:
@@ -571,13 +434,13 @@ class DecodeRunner(PdlLaunches):
         self.ext_in[:, :nb] = self._padded(tokens, nb)
         self.ext_table[:g, :wide] = to_device(tables, torch.int32, dev)
         self.ext_last[:gb] = to_device(last + [0] * (gb - g), torch.long, dev)
-        graph = self.graphs.get(key) or self._capture_graph(key, lambda: self._extend_body(nb, gb), [])
+        graph = self.graphs.get(key) or self.cuda_graphs.capture(key, lambda: self._extend_body(nb, gb), [])
         if graph is None:  # capture failed: graphs are off from now on
             return self.extend(tokens, tables, last)
         graph.replay()
         return self.logits[:g].clone()  # the next graph overwrites the buffer (a later chunk's extend, a decode step)
 
-    def _extend_eager(self, tokens: JoinTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
+    def _extend_eager(self, tokens: PackedTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
         dev = self.device
         table = to_device(tables, torch.int32, dev)
         splits = split_count(len(tokens.ids), self.model.kv_heads, table.shape[1], self.cache.block_size, self.sms)

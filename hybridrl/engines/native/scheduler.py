@@ -10,12 +10,13 @@ One `step`::
     2. join    waiting requests, in order, while rows and KV blocks last: a run of adjacent requests with the same
                prompt shares one prefill and the prompt's full blocks; each gets its own copy of the last,
                partly filled block; its first token is sampled from the prefill's logits. Single requests (agent
-               turns) join inside the next step instead where the engine can (`join_in_step`): their uncached prompt
-               tokens ride along as extra rows of that step, which samples their first tokens. While a batch runs,
-               requests that would prefill apart may wait up to `join_wait` steps so that requests arriving a few
-               steps apart share one prefill: a prefill costs more than a decode step, and a row waiting a few steps
-               costs a few tokens. The wait counts from when a row is free; they join at once when an eighth of the
-               rows (at least 2) can join. Riding joins cost no prefill and never wait.
+               turns) join inside the next step instead where the engine can (`join_in_step`): a mixed step, what
+               vLLM calls chunked prefill, where their uncached prompt tokens run as extra rows of that decode step,
+               which samples their first tokens. While a batch runs, requests that would prefill apart may wait up
+               to `join_wait` steps so that requests arriving a few steps apart share one prefill: a prefill costs
+               more than a decode step, and a row waiting a few steps costs a few tokens. The wait counts from when
+               a row is free; they join at once when an eighth of the rows (at least 2) can join. Joins inside a
+               step cost no prefill and never wait.
     3. launch  one decode step of every row (a CUDA graph on GPU), its tokens copied to the host asynchronously
     4. read    the outputs queued before that launch: append tokens, detect stops and lengths, free finished
                sequences' blocks
@@ -40,14 +41,15 @@ import torch
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.native.blocks import BlockAllocator, BlockKey, block_keys
 from hybridrl.engines.native.kv_cache import blocks_for
-from hybridrl.engines.native.runner import DecodeRunner, HostCopy, JoinTokens, SamplerMode, to_device
+from hybridrl.engines.native.runner import DecodeRunner
+from hybridrl.engines.native.step_io import HostCopy, PackedTokens, SamplerMode, to_device
 from hybridrl.engines.sampling import stream_key
 from hybridrl.errors import HybridRLError
 
 
 @dataclass(eq=False)
-class Sequence_:
-    """One request while the scheduler holds it."""
+class SequenceState:
+    """One request while the scheduler holds it: waiting, running as a row, or with outputs still to read."""
 
     handle: int
     request: GenerationRequest
@@ -78,7 +80,7 @@ class PromptGroup:
 
     prompt: list[int]
     shared: list[int]
-    seqs: list[Sequence_]
+    seqs: list[SequenceState]
     cached: int = 0
     """Leading prompt tokens whose K/V were found in the prefix table (not prefilled again)."""
 
@@ -102,13 +104,13 @@ class Backend(Protocol):
         """Run each group's prompt once into its first sequence's blocks, copy the partial last block to the others,
         and sample every sequence's first token: (tokens, log-probs) on the device, in group order."""
 
-    def ride_tokens(self, group: PromptGroup) -> int | None:
-        """Prompt tokens the group's request would ride along in a decode step (its uncached prompt but the last
+    def step_prefill_tokens(self, group: PromptGroup) -> int | None:
+        """Prompt tokens the group's request would compute inside a mixed step (its uncached prompt but the last
         token, the row's input), or None where it must prefill apart."""
 
-    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> JoinTokens:
+    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> PackedTokens:
         """Place the groups' sequences as rows start.. whose first token the next step samples; the prompt tokens
-        that ride along in that step."""
+        computed inside that step."""
 
 
 class Scheduler:
@@ -129,17 +131,17 @@ class Scheduler:
         self.prefix_cache, self.join_wait, self.join_step_tokens = prefix_cache, join_wait, join_step_tokens
         self.eos = frozenset(eos_token_ids)
         self.sampler_kernel = sampler_kernel
-        self.waiting: deque[Sequence_] = deque()
-        self.rows: list[Sequence_] = []  # row i of the device state holds rows[i]
-        self.pending: list[tuple[list[Sequence_], HostCopy]] = []  # outputs queued, not yet read
+        self.waiting: deque[SequenceState] = deque()
+        self.rows: list[SequenceState] = []  # row i of the device state holds rows[i]
+        self.pending: list[tuple[list[SequenceState], HostCopy]] = []  # outputs queued, not yet read
         self.mode: SamplerMode | None = None
         self._next_handle = 0
         self._alloc: BlockAllocator | None = None  # the allocator every held block came from
         self.prefilled_tokens = 0  # prompt tokens run through prefill (tests check prompts run once per group)
         self.steps = self.prefills = self.row_steps = 0  # steps taken, admissions (prefill calls), rows × steps
         self.step_joins = 0  # admissions that joined inside a step (no prefill call)
-        self._join: JoinTokens | None = None  # prompt tokens riding along in the next launch
-        self._join_blocks: list[tuple[list[BlockKey], list[int]]] = []  # their full blocks, final once it is queued
+        self._mixed: PackedTokens | None = None  # prompt tokens computed inside the next launch
+        self._mixed_blocks: list[tuple[list[BlockKey], list[int]]] = []  # their full blocks, final once it is queued
         self._room_since: int | None = None  # the step since which a waiting request has had a free row
         # Whether a running row may share leading blocks with another (a group of samples, a prefix found in the table
         # that another row holds): only then does the runner hear of the rows' tables (`DecodeRunner.share_rows`).
@@ -163,7 +165,7 @@ class Scheduler:
         self.waiting.extend(seqs)
         return [s.handle for s in seqs]
 
-    def _sequence(self, request: GenerationRequest, params: SamplingParams) -> Sequence_:
+    def _sequence(self, request: GenerationRequest, params: SamplingParams) -> SequenceState:
         if not request.prompt_ids:
             raise HybridRLError(
                 f"native engine: request (prompt {request.prompt_index}, sample "
@@ -181,7 +183,7 @@ class Scheduler:
             float(params.temperature), int(params.top_k), float(params.top_p), seeded, self.sampler_kernel
         )
         key = stream_key(params.seed, request.prompt_index, request.sample_index) if seeded else None
-        return Sequence_(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), params.max_new_tokens)
+        return SequenceState(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), params.max_new_tokens)
 
     def abort(self) -> None:
         """Forget every request (an error, or the engine going to sleep); their handles never complete."""
@@ -195,8 +197,8 @@ class Scheduler:
         self.waiting.clear()
         self.rows.clear()
         self.pending.clear()
-        self.mode = self._room_since = self._join = None
-        self._join_blocks = []
+        self.mode = self._room_since = self._mixed = None
+        self._mixed_blocks = []
         self._may_share = False
 
     # -- the loop -------------------------------------------------------------------------------------------
@@ -217,17 +219,17 @@ class Scheduler:
         launched = []
         if self.rows:
             # The torch attention path's width: positions up to the cohort's longest prompt plus the steps taken
-            # (the previous engine's padding, so float32 CPU runs reproduce earlier runs bit for bit), within the
-            # block tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
+            # (a fixed padding, so float32 CPU runs keep the golden run's numbers bit for bit), within the block
+            # tables (a row with a short prompt and many new tokens runs past its cohort's longest sequence).
             width = run.width * self.backend.block_size
             longest = max(s.cohort_len + s.launched for s in self.rows)
             attend = width if run.on_gpu else min(width, longest)
-            if self._join is not None:
-                longest = max(longest, max(self._join.pos, default=0) + 1)
-            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend, self._join, longest + 1)
-            for keys, blocks in self._join_blocks:  # only now queued: a failed launch leaves no unwritten entry
+            if self._mixed is not None:
+                longest = max(longest, max(self._mixed.pos, default=0) + 1)
+            copy = run.launch(len(self.rows), self.mode, self.backend.generator, attend, self._mixed, longest + 1)
+            for keys, blocks in self._mixed_blocks:  # only now queued: a failed launch leaves no unwritten entry
                 self._alloc.register(keys, blocks)
-            self._join, self._join_blocks = None, []
+            self._mixed, self._mixed_blocks = None, []
             launched = [(list(self.rows), copy)]
             for s in self.rows:
                 s.launched += 1
@@ -263,8 +265,8 @@ class Scheduler:
             self._room_since = self.steps
         # The wait counts from when a row was free for the request: with more requests than rows, rows free up one by
         # one as sequences finish, and requests queued long before would otherwise join one prefill per row.
-        # Few can join now, more may within a few steps: one prefill for them all (joins that ride in a step cost no
-        # prefill, so they never wait; which ones ride is known once their blocks are found, below).
+        # Few can join now, more may within a few steps: one prefill for them all (joins inside a step cost no
+        # prefill, so they never wait; which ones can is known once their blocks are found, below).
         wait = (
             self.rows
             and min(len(self.waiting), self.max_rows - len(self.rows)) < max(2, self.max_rows // 8)
@@ -273,7 +275,7 @@ class Scheduler:
         if not wait:
             self._room_since = None
         groups: list[PromptGroup] = []
-        taken: list[Sequence_] = []
+        taken: list[SequenceState] = []
         alloc: BlockAllocator | None = None
         while self.waiting and len(self.rows) + len(taken) < self.max_rows:
             seq = self.waiting[0]
@@ -292,35 +294,35 @@ class Scheduler:
             taken.append(self.waiting.popleft())
         if not taken:
             return
-        ride = self._riders(groups)
-        if wait and not ride:
+        in_step = self._joins_in_step(groups)
+        if wait and not in_step:
             self._put_back(taken, alloc)
             return
         self._room_since = None
         self.mode = mode
-        if 0 < ride < len(groups):  # the rest wait for the next step, where they may ride in turn
-            later = [s for g in groups[ride:] for s in g.seqs]
+        if 0 < in_step < len(groups):  # the rest wait for the next step, where they may join inside it in turn
+            later = [s for g in groups[in_step:] for s in g.seqs]
             self._put_back(later, alloc)
-            groups, taken = groups[:ride], taken[: len(taken) - len(later)]
+            groups, taken = groups[:in_step], taken[: len(taken) - len(later)]
         longest = max(s.prompt_len for s in taken)
         for s in taken:
             s.cohort_len = longest
         self.prefilled_tokens += sum(len(g.prompt) - g.cached for g in groups)
         # A shared first block with two or more holders: the group's own samples, or another running row.
         self._may_share = self._may_share or any(g.shared and alloc.holders(g.shared[0]) > 1 for g in groups)
-        if ride:
-            self._join = self.backend.join_in_step(groups, len(self.rows), mode)
+        if in_step:
+            self._mixed = self.backend.join_in_step(groups, len(self.rows), mode)
             self.step_joins += 1
         else:
             tok, lp = self.backend.prefill(groups, mode)
             self.prefills += 1
         if self.prefix_cache:  # the prompt's full blocks are final once the prefill, or the step, is queued
             for g in groups:
-                if ride:
-                    self._join_blocks.append((g.seqs[0].keys, g.shared))
+                if in_step:
+                    self._mixed_blocks.append((g.seqs[0].keys, g.shared))
                 else:
                     alloc.register(g.seqs[0].keys, g.shared)
-        if ride:
+        if in_step:
             self.rows += taken  # launched 0: the step about to run samples their first tokens
             return
         self.pending.append((taken, HostCopy([tok, lp])))
@@ -338,33 +340,33 @@ class Scheduler:
             )
             self.rows += [taken[i] for i in going]
 
-    def _put_back(self, seqs: list[Sequence_], alloc: BlockAllocator) -> None:
+    def _put_back(self, seqs: list[SequenceState], alloc: BlockAllocator) -> None:
         """Sequences just taken go back to the head of the queue, in order, their blocks released."""
         for s in seqs:
             alloc.release(s.blocks)
             s.blocks, s.keys = [], []
         self.waiting.extendleft(reversed(seqs))
 
-    def _riders(self, groups: list[PromptGroup]) -> int:
-        """How many leading groups join inside the next step (0: all prefill apart). All of them where their riding
+    def _joins_in_step(self, groups: list[PromptGroup]) -> int:
+        """How many leading groups join inside the next step (0: all prefill apart). All of them where their prompt
         tokens fit `join_step_tokens`; else those that fit, while the batch runs and few are left over (they wait a
         step); else none: a burst (a batch starting, a wave of rows freed at once) prefills in one pass."""
-        ride, spent = 0, 0
+        joining, spent = 0, 0
         for g in groups:
-            n = self.backend.ride_tokens(g) if self.join_step_tokens else None
+            n = self.backend.step_prefill_tokens(g) if self.join_step_tokens else None
             if n is None or spent + n > self.join_step_tokens:
                 break
-            ride, spent = ride + 1, spent + n
-        left = sum(len(g.seqs) for g in groups[ride:])
-        if ride < len(groups) and not (self.rows and left < max(2, self.max_rows // 8)):
+            joining, spent = joining + 1, spent + n
+        left = sum(len(g.seqs) for g in groups[joining:])
+        if joining < len(groups) and not (self.rows and left < max(2, self.max_rows // 8)):
             return 0
-        return ride
+        return joining
 
-    def _need(self, seq: Sequence_) -> int:
+    def _need(self, seq: SequenceState) -> int:
         """Blocks `seq` takes when nothing is shared with it."""
         return seq.total_blocks(self.backend.block_size)
 
-    def _give_blocks(self, seq: Sequence_, groups: list[PromptGroup], alloc: BlockAllocator) -> bool:
+    def _give_blocks(self, seq: SequenceState, groups: list[PromptGroup], alloc: BlockAllocator) -> bool:
         """Assign `seq` its block table: the prompt's full blocks shared with the group it joins (the previous
         request had the same prompt) or found in the prefix table, the rest its own. False if they are not free."""
         bs = self.backend.block_size
@@ -388,7 +390,7 @@ class Scheduler:
         groups.append(PromptGroup(seq.request.prompt_ids, shared, [seq], len(found) * bs))
         return True
 
-    def _finish(self, s: Sequence_) -> None:
+    def _finish(self, s: SequenceState) -> None:
         """Enter the sequence's full blocks of final K/V in the prefix table, then drop its references."""
         if self.prefix_cache:
             bs = self.backend.block_size
@@ -402,7 +404,7 @@ class Scheduler:
         self._alloc.release(s.blocks)
         s.blocks = []
 
-    def _read(self, seqs: list[Sequence_], copy: HostCopy, done: list[tuple[int, Completion]]) -> None:
+    def _read(self, seqs: list[SequenceState], copy: HostCopy, done: list[tuple[int, Completion]]) -> None:
         toks, lps = copy.result()
         for s, t, lp in zip(seqs, toks, lps):
             if s.finish is not None:

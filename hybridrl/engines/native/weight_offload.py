@@ -1,4 +1,4 @@
-"""Where an engine's weights go while it sleeps: pinned host memory (level 1) or nowhere (level 2).
+"""Where an engine's weights go while it sleeps: offloaded to pinned host memory (level 1) or dropped (level 2).
 
 Shared by the native engine's HF and fused paths. The parameters stay the same objects (only their
 `.data` is swapped), so modules, tied weights and the resharder's name map stay valid.
@@ -11,29 +11,29 @@ import torch
 from hybridrl.engines.native.fixed_memory import FixedMemory
 
 
-class WeightParking:
-    """Parks and restores a fixed set of parameters on one device."""
+class WeightOffloader:
+    """Offloads a fixed set of parameters of one device to host memory (or drops them) and restores them."""
 
     def __init__(
         self, params: dict[str, torch.nn.Parameter], device: torch.device, memory: FixedMemory | None = None
     ) -> None:
-        """`memory`: the `FixedMemory` every parameter is a view of; parking then releases its physical memory and
-        keeps the parameters' addresses (CUDA graphs over them stay valid). None: parking frees each parameter."""
+        """`memory`: the `FixedMemory` every parameter is a view of; an offload then releases its physical memory and
+        keeps the parameters' addresses (CUDA graphs over them stay valid). None: an offload frees each parameter."""
         self.params, self.device, self.memory = params, device, memory
         self.shapes = {n: (p.shape, p.dtype) for n, p in params.items()}
         # Pinned buffers are kept from one sleep to the next: allocating pinned memory costs far
         # more than the copy itself (seen on an H200: 1.5 s vs 0.06 s for 3 GB).
         self._host: dict[str, torch.Tensor] = {}
         self._restore = False
-        self.parked = False
+        self.offloaded = False
 
-    def park(self, level: int) -> bool:
+    def offload(self, level: int) -> bool:
         """Level 1: copy to pinned host memory, then free (GPU only; on CPU the weights already live in host
         memory and stay). Level 2: free without a copy, the next load rewrites every weight. Returns whether
         the weights left the device."""
         on_accel = self.device.type != "cpu"
-        if self.parked or not (level == 2 or on_accel):
-            return self.parked
+        if self.offloaded or not (level == 2 or on_accel):
+            return self.offloaded
         for name, p in self.params.items():
             if level == 1:
                 host = self._host.get(name)
@@ -47,18 +47,18 @@ class WeightParking:
             torch.cuda.synchronize(self.device)  # the host copies must land before the memory is reused
         if self.memory is not None:
             self.memory.release()
-        self._restore, self.parked = level == 1, True
+        self._restore, self.offloaded = level == 1, True
         return True
 
     def device_bytes(self) -> int:
-        """Bytes `restore` allocates on the device (0 when nothing is parked)."""
-        if not self.parked:
+        """Bytes `restore` allocates on the device (0 when nothing is offloaded)."""
+        if not self.offloaded:
             return 0
         return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in self.shapes.values())
 
     def restore(self) -> None:
-        """Reallocate every weight; contents come back from the host after a level-1 park (else stale)."""
-        if not self.parked:
+        """Reallocate every weight; contents come back from the host after a level-1 offload (else stale)."""
+        if not self.offloaded:
             return
         if self.memory is not None:
             self.memory.restore()
@@ -68,7 +68,8 @@ class WeightParking:
                 p.data = torch.empty(shape, dtype=dtype, device=self.device)
             if self._restore:
                 p.data.copy_(self._host[name], non_blocking=True)
-        self.parked = False
+        self.offloaded = False
 
     def clear(self) -> None:
+        """Let the pinned host buffers go (the engine shuts down)."""
         self._host.clear()

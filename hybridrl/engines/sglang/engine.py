@@ -199,7 +199,7 @@ class SglangEngine(RolloutEngine):
             _warn_once(
                 "level1",
                 "sleep(level=1) keeps SGLang's weights on the device (enable engine.sglang.enable_weights_cpu_backup "
-                "to park them in host memory instead)",
+                "to offload them to host memory instead)",
             )
             tags = ["kv_cache", "cuda_graph"]
         tags = [t for t in tags if t not in self._released]

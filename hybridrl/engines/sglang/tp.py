@@ -1,9 +1,9 @@
 """The engine TP group seen from one worker: its CPU (gloo) process group and leader-centred collectives.
 
-The groups come from the run's `Topology` (`tp_size` consecutive ranks). Only the leader (TP rank 0)
-owns the SGLang Engine; the others send it their inputs (`gather`), wait for its verdict (`broadcast`) and take
-their share of the outputs (`scatter`). Small Python objects only travel here (token ids, base64 payloads of a few
-hundred bytes on a GPU), so a gloo group is used even when the default group is NCCL.
+The groups come from the run's `Topology` (`tp_size` consecutive ranks). Only the leader (TP rank 0) owns the SGLang
+Engine; the others send it their inputs (`gather`), wait for its result or its error (`broadcast`) and take their
+share of the outputs (`scatter`). Small Python objects only travel here (token ids, base64 payloads of a few hundred
+bytes on a GPU), so a gloo group is used even when the default group is NCCL.
 """
 
 from __future__ import annotations

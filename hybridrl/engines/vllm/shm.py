@@ -14,7 +14,7 @@ def remove_stale_cpu_shm(root: str = "/dev/shm") -> list[str]:
 
     vLLM on CPU names them by group and rank list only (`…-tp:0-[0-1]-cpushm_<rank>`), the same name in every
     run, and unlinks them when its SHM manager is destroyed at a normal interpreter exit. Our workers leave with
-    `os._exit` (DeviceMesh teardown can abort, PLATFORM_FACTS), so the segments stay, and the next TP engine on
+    `os._exit` (the interpreter's DeviceMesh teardown can abort), so the segments stay, and the next TP engine on
     this machine fails to create them (errno 17, EEXIST). A segment still mapped belongs to a running engine and
     is left alone.
     """

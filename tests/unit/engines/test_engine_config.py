@@ -46,8 +46,16 @@ def test_native_options_compose():
         ("engine.native.kv_blocks=-2", "engine.native.kv_blocks"),
         ("engine.native.kv_memory_fraction=1.0", "engine.native.kv_memory_fraction"),
         ("engine.native.shared_prefix_tokens=-1", "engine.native.shared_prefix_tokens"),
+        ("engine.native.pdl=auto", "engine.native.pdl"),
+        ("engine.native.join_step_tokens=-1", "engine.native.join_step_tokens"),
     ],
 )
 def test_bad_native_values_fail_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(composed(override))
+
+
+def test_pdl_is_on_or_off():
+    assert validate(composed()).engine.native.pdl == "on"
+    assert validate(composed("engine.native.pdl=false")).engine.native.pdl == "off"
+    assert validate(composed("engine.native.pdl=on")).engine.native.pdl == "on"

@@ -73,7 +73,8 @@ def test_fused_engine_asks_before_its_allocations():
     )
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     asked: list[int | None] = []
-    engine.memory_gate = asked.append
+    assert engine.gates_memory
+    engine.set_memory_gate(asked.append)
     params = SamplingParams(n=2, max_new_tokens=5, seed=3)
     engine.generate(PROMPTS, params)
     m = engine.model

@@ -56,7 +56,7 @@ def decode_attention_torch(
     mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill_(
         ~keep[:, None, None, :], float("-inf")
     )
-    # The g query heads of one kv head ride in SDPA's query-length dim: GQA with no K/V repeat
+    # The g query heads of one kv head sit in SDPA's query-length dim: GQA with no K/V repeat
     # (transformers' repeat_kv order: kv head j serves query heads j·g .. j·g + g - 1).
     o = F.scaled_dot_product_attention(q.view(b, hkv, g, d), k, v, attn_mask=mask, scale=scale)
     return o.reshape(b, hq, d)
@@ -246,20 +246,18 @@ def split_count(
     block_size: int,
     sms: int,
     keys: int = 0,
-    long_keys: int | None = None,
     head_dim: int = 0,
 ) -> int:
     """Key splits per (sequence, kv head): about one wave of programs over the SMs, at most one per 64 keys; and two
-    where the programs alone would not be split but the longest row attends at least `long_keys` keys (`keys`; None:
-    `long_context_keys` of the shape; 0: never).
+    where the programs alone would not be split but the longest row attends at least `long_context_keys` keys
+    (`keys`).
 
-    On the H200 (benchmarks/kernels.py, docs/measurements/h200_1201/j_attention.json), 64 rows × 2 kv heads
-    (128 programs on 132 SMs) ran fastest unsplit at short contexts: 6.5 µs against 8.1 at 3 splits with their
-    reduce; a smaller batch needs the splits to fill the SMs."""
+    On the H200, 64 rows × 2 kv heads (128 programs on 132 SMs) ran fastest unsplit at short contexts: 6.5 µs against
+    8.1 at 3 splits with their reduce; a smaller batch needs the splits to fill the SMs."""
     programs = batch * kv_heads
     want = sms // max(1, programs)
     if want < 2:
-        at = long_context_keys(head_dim, programs, sms) if long_keys is None else long_keys
+        at = long_context_keys(head_dim, programs, sms)
         if at and keys >= at:
             want = 2
     return max(1, min(want, -(-max_blocks * block_size // 64), 32))
@@ -267,16 +265,14 @@ def split_count(
 
 def long_context_keys(head_dim: int, programs: int, sms: int) -> int:
     """Keys from which two splits beat one for `programs` (rows × kv heads) that `split_count` would not split; 0:
-    never. Graph-timed on the H200 over GRPO-shaped tables (docs/measurements/h200_1201_s8/b_split_sweep.json, µs at
-    256/384/640/1024/2048 keys, one split → two), at most one program per SM: the 1.5B's 64 rows
-    8.0/11.0/16.7/32.8/60.7 → 8.3/10.3/13.7/24.0/41.9 (head dim 128: from 384); the 0.5B's 64 rows
-    5.1/6.7/9.8/13.9/33.5 → 6.1/7.1/8.9/11.2/24.1 (head dim 64: from 512). Measured as kernels only, not yet in the
-    engine.
+    never. Graph-timed on the H200 over GRPO-shaped tables (µs at 256/384/640/1024/2048 keys, one split → two), at most
+    one program per SM: the 1.5B's 64 rows 8.0/11.0/16.7/32.8/60.7 → 8.3/10.3/13.7/24.0/41.9 (head dim 128: from 384);
+    the 0.5B's 64 rows 5.1/6.7/9.8/13.9/33.5 → 6.1/7.1/8.9/11.2/24.1 (head dim 64: from 512).
 
     Never with more programs. Two per SM (the 1.5B's 128 rows) came within 2 µs either way. At four per SM the kernel
     alone won in two splits from 320 keys (the 1.5B's 256 rows: 32.1/51.6/82.3 → 30.0/47.7/71.3 µs at 384/640/1024),
     but the engine lost with it: the 1.5B GRPO rollout (32 × 8 × 512, rows splitting from 320 keys) made 85.7k and
-    85.1k tok/s against 88.1k and 88.0k unsplit, interleaved in one run (h200_1201_s8/c_grpo_ab.json)."""
+    85.1k tok/s against 88.1k and 88.0k unsplit, interleaved in one run."""
     if programs <= sms:
         return 384 if head_dim >= 128 else 512
     return 0
@@ -292,11 +288,10 @@ def pipeline_stages(programs: int, sms: int) -> int:
     """Stages of a split program's software pipeline: 2 where `programs` (rows × kv heads, before any key split)
     outnumber the SMs, else 3.
 
-    Graph-timed on the H200 over the engine's tables (docs/measurements/h200_1204_s22/e_attention.json: the 1.5B's
-    256 rows, 128–640 keys, one split, 512 programs on 132 SMs): 30.4 µs at 2 stages against 31.0 at 3 and 4; the
-    1.5B GRPO rollout (32 × 8 × 512) made 91.89k and 91.89k tok/s with 2 against 91.17k and 91.06k with 3, the four
-    runs interleaved in separate processes. Fewer programs than SMs (the 0.5B's 64 rows, split) keep the 3 that
-    earlier sweeps chose there, with or without their splits."""
+    Graph-timed on the H200 over the engine's tables (the 1.5B's 256 rows, 128–640 keys, one split, 512 programs on
+    132 SMs): 30.4 µs at 2 stages against 31.0 at 3 and 4; the 1.5B GRPO rollout (32 × 8 × 512) made 91.89k and 91.89k
+    tok/s with 2 against 91.17k and 91.06k with 3, the four runs interleaved in separate processes. Fewer programs than
+    SMs (the 0.5B's 64 rows, split) run fastest with 3, with or without their splits."""
     return 2 if programs > sms else 3
 
 

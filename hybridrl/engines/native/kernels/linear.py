@@ -138,10 +138,9 @@ class SkinnyPlan(NamedTuple):
     block_k: int
 
 
-# Where the skinny kernel beats cuBLAS on the H200 (benchmarks/kernels.py, in
-# docs/measurements/h200_1201/i_linear.json): up to 64 rows and outputs up to 2048 wide (the 0.5B's qkv, o_proj
-# and down_proj at batch 64: 3.9/3.7/7.2 µs → 2.9/2.6/4.3). Wide outputs (gate_up) and 256 rows run as fast or
-# faster in cuBLAS.
+# Where the skinny kernel beats cuBLAS on the H200 (`python -m benchmarks.kernels`): up to 64 rows and outputs up to
+# 2048 wide (the 0.5B's qkv, o_proj and down_proj at batch 64: 3.9/3.7/7.2 µs → 2.9/2.6/4.3). Wide outputs (gate_up)
+# and 256 rows run as fast or faster in cuBLAS.
 SKINNY_MAX_ROWS = 64
 SKINNY_MAX_WIDTH = 2048
 
@@ -162,8 +161,8 @@ def skinny_plan(m: int, n: int, k: int, sms: int) -> SkinnyPlan | None:
     return SkinnyPlan(splits, block_n, block_k)
 
 
-# Where the batched cuBLAS split beats F.linear on the H200 (benchmarks/kernels.py --what batched,
-# docs/measurements/h200_1201/x_batched_split.json; each with the add_rms_norm that consumes it): down_proj of the 1.5B
+# Where the batched cuBLAS split beats F.linear on the H200 (`python -m benchmarks.kernels --what batched`; each with
+# the add_rms_norm that consumes it): down_proj of the 1.5B
 # at 256 rows 20.1 → 15.3 µs (128 rows: 11.6 → 10.2), of the 0.5B at 256 rows 11.3 → 8.4 (128: 9.9 → 7.4), all with
 # 4 slices (2 and 8 were slower). At K 1536 (the 1.5B's o_proj) the best split gained ≤ 0.35 µs, and a wide output
 # (gate_up) lost outright (32 µs against 22.6), so neither takes it.

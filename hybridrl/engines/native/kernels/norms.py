@@ -100,12 +100,11 @@ if HAS_TRITON:
 
 
 def norm_warps(block: int, partials: bool) -> int:
-    """Warps per row of `_add_rms_norm_kernel` over a row of `block` (a power of two) columns. A delta in the
-    activation dtype: 4. Float32 partials: one warp per 128 columns, at most 16 (16 at the 1.5B's 1536 → 2048, 8 at
-    the 0.5B's 896 → 1024). On the H200 (docs/measurements/h200_1201_s5/f_norm.txt, 1..16 warps per shape) that was
-    the best at each of the four partials shapes measured: 1536 wide, 4 partials × 256 rows 2.89 → 2.72 µs
-    and 8 × 64 rows 2.93 → 2.30 against 8 warps; 896 wide, 8 warps stay (16 took 3.49 and 2.70 µs against 2.16 and
-    2.12). A bf16 delta: 4 warps were within 0.06 µs of the best everywhere."""
+    """Warps per row of `_add_rms_norm_kernel` over a row of `block` (a power of two) columns. A delta in the activation
+    dtype: 4. Float32 partials: one warp per 128 columns, at most 16 (16 at the 1.5B's 1536 → 2048, 8 at the 0.5B's 896
+    → 1024). On the H200 (1..16 warps per shape) that was the best at each of the four partials shapes measured: 1536
+    wide, 4 partials × 256 rows 2.89 → 2.72 µs and 8 × 64 rows 2.93 → 2.30 against 8 warps; 896 wide, 8 warps stay (16
+    took 3.49 and 2.70 µs against 2.16 and 2.12). A bf16 delta: 4 warps were within 0.06 µs of the best everywhere."""
     return min(16, max(1, block // 128)) if partials else 4
 
 

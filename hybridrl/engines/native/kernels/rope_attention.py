@@ -33,9 +33,9 @@ if HAS_TRITON:
 
 def one_wave(rows: int, kv_heads: int, splits: int, sms: int) -> bool:
     """Whether the kernel's grid (rows × kv heads × splits programs) is at most one program per SM: where the engine
-    runs it. On the H200 (docs/measurements/h200_1201_s5/o_rope_attention.txt) it took 9.1 µs against 10.3 for the
-    two kernels at the 0.5B's 64 rows × 2 kv heads (128 programs); at 256 rows (512), where programs share SMs, its
-    RoPE operands' registers cost occupancy in the key loop: 48.0 µs against 39.2 at the 1.5B's."""
+    runs it. On the H200 it took 9.1 µs against 10.3 for the two kernels at the 0.5B's 64 rows × 2 kv heads (128
+    programs); at 256 rows (512), where programs share SMs, its RoPE operands' registers cost occupancy in the key loop:
+    48.0 µs against 39.2 at the 1.5B's."""
     return rows * kv_heads * splits <= sms
 
 

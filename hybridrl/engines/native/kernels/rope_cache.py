@@ -178,11 +178,11 @@ if HAS_TRITON:
 
 
 def rope_launch(partials: bool) -> tuple[int, int]:
-    """(heads per program, warps) for a qkv in the weight dtype or as float32 partials, from
-    benchmarks/kernels.py --what rope on the H200 (docs/measurements/h200_1201/zb_rope.json). A bf16 qkv:
-    8 heads × 4 warps was the best at both shapes (the 1.5B's 256 rows: 3.97 µs with one head per program and one
-    warp → 1.92; the 0.5B's 64 rows: 2.00 → 1.71). The 0.5B's 8 partials at 64 rows: 2 heads × 1 warp (2.80 → 2.60;
-    8 × 4 took 3.29, its [splits, heads, d/2] load too large for one program)."""
+    """(heads per program, warps) for a qkv in the weight dtype or as float32 partials, the fastest in `python -m
+    benchmarks.kernels --what rope` on the H200. A bf16 qkv: 8 heads × 4 warps was the best at both shapes (the 1.5B's
+    256 rows: 3.97 µs with one head per program and one warp → 1.92; the 0.5B's 64 rows: 2.00 → 1.71). The 0.5B's 8
+    partials at 64 rows: 2 heads × 1 warp (2.80 → 2.60; 8 × 4 took 3.29, its [splits, heads, d/2] load too large for one
+    program)."""
     return (2, 1) if partials else (8, 4)
 
 

@@ -15,10 +15,9 @@ that rounding of an interval's end: emulated on CPU (exp as 2^(x·log2 e), sums 
 logits at 152k entries, 4 draws differed, each to a neighbouring entry, all of probability under 1e-6. Error in the
 block weights (relative ~1e-6) moves the point within the block by that much of the whole row's mass.
 
-Why not the exponential race (argmax of x - log E, E ~ Exp(1) per entry), which the sampler drew with until session 22:
-it hashes and takes two logs per entry, ~60 instructions an entry, and was issue-bound at 97.4 µs for 256 rows of
-Qwen's 152k entries on the H200 (docs/measurements/h200_1202_s9/d_sampler.json), where reading the bf16 logits takes
-~16 µs. Measured against it in docs/measurements/h200_1204_s22/.
+Why not the exponential race (argmax of x - log E, E ~ Exp(1) per entry): it hashes and takes two logs per entry,
+~60 instructions an entry, and is issue-bound: 97.4 µs for 256 rows of Qwen's 152k entries on the H200, where reading
+the bf16 logits takes ~16 µs; these kernels take 27.6 µs there.
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ except ImportError:  # pragma: no cover - depends on the install
 # the same way.
 PICK_BLOCK = 1024
 
-# Launch tuning from benchmarks/kernels.py --what sampler (H200, Qwen's 151,936 entries, bf16 logits; the
-# fastest of 4/8/16/32 segments × 1/2/4 blocks per step × 4/8 warps; docs/measurements/h200_1204_s22/a_sampler.json):
-# 256 rows, 16 × 2 × 4: 27.6 µs (the exponential race: 96.9); 64 rows, 32 × 2 × 4: 11.2 µs (the race: 28.4).
+# Launch tuning (`python -m benchmarks.kernels --what sampler`; H200, Qwen's 151,936 entries, bf16 logits; the
+# fastest of 4/8/16/32 segments × 1/2/4 blocks per step × 4/8 warps): 256 rows, 16 × 2 × 4: 27.6 µs (the exponential
+# race: 96.9); 64 rows, 32 × 2 × 4: 11.2 µs (the race: 28.4).
 _SUB = 2
 _WARPS = 4
 

@@ -13,10 +13,10 @@ row programs; the price is the reduce and the float32 split rows. The grid is fi
 a group has at least two rows), so a CUDA graph serves every grouping: an unused slot exits at once. The torch path
 (CPU) gathers each row's context and needs none of it: the split is only a cheaper order of the same sums.
 
-Measured on the H200 (docs/measurements/h200_1201_s7/c_shared_prefix.json, 256 rows of the 1.5B in groups of 8): with
-512 shared prompt tokens a layer's attention took 28–60 µs against 38–76 for the split kernel; with 128 it took
-16–50 against 15–52 (no gain), and the 0.5B (head dim 64) lost 6–8 µs there. Hence `engine.native.
-shared_prefix_tokens` (default 512): the runner groups rows only where they share that many tokens on average.
+Measured on the H200 (256 rows of the 1.5B in groups of 8): with 512 shared prompt tokens a layer's attention took
+28–60 µs against 38–76 for the split kernel; with 128 it took 16–50 against 15–52 (no gain), and the 0.5B (head dim
+64) lost 6–8 µs there. Hence `engine.native.shared_prefix_tokens` (default 512): the runner groups rows only where
+they share that many tokens on average.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ advance after the sampler (outputs out, the sampled token in as the next input, 
 
 In torch these are eleven [rows]-sized elementwise kernels per step (a floor division, a clamp, a gather, a cast, a
 product, a remainder and a sum; then three copies and two in-place sums). Each is ~1.2 µs on the H200 plus its gap in
-the step's graph, for a few hundred bytes of work (docs/measurements/h200_1201_s5/a_step_gaps.json). The torch
-functions are the reference and the CPU path.
+the step's graph, for a few hundred bytes of work. The torch functions are the reference and the CPU path.
 """
 
 from __future__ import annotations

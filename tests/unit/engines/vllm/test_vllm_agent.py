@@ -75,10 +75,10 @@ def test_trainer_logprobs_equal_vllm_on_every_model_token(engine, vllm_tiny_path
 
 def test_trust_remote_code_is_forwarded_as_set(vllm_tiny_path, engine):
     from hybridrl.engines.config import EngineConfig
-    from hybridrl.engines.vllm.engine import _prepare_llm_kwargs
+    from hybridrl.engines.vllm.construction import llm_kwargs
 
     assert engine.llm_kwargs["trust_remote_code"] is False  # the default
-    kw = _prepare_llm_kwargs(
+    kw = llm_kwargs(
         str(vllm_tiny_path),
         EngineConfig(name="vllm"),
         tp_size=1,

@@ -1,0 +1,71 @@
+"""What crosses between the host and a decode step: prompt tokens packed a row each, the batch's sampler mode, host
+lists on their way to the device, and the step's outputs on their way back, neither waiting for the stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedTokens:
+    """Prompt tokens packed a row each: token i (id, position, cache slot) belongs to the sequence whose block table
+    is row rows[i]. They run inside a decode step (a mixed step: writing K/V, feeding nothing else), or as an
+    `extend`."""
+
+    ids: list[int]
+    pos: list[int]
+    slots: list[int]
+    rows: list[int]
+
+
+@dataclass(frozen=True)
+class SamplerMode:
+    """How the rows of one running batch sample (the same for all of them)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    seeded: bool
+    kernel: bool
+
+    @property
+    def in_graph(self) -> bool:
+        """Whether the sampler can run inside a CUDA graph (counter uniforms, or greedy: no generator state)."""
+        return self.seeded or self.temperature == 0
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without waiting for the stream (pinned staging on CUDA)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class HostCopy:
+    """Device tensors on their way to host memory: the copy is queued now and waited for in `result`."""
+
+    def __init__(self, tensors: list[torch.Tensor], into: list[torch.Tensor] | None = None) -> None:
+        """`into`: pinned host buffers at least as long as each tensor (else fresh ones); the caller keeps them
+        untouched until `result`."""
+        self.event = None
+        if tensors and tensors[0].is_cuda:
+            self.host = (
+                [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+                if into is None
+                else [h[: t.shape[0]] for h, t in zip(into, tensors)]
+            )
+            for h, t in zip(self.host, tensors):
+                h.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = [t.clone() for t in tensors]
+
+    def result(self) -> list[list]:
+        """The tensors as Python lists (waits for the copy, and only for it)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return [h.tolist() for h in self.host]
