@@ -126,6 +126,9 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device, w
             offload=cfg.ref.resolve_offload(cfg.trainer),
         )
     critic = build_critic(cfg, model_path, device, mesh, pad) if cfg.algorithm.needs_critic else None
+    for role in (ref, critic):  # one meter counts the step's trainer passes, whichever role runs them
+        if role is not None:
+            role.meter = actor.meter
     reward_models = build_reward_models(cfg, device, mesh)
     rollout = build_rollout(cfg, model_path, tokenizer, device, topology, actor.model) if with_engine else None
     reward_fn = RemoteReward(cfg.reward.remote) if cfg.reward.spec == "remote" else resolve_reward(cfg.reward.spec)
