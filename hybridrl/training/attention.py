@@ -65,15 +65,38 @@ def _kernel(q, k, v, cu: torch.Tensor, max_len: int, scale: float | None) -> tor
 
 
 def _per_sequence(q, k, v, cu: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """One causal sdpa per sequence over [H, T, D] tensors: each sequence's result is what it gets alone."""
-    gqa = k.shape[0] != q.shape[0]
+    """Causal attention of each sequence alone, over [H, T, D] tensors: sequences of similar length (the same power
+    of two) are gathered into one padded batch for one sdpa call each, so a few calls cover a micro-batch and no
+    sequence sees another (nor does its result depend on another's tokens)."""
     bounds = cu.tolist()
-    parts = [
-        F.scaled_dot_product_attention(q[:, s:e], k[:, s:e], v[:, s:e], is_causal=True, scale=scale, enable_gqa=gqa)
-        for s, e in zip(bounds[:-1], bounds[1:])
-        if e > s
-    ]
-    return torch.cat(parts, dim=1)
+    starts, lengths = bounds[:-1], [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    classes: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        if n:
+            classes.setdefault((n - 1).bit_length(), []).append(i)
+    flats, outs = [], []
+    for members in classes.values():
+        width = max(lengths[i] for i in members)
+        # (sequence, position) of every real token of the class, and its place in the packed row
+        seq = torch.cat([torch.full((lengths[i],), j) for j, i in enumerate(members)])
+        pos = torch.cat([torch.arange(lengths[i]) for i in members])
+        flat = torch.cat([torch.arange(starts[i], starts[i] + lengths[i]) for i in members])
+        seq, pos, flat = seq.to(q.device), pos.to(q.device), flat.to(q.device)
+
+        def batch(x: torch.Tensor) -> torch.Tensor:  # [H, T, D] -> [n, H, width, D], zeros past each end
+            padded = x.new_zeros(len(members), width, x.shape[0], x.shape[2])
+            return padded.index_put((seq, pos), x[:, flat].transpose(0, 1)).transpose(1, 2)
+
+        idx = torch.arange(width, device=q.device)
+        real = idx[None, :] < torch.tensor([lengths[i] for i in members], device=q.device)[:, None]
+        mask = (idx[:, None] >= idx[None, :])[None, None] & real[:, None, None, :]
+        o = F.scaled_dot_product_attention(
+            batch(q), batch(k), batch(v), attn_mask=mask, scale=scale, enable_gqa=k.shape[0] != q.shape[0]
+        )
+        flats.append(flat)
+        outs.append(o.transpose(1, 2)[seq, pos])  # [tokens, H, D]
+    order = torch.argsort(torch.cat(flats))  # back to the packed row's order
+    return torch.cat(outs)[order].transpose(0, 1)
 
 
 def varlen_attention_forward(
