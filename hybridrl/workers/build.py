@@ -25,6 +25,7 @@ from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
 from hybridrl.errors import ConfigError
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
+from hybridrl.plan import Plan, make_plan
 from hybridrl.reshard import Resharder
 from hybridrl.rewards import resolve_reward
 from hybridrl.rewards.combine import RewardScorer
@@ -63,6 +64,8 @@ class Components:
     """The reward phase: the function and the reward models, combined."""
     agent_loop: AgentLoop | None = None
     """The multi-turn agent loop (rollout=agent), driving the engine through requests; None for single-turn."""
+    memory_plan: Plan | None = None
+    """The estimate of each phase's peak device memory (`hybridrl/plan.py`), logged beside the measured peaks."""
 
     def roles(self) -> dict[str, Any]:
         """Every role present, by name: what memory reports and checkpoints iterate over."""
@@ -135,8 +138,26 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device, w
     scorer = RewardScorer(reward_fn, tokenizer, cfg.reward, reward_models)
     agent_loop = AgentLoop(cfg.agent, tokenizer) if cfg.rollout.name == "agent" else None
     return Components(
-        topology, device, tokenizer, actor, ref, rollout, reward_fn, critic, reward_models, scorer, agent_loop
+        topology,
+        device,
+        tokenizer,
+        actor,
+        ref,
+        rollout,
+        reward_fn,
+        critic,
+        reward_models,
+        scorer,
+        agent_loop,
+        memory_plan=make_plan(cfg, device_bytes(cfg, device)),
     )
+
+
+def device_bytes(cfg: RunConfig, device: torch.device) -> float | None:
+    """This worker's device memory as the plan sees it: trainer.device_memory_gb, else the GPU's size."""
+    if cfg.trainer.device_memory_gb is not None:
+        return cfg.trainer.device_memory_gb * 2**30
+    return float(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else None
 
 
 def build_critic(cfg: RunConfig, policy_path: str, device: torch.device, mesh, pad_token_id: int) -> Critic:
