@@ -64,6 +64,7 @@ def _kernel(q, k, v, cu: torch.Tensor, max_len: int, scale: float | None) -> tor
     return _varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
 
 
+@torch.compiler.disable  # host-side grouping by length: compiled layers call it eagerly, never recompile for it
 def _per_sequence(q, k, v, cu: torch.Tensor, scale: float | None) -> torch.Tensor:
     """Causal attention of each sequence alone, over [H, T, D] tensors: sequences of similar length (the same power
     of two) are gathered into one padded batch for one sdpa call each, so a few calls cover a micro-batch and no

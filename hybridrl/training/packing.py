@@ -84,7 +84,11 @@ class PackedRows:
     def model_inputs(self) -> dict:
         """Keyword arguments of the packed forward: ids, restarting positions, and the boundaries in the names
         transformers' FlashAttentionKwargs use (read by flash_attention_2 and the varlen attention; ignored by
-        sdpa and eager, which build a block-diagonal mask from the positions)."""
+        sdpa and eager, which build a block-diagonal mask from the positions). The token count and the number of
+        sequences vary from one micro-batch to the next: compiled layers take them as dynamic sizes from the first
+        compile instead of recompiling when they first change."""
+        for t, dim in ((self.input_ids, 1), (self.position_ids, 1), (self.cu_seqlens, 0)):
+            torch._dynamo.maybe_mark_dynamic(t, dim)
         return {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
