@@ -202,6 +202,7 @@ def build_reward_models(cfg: RunConfig, device: torch.device, mesh) -> list[Rewa
                     cfg.data.system_prompt,
                     cfg.model.trust_remote_code,
                     where,
+                    padding_free=cfg.trainer.padding_free,
                 )
             )
     return out

@@ -170,3 +170,29 @@ def test_packed_lora_equals_padded_lora(tiny_path, process_group):
     assert "ref_logprobs" in want and all("lora_" in n for n in want["grads"])
     for layout in ("packed_rows", "packed_budget"):
         assert_same(actor_pass(build(tiny_path, model=lora, **LAYOUTS[layout]), batch), want)
+
+
+def test_packed_reward_model_scores_equal_the_padded_ones(_cache_dir, process_group):
+    """Reward models pack their own token path too; the padded path (trainer.padding_free=false) is the reference,
+    and both equal one unpadded forward per sequence (tests/unit/rewards/test_reward_models.py)."""
+    from hybridrl.models.tiny_heads import ensure_tiny_reward_model
+    from hybridrl.rewards.reward_model import RewardModel, RewardModelConfig
+    from hybridrl.topology import Topology
+    from hybridrl.training.fsdp import Precision
+    from tests.unit.rewards.test_reward_models import ITEMS
+
+    path = str(ensure_tiny_reward_model(_cache_dir, seed=1))
+    scores = {}
+    for padding_free in (False, True):
+        rm = RewardModel(
+            RewardModelConfig(name="rm", micro_batch_size=3),
+            path,
+            torch.device("cpu"),
+            Topology(1, 1, 0).fsdp_mesh("cpu"),
+            Precision.for_device("auto", torch.device("cpu")),
+            padding_free=padding_free,
+        )
+        assert rm.packed == padding_free
+        scores[padding_free] = rm.score(ITEMS * 3)
+    assert scores[True] == pytest.approx(scores[False], rel=1e-5, abs=1e-6)
+    assert len(set(round(s, 4) for s in scores[True])) == 3
