@@ -50,6 +50,7 @@ from benchmarks.common import (
 )  # noqa: E402
 from benchmarks.device_monitor import DeviceMonitor  # noqa: E402
 from benchmarks.engine import reset_persisting_l2  # noqa: E402
+from benchmarks.lengths import LENGTHS, cap_engine_lengths  # noqa: E402
 from benchmarks.trainer import plain_fsdp_tok_s, throughput_batch  # noqa: E402
 from hybridrl.data.prompts import Prompt  # noqa: E402
 from hybridrl.phases import Phase  # noqa: E402
@@ -145,6 +146,14 @@ def main() -> None:
     )
     ap.add_argument("--set", action="append", default=[], help="any other config override, e.g. engine.native.impl=hf")
     ap.add_argument(
+        "--lengths",
+        choices=LENGTHS,
+        default="fixed",
+        help="response lengths (benchmarks/lengths.py): the engine stops each response at its drawn length, so the "
+        "rollout, the log-probs and the update all see the mix; one worker, native fused engine",
+    )
+    ap.add_argument("--max-tokens", type=int, default=0, help="trainer.max_tokens_per_micro_batch (0: rows)")
+    ap.add_argument(
         "--probe-first",
         action="store_true",
         help="with --probe-rollout: bench_engine's GRPO run in this process before the first step too "
@@ -238,6 +247,9 @@ def main() -> None:
             "(warm-up steps counted)"
         )
 
+    if args.lengths != "fixed" and args.workers != 1:
+        ap.error("--lengths caps the engine of this process: use --workers 1")
+    cap_engine_lengths(args.lengths)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = args.offload if device.type == "cuda" else "none"
@@ -257,6 +269,7 @@ def main() -> None:
             f"engine.max_new_tokens={args.new_tokens}",
             f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
             f"trainer.micro_batch_size={args.micro}",
+            f"trainer.max_tokens_per_micro_batch={args.max_tokens}",
             f"trainer.offload={offload}",
             f"trainer.offload_lazy={not args.eager_offload}",
             "trainer.lr=1e-6",
@@ -324,6 +337,12 @@ def main() -> None:
         "trainer_offload": offload,
         "offload_lazy": not args.eager_offload,
         "micro_batch_size": args.micro,
+        "max_tokens_per_micro_batch": args.max_tokens,
+        "lengths": args.lengths,
+        "response_length_mean": statistics.median(m["response/length_mean"] for m in steps),
+        "pad_frac": statistics.median(m.get("perf/pad_frac", 0.0) for m in steps),
+        "trainer_real_tokens_per_s": statistics.median(m.get("perf/trainer_tokens_per_s", 0.0) for m in steps),
+        "trainer_compiles": steps[-1].get("trainer/compiles", 0.0),
         "l2_reset_after_update": args.l2_reset_after_update,
         "overrides": args.set,
         "freed_gb_per_step": statistics.median(
@@ -397,7 +416,7 @@ def main() -> None:
         eager = "-eager" if args.eager_offload else ""
         name = (
             f"bench_step_{args.algorithm}_rm{args.reward_models}_{args.shape}_w{args.workers}_tp{args.tp}"
-            f"_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}{eager}"
+            f"_p{args.prompts}_n{args.new_tokens}_offload-{offload.replace(',', '-')}{eager}_{args.lengths}"
         )
         Path(out, name + ".json").write_text(json.dumps(result, indent=2))
     sys.stdout.flush()

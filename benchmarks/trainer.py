@@ -2,12 +2,16 @@
 
     python -m benchmarks.trainer --shape 1.5b --variants default,eager,eager+unfused_logprobs,eager+foreach,chunk
     python -m benchmarks.trainer --shape tiny --device cpu --batch 2 --seq 64 --variants default,chunk
+    python -m benchmarks.trainer --shape 1.5b --batch 128 --micro 16 --seq 768 --prompt-len 256 --variants default \
+        --lengths lognormal --max-tokens 12288        # issue 46's mixes: real-token throughput, peak, padding
 
 Every variant trains on the same batch × seq tokens (prompt-len of prompt, the rest response, all trained on)
 and is timed over --iters updates after --warmup ones (median). The plain baseline — HF model, fully_shard per
 layer + root, bf16 mixed precision, HF's own loss, AdamW — runs first and again last, so drift shows; the ratio
 is against the median of its runs. --profile DIR also writes torch.profiler tables (top kernels by device time)
-of one update of the baseline and of each variant.
+of one update of the baseline and of each variant. With --lengths the responses take a drawn mix of lengths
+(benchmarks/lengths.py) instead of all running to the end: throughput then counts real (unpadded) tokens, of the
+update and of the log-prob pass, and --micro / --max-tokens split the rows by count or by token budget.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from benchmarks.common import (
     init_single_process,
     make_model_dir,
 )  # noqa: E402
+from benchmarks.lengths import LENGTHS, draw_lengths  # noqa: E402
 from hybridrl.batch import Batch  # noqa: E402
 from hybridrl.models.config import ModelConfig  # noqa: E402
 from hybridrl.models.loading import load_causal_lm  # noqa: E402
@@ -55,15 +60,19 @@ def variant_overrides(name: str) -> list[str]:
     return out
 
 
-def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
-    """`batch` rows of `seq` tokens: `prompt` of prompt, the rest response, all trained on."""
+def throughput_batch(batch: int, seq: int, prompt: int, vocab: int, lengths: list[int] | None = None) -> Batch:
+    """`batch` rows of `seq` tokens: `prompt` of prompt, the rest response, all trained on; with `lengths`, row i's
+    response ends after lengths[i] tokens."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(300, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq - prompt)
+    if lengths is not None:
+        mask = (torch.arange(seq - prompt)[None] < torch.tensor(lengths)[:, None]).float()
     b = Batch(
         [r[:prompt].tolist() for r in ids],
         {
             "responses": ids[:, prompt:].clone(),
-            "response_mask": torch.ones(batch, seq - prompt),
+            "response_mask": mask,
             "engine_logprobs": torch.full((batch, seq - prompt), -11.0),
         },
     )
@@ -71,6 +80,11 @@ def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
     b["ref_logprobs"] = torch.full((batch, seq - prompt), -11.0)
     b["advantages"] = torch.linspace(-1, 1, batch)
     return b
+
+
+def logprob_pass(trainer, batch: Batch) -> None:
+    """The actor's no-grad log-prob pass over `batch`, as the logprob phase runs it."""
+    trainer.compute_logprobs(trainer.micro_batches(batch))
 
 
 def _sync(device: torch.device) -> None:
@@ -162,12 +176,16 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--profile", default=None, help="folder for profiler tables")
+    ap.add_argument("--lengths", choices=LENGTHS, default="fixed", help="response lengths (benchmarks/lengths.py)")
+    ap.add_argument("--micro", type=int, default=0, help="trainer.micro_batch_size (default: --batch)")
+    ap.add_argument("--max-tokens", type=int, default=0, help="trainer.max_tokens_per_micro_batch (0: rows)")
     args = ap.parse_args()
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     init_single_process(device)
     path = make_model_dir(args.shape, device, args.model_dir)
-    tokens = args.batch * args.seq
+    lengths = draw_lengths(args.lengths, args.seq - args.prompt_len, args.batch)
+    tokens = args.batch * args.prompt_len + sum(lengths)  # real tokens (all of them with --lengths fixed)
     profiles: dict[str, str] = {}
     from transformers import AutoConfig
 
@@ -183,7 +201,8 @@ def main() -> None:
             device,
             [
                 "trainer.lr=1e-6",
-                f"trainer.micro_batch_size={args.batch}",
+                f"trainer.micro_batch_size={args.micro or args.batch}",
+                f"trainer.max_tokens_per_micro_batch={args.max_tokens}",
                 "trainer.steps=1000",
                 "data.train_batch_size=1",
                 *variant_overrides(name),
@@ -192,11 +211,13 @@ def main() -> None:
         t_build = time.perf_counter()
         trainer = bench_worker(cfg, device, with_engine=False).actor
         n_params = sum(p.numel() for p in trainer.model.parameters())
-        batch = throughput_batch(args.batch, args.seq, args.prompt_len, vocab)
+        batch = throughput_batch(args.batch, args.seq, args.prompt_len, vocab, lengths)
         t_first = time.perf_counter()
         update = functools.partial(trainer.update, batch)
         times = _timed_runs(update, device, args.warmup, args.iters)
         warm_s = time.perf_counter() - t_first - sum(times)
+        pad_frac = trainer.meter.metrics().get("perf/pad_frac")
+        logprob_times = _timed_runs(functools.partial(logprob_pass, trainer, batch), device, 1, args.iters)
         results[name] = {
             "overrides": variant_overrides(name),
             "tok_s": tokens / statistics.median(times),
@@ -204,6 +225,8 @@ def main() -> None:
             "steps_s": times,
             "build_s": t_first - t_build,
             "warmup_s": warm_s,
+            "logprob_tok_s": tokens / statistics.median(logprob_times),
+            "pad_frac": pad_frac,
         }
         if device.type == "cuda":
             results[name]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -230,6 +253,10 @@ def main() -> None:
         "params": n_params,
         "batch": args.batch,
         "seq": args.seq,
+        "lengths": args.lengths,
+        "real_tokens": tokens,
+        "micro_batch_size": args.micro or args.batch,
+        "max_tokens_per_micro_batch": args.max_tokens,
         "plain_fsdp2_tok_s": plain,
         "plain_median_tok_s": base,
         "variants": results,
@@ -238,7 +265,7 @@ def main() -> None:
     text = json.dumps(out, indent=2)
     print(text)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"bench_trainer_{args.shape}.json").write_text(text)
+        Path(os.environ["OUT"], f"bench_trainer_{args.shape}_{args.lengths}.json").write_text(text)
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         Path(args.profile, f"profile_trainer_{args.shape}.txt").write_text(
