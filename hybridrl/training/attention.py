@@ -125,14 +125,10 @@ def varlen_attention_forward(
     if query.shape[0] != 1:
         raise ValueError(f"packed attention takes one packed row, got a batch of {query.shape[0]}")
     if kernel_available(query):
-        out = _kernel(
-            query[0].transpose(0, 1),
-            key[0].transpose(0, 1),
-            value[0].transpose(0, 1),
-            cu,
-            int(kwargs.get("max_length_q") or query.shape[2]),
-            scaling,
-        )
+        longest = kwargs.get("max_length_q")
+        if longest is None:
+            longest = query.shape[2]
+        out = _kernel(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu, longest, scaling)
         return out.unsqueeze(0), None
     out = _per_sequence(query[0], key[0], value[0], cu, scaling)  # [H, T, D]
     return out.transpose(0, 1).unsqueeze(0), None

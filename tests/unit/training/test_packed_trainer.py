@@ -196,3 +196,21 @@ def test_packed_reward_model_scores_equal_the_padded_ones(_cache_dir, process_gr
         scores[padding_free] = rm.score(ITEMS * 3)
     assert scores[True] == pytest.approx(scores[False], rel=1e-5, abs=1e-6)
     assert len(set(round(s, 4) for s in scores[True])) == 3
+
+
+def test_a_long_sequence_over_the_budget_trains_alone_and_exactly(tiny_path, process_group):
+    """Long contexts keep working packed: a 480-token row beside short ones under a 96-token budget runs as a
+    micro-batch of its own, never cut, and the update equals the padded one."""
+    batch = ragged_rollout(rows=8, width=12)
+    long_prompt = torch.randint(3, 60, (180,), generator=torch.Generator().manual_seed(5)).tolist()
+    width = 300
+    tensors = {k: torch.nn.functional.pad(v, (0, width - v.shape[1])) for k, v in batch.tensors.items()}
+    tensors["responses"][3] = torch.randint(3, 60, (width,), generator=torch.Generator().manual_seed(6))
+    tensors["response_mask"][3] = 1.0
+    tensors["advantages"][3] = 0.5
+    long_batch = Batch([*batch.prompts[:3], long_prompt, *batch.prompts[4:]], tensors)
+    roles = build(tiny_path, max_tokens_per_micro_batch=96)
+    micro = roles.actor.micro_batches(long_batch)
+    assert [3] in [m.rows for m in micro] and max(m.real_tokens for m in micro) == 480
+    want = actor_pass(build(tiny_path, **PADDED), long_batch)
+    assert_same(actor_pass(roles, long_batch), want)

@@ -130,3 +130,16 @@ def test_a_long_sequence_packed_with_short_ones_scores_as_it_does_alone():
     plain = tiny_model("llama", max_position_embeddings=2048)
     for i, (prompt, resp) in enumerate(seqs):
         torch.testing.assert_close(lp[i, : len(resp)], reference_logprobs(plain, prompt, resp), rtol=0, atol=1e-5)
+
+
+def test_a_varlen_model_called_with_a_padded_batch_masks_the_padding():
+    """Without cu_seqlens (a padded batch and its attention mask: e.g. `generate`), the varlen attention is causal
+    sdpa with the padding mask, as the model's own sdpa is."""
+    varlen, plain = tiny_model("qwen3"), tiny_model("qwen3")
+    use_packed_attention(varlen, "varlen", "sdpa")
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with torch.no_grad():
+        got = varlen(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        want = plain(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=0, atol=1e-5)
