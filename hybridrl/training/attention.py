@@ -25,6 +25,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from hybridrl.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 #: The name the varlen attention is registered under in transformers' AttentionInterface.
@@ -173,6 +175,11 @@ def use_packed_attention(model: torch.nn.Module, choice: str, attn_implementatio
     if resolved == "varlen":
         register()
         model.set_attn_implementation(VARLEN)
+        if model.config._attn_implementation != VARLEN:  # packed rows would attend across sequences: refuse
+            raise ConfigError(
+                f"trainer.packed_attention=varlen: {type(model).__name__} does not take transformers' attention "
+                "interface; set trainer.padding_free=false"
+            )
         if not (_varlen_attn is not None and torch.cuda.is_available()):
             log.debug("packed attention: one sdpa call per sequence (no CUDA varlen kernel here)")
     return resolved
