@@ -48,6 +48,8 @@ VARIANTS = {
     "unfused_logprobs": ["trainer.fused_logprobs=false"],
     "chunk": ["trainer.logprob_chunk_size=2048"],
     "eager": ["trainer.compile=false"],
+    "padded": ["trainer.padding_free=false"],
+    "mask": ["trainer.packed_attention=model"],  # transformers' block-diagonal mask (sdpa) instead of varlen
 }
 
 
