@@ -383,8 +383,11 @@ def estimate_report(estimate_gb: dict[str, float], measured: dict[str, dict[str,
 def main(argv: list[str] | None = None) -> int:
     """Compose the config from `argv` (the run's overrides), print the table and the verdict."""
     from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from hybridrl.config import register_configs, validate
+    from hybridrl.config_checks import composition_error_line
 
     args = sys.argv[1:] if argv is None else argv
     register_configs()
@@ -395,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(cfg, device)
     except HybridRLError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (HydraException, OmegaConfBaseException) as e:  # an unknown key or group: one line, as the app says it
+        print(f"error: {composition_error_line(e)}", file=sys.stderr)
         return 2
     print(plan.table())
     if plan.device_bytes is None:

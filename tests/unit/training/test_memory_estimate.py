@@ -217,3 +217,13 @@ def test_a_worker_reports_the_estimate_with_its_memory(tiny_path, tokenizer, pro
     assert set(report["estimate_gb"]) == {"generate", "logprob", "update"}
     assert all(gb > 0 for gb in report["estimate_gb"].values())
     assert "estimate_ratio" not in report  # the CPU measures no device peak
+
+
+def test_plan_refuses_a_bad_override_in_one_line(capsys):
+    assert main(["trainer.lrr=1"]) == 2
+    assert main(["trainer.max_tokens_per_micro_batch=-1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "error: trainer.lrr is not a config key (did you mean trainer.lr?)",
+        "error: trainer.max_tokens_per_micro_batch must be >= 0, got -1",
+    ]
