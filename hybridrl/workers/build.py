@@ -149,8 +149,18 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device, w
         reward_models,
         scorer,
         agent_loop,
-        memory_plan=make_plan(cfg, device_bytes(cfg, device)),
+        memory_plan=memory_plan(cfg, device),
     )
+
+
+def memory_plan(cfg: RunConfig, device: torch.device) -> Plan | None:
+    """The estimate logged beside the measured peaks; None (said once) where the model's skeleton cannot be built
+    from its config alone: the estimate is a report here, the run's own check has already passed."""
+    try:
+        return make_plan(cfg, device_bytes(cfg, device))
+    except Exception as e:  # noqa: BLE001 - a missing estimate must not stop a run
+        log.warning("memory estimate unavailable (%s: %s); memory/estimate_gb is not logged", type(e).__name__, e)
+        return None
 
 
 def device_bytes(cfg: RunConfig, device: torch.device) -> float | None:
