@@ -93,7 +93,7 @@ def device_memory_bytes(cfg: RunConfig) -> float | None:
     so the controller makes no CUDA context), else None (a CPU run, or no GPU to ask)."""
     if cfg.trainer.device_memory_gb is not None:
         return cfg.trainer.device_memory_gb * GiB
-    if cfg.trainer.device == "cpu":
+    if not plans_for_gpu(cfg):
         return None
     try:
         out = subprocess.run(
