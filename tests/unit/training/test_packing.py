@@ -143,3 +143,20 @@ def test_a_varlen_model_called_with_a_padded_batch_masks_the_padding():
         got = varlen(input_ids=ids, attention_mask=mask, use_cache=False).logits
         want = plain(input_ids=ids, attention_mask=mask, use_cache=False).logits
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel needs a GPU")
+def test_the_cuda_varlen_kernel_agrees_with_one_forward_per_sequence_and_trains():
+    from hybridrl.training.attention import kernel_available
+
+    model = tiny_model("qwen2").cuda().to(torch.bfloat16)
+    use_packed_attention(model, "varlen", "sdpa")
+    packed = packed_case(SEQS).to(torch.device("cuda"))
+    assert kernel_available(torch.zeros(1, device="cuda", dtype=torch.bfloat16))
+    lp, _ = packed_logprobs(model, packed, 1.0, kernel=False)
+    plain = tiny_model("qwen2").cuda().to(torch.bfloat16)
+    for i, (prompt, resp) in enumerate(SEQS):
+        want = reference_logprobs(plain, prompt, resp).float()
+        torch.testing.assert_close(lp[i, : len(resp)].float().cpu(), want, rtol=0, atol=5e-2)
+    lp.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
