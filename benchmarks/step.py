@@ -61,6 +61,7 @@ from benchmarks.common import (
     random_prompts,
 )
 from benchmarks.device_monitor import DeviceMonitor
+from benchmarks.lengths import LENGTHS, cap_engine_lengths
 from benchmarks.trainer import plain_fsdp_tok_s, throughput_batch
 from hybridrl.data.prompts import Prompt
 from hybridrl.phases import Phase
@@ -122,6 +123,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--throughput-iters", type=int, default=3, help="trainer_throughput: timed updates each (0: leave it out)"
     )
+    ap.add_argument(
+        "--lengths",
+        choices=LENGTHS,
+        default="fixed",
+        help="response lengths (benchmarks/lengths.py): the engine stops each response at its drawn length, so the "
+        "rollout, the log-probs and the update all see the mix; one worker, native fused engine",
+    )
+    ap.add_argument("--max-tokens", type=int, default=0, help="trainer.max_tokens_per_micro_batch (0: rows)")
     add_run_args(ap)
     return ap
 
@@ -171,6 +180,7 @@ def step_overrides(args, path: str, offload: str) -> list[str]:
         f"engine.max_new_tokens={args.new_tokens}",
         f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
         f"trainer.micro_batch_size={args.micro}",
+        f"trainer.max_tokens_per_micro_batch={args.max_tokens}",
         f"trainer.offload={offload}",
         f"trainer.offload_lazy={not args.eager_offload}",
         "trainer.lr=1e-6",
@@ -350,7 +360,11 @@ def trainer_throughput(controller, args, path: str, device: torch.device) -> dic
 
 def main() -> None:
     """Run the benchmark the command line describes and print its JSON."""
-    args = parser().parse_args()
+    ap = parser()
+    args = ap.parse_args()
+    if args.lengths != "fixed" and args.workers != 1:
+        ap.error("--lengths caps the engine of this process: use --workers 1")
+    cap_engine_lengths(args.lengths)
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = args.offload if device.type == "cuda" else "none"
@@ -372,6 +386,12 @@ def main() -> None:
         "trainer_offload": offload,
         "offload_lazy": not args.eager_offload,
         "micro_batch_size": args.micro,
+        "max_tokens_per_micro_batch": args.max_tokens,
+        "lengths": args.lengths,
+        "response_length_mean": statistics.median(m["response/length_mean"] for m in steps),
+        "pad_frac": statistics.median(m.get("perf/pad_frac", 0.0) for m in steps),
+        "trainer_real_tokens_per_s": statistics.median(m.get("perf/trainer_tokens_per_s", 0.0) for m in steps),
+        "trainer_compiles": steps[-1].get("trainer/compiles", 0.0),
         "overrides": args.set,
         "rollout": {
             "prompts": args.prompts,

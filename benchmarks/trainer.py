@@ -2,6 +2,8 @@
 
     python -m benchmarks.trainer --shape 1.5b --variants default,eager,eager+unfused_logprobs,eager+foreach,chunk
     python -m benchmarks.trainer --shape tiny --device cpu --batch 2 --seq 64 --variants default,chunk
+    python -m benchmarks.trainer --shape 1.5b --batch 128 --seq 1280 --prompt-len 256 --lengths lognormal \
+        --max-tokens 12288 --variants default,mask
 
 Each variant is the run's actor role (`build_components`, the config's trainer.* settings plus the variant's
 overrides, --variants names them; `a+b` combines two), training on the same batch × seq tokens (prompt-len of prompt,
@@ -9,11 +11,15 @@ the rest response, all trained on), timed over --iters updates after --warmup on
 HF model, fully_shard per layer + root, bf16 mixed precision on the GPU, the model's own loss, AdamW — runs first and
 again last, so drift shows; `ratio_vs_plain` is against the median of its runs, `mfu` (GPU) is 6·N·tokens/s over the
 dense bf16 peak. --profile DIR also writes torch.profiler tables (top ops by device time) of one update of the
-baseline and of each variant. Times are the device's named in `gpu` (or the CPU's).
+baseline and of each variant. Times are the device's named in `gpu` (or the CPU's). With --lengths the responses
+take a drawn mix of lengths (benchmarks/lengths.py) instead of all running to the end: throughput then counts real
+(unpadded) tokens, of the update and of the log-prob pass, and --micro / --max-tokens split the rows by count or by
+token budget; `pad_frac` is the padding share of the positions the trainer computed.
 
-JSON: the labels (`shape`, `device`, `gpu`, versions, `params`, `batch`, `seq`, `overrides`), `plain_fsdp2_tok_s`
-(its first and last runs) and `plain_median_tok_s`, and `variants`: {name: overrides, tok_s, step_s_median, steps_s,
-build_s, warmup_s, ratio_vs_plain, and on the GPU peak_memory_gb and mfu}.
+JSON: the labels (`shape`, `device`, `gpu`, versions, `params`, `batch`, `seq`, `lengths`, `micro_batch_size`,
+`max_tokens_per_micro_batch`, `overrides`), `plain_fsdp2_tok_s` (its first and last runs) and `plain_median_tok_s`,
+and `variants`: {name: overrides, tok_s, logprob_tok_s, pad_frac, step_s_median, steps_s, build_s, warmup_s,
+ratio_vs_plain, and on the GPU peak_memory_gb and mfu}.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from benchmarks.common import (
     pick_device,
     sync,
 )
+from benchmarks.lengths import LENGTHS, draw_lengths
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
@@ -54,6 +61,8 @@ VARIANTS = {
     "unfused_logprobs": ["trainer.fused_logprobs=false"],
     "chunk": ["trainer.logprob_chunk_size=2048"],
     "eager": ["trainer.compile=false"],
+    "padded": ["trainer.padding_free=false"],
+    "mask": ["trainer.packed_attention=model"],  # transformers' block-diagonal mask (sdpa) instead of varlen
 }
 
 
@@ -67,15 +76,19 @@ def variant_overrides(name: str) -> list[str]:
     return out
 
 
-def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
-    """`batch` rows of `seq` tokens: `prompt` of prompt, the rest response, all trained on."""
+def throughput_batch(batch: int, seq: int, prompt: int, vocab: int, lengths: list[int] | None = None) -> Batch:
+    """`batch` rows of `seq` tokens: `prompt` of prompt, the rest response, all trained on; with `lengths`, row i's
+    response ends after lengths[i] tokens."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(300, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq - prompt)
+    if lengths is not None:
+        mask = (torch.arange(seq - prompt)[None] < torch.tensor(lengths)[:, None]).float()
     b = Batch(
         [r[:prompt].tolist() for r in ids],
         {
             "responses": ids[:, prompt:].clone(),
-            "response_mask": torch.ones(batch, seq - prompt),
+            "response_mask": mask,
             "engine_logprobs": torch.full((batch, seq - prompt), -11.0),
         },
     )
@@ -83,6 +96,11 @@ def throughput_batch(batch: int, seq: int, prompt: int, vocab: int) -> Batch:
     b["ref_logprobs"] = torch.full((batch, seq - prompt), -11.0)
     b["advantages"] = torch.linspace(-1, 1, batch)
     return b
+
+
+def logprob_pass(trainer, batch: Batch) -> None:
+    """The actor's no-grad log-prob pass over `batch`, as the logprob phase runs it."""
+    trainer.compute_logprobs(trainer.micro_batches(batch))
 
 
 def _timed_runs(step, device: torch.device, warmup: int, iters: int) -> list[float]:
@@ -177,6 +195,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=2, help="untimed updates first (compiles, allocator, Adam state)")
     ap.add_argument("--iters", type=int, default=5, help="timed updates per variant (the median is reported)")
     ap.add_argument("--profile", metavar="DIR", help="also write profiler tables of one update of each to DIR")
+    ap.add_argument(
+        "--lengths",
+        choices=LENGTHS,
+        default="fixed",
+        help="response lengths (benchmarks/lengths.py); throughput then counts real (unpadded) tokens",
+    )
+    ap.add_argument("--micro", type=int, default=0, help="trainer.micro_batch_size (default: --batch)")
+    ap.add_argument("--max-tokens", type=int, default=0, help="trainer.max_tokens_per_micro_batch (0: rows)")
     add_run_args(ap)
     return ap
 
@@ -186,7 +212,8 @@ def time_variant(name: str, path: str, device: torch.device, args, vocab: int) -
     parameter count, and with --profile its profiler table."""
     overrides = [
         "trainer.lr=1e-6",
-        f"trainer.micro_batch_size={args.batch}",
+        f"trainer.micro_batch_size={args.micro or args.batch}",
+        f"trainer.max_tokens_per_micro_batch={args.max_tokens}",
         "trainer.steps=1000",
         "data.train_batch_size=1",
         *args.set,
@@ -197,15 +224,23 @@ def time_variant(name: str, path: str, device: torch.device, args, vocab: int) -
     trainer = bench_worker(cfg, device, with_engine=False).actor
     params = sum(p.numel() for p in trainer.model.parameters())
     t_first = time.perf_counter()
-    update = functools.partial(trainer.update, throughput_batch(args.batch, args.seq, args.prompt_len, vocab))
+    lengths = draw_lengths(args.lengths, args.seq - args.prompt_len, args.batch)
+    tokens = args.batch * args.prompt_len + sum(lengths)  # real tokens (all of them with --lengths fixed)
+    batch = throughput_batch(args.batch, args.seq, args.prompt_len, vocab, lengths)
+    update = functools.partial(trainer.update, batch)
     times = _timed_runs(update, device, args.warmup, args.iters)
+    warmup_s = time.perf_counter() - t_first - sum(times)
+    pad_frac = trainer.meter.metrics().get("perf/pad_frac")
+    logprob_times = _timed_runs(functools.partial(logprob_pass, trainer, batch), device, 1, args.iters)
     out = {
         "overrides": variant_overrides(name),
-        "tok_s": args.batch * args.seq / statistics.median(times),
+        "tok_s": tokens / statistics.median(times),
         "step_s_median": statistics.median(times),
         "steps_s": times,
         "build_s": t_first - t_build,
-        "warmup_s": time.perf_counter() - t_first - sum(times),
+        "warmup_s": warmup_s,
+        "logprob_tok_s": tokens / statistics.median(logprob_times),
+        "pad_frac": pad_frac,
     }
     if device.type == "cuda":
         out["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -248,6 +283,9 @@ def main() -> None:
         "params": params,
         "batch": args.batch,
         "seq": args.seq,
+        "lengths": args.lengths,
+        "micro_batch_size": args.micro or args.batch,
+        "max_tokens_per_micro_batch": args.max_tokens,
         "overrides": args.set,
         "plain_fsdp2_tok_s": plain,
         "plain_median_tok_s": base,

@@ -66,6 +66,7 @@ def run(cfg: DictConfig) -> float:
     import hybridrl.data.synthetic  # noqa: F401  (registers the "synthetic" reward)
     from hybridrl.controller import Controller
     from hybridrl.models.loading import check_supported_architecture, resolve_model_path
+    from hybridrl.plan import check_fit
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
@@ -74,6 +75,7 @@ def run(cfg: DictConfig) -> float:
             check_composed(cfg)
             rc = validate(cfg)
             check_supported_architecture(resolve_model_path(rc.model), rc.model.trust_remote_code)
+            check_fit(rc)  # before any weights load: exit 2 naming the shortfall and what fits
         job_name, sweep_group = _names(hc)
         controller = Controller(rc, run_dir, OmegaConf.to_container(cfg, resolve=True), job_name, sweep_group)
         try:

@@ -40,6 +40,13 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("trainer.max_nonfinite_steps", APPLY, "failure tolerance"),
     # Speed and memory only: same math.
     ("trainer.micro_batch_size", APPLY, "gradient accumulation split only"),
+    ("trainer.max_tokens_per_micro_batch", APPLY, "gradient accumulation split only"),
+    ("trainer.logprob_max_tokens_per_micro_batch", APPLY, "speed and memory only"),
+    ("trainer.padding_free", APPLY, "input layout only: the same log-probs and gradients"),
+    ("trainer.packed_attention", APPLY, "kernel choice"),
+    ("trainer.check_fit", APPLY, "a check before any weights load"),
+    ("trainer.device_memory_gb", APPLY, "the fit check's device size"),
+    ("critic.max_tokens_per_micro_batch", APPLY, "gradient accumulation split only"),
     ("trainer.logprob_chunk_size", APPLY, "memory only"),
     ("trainer.fused_logprobs", APPLY, "kernel choice"),
     ("trainer.fused_optimizer", APPLY, "kernel choice"),

@@ -10,6 +10,8 @@ The reward phase brings them onto the device **one at a time** (peak memory: one
 
 A reward model reads text, not the policy's token ids: prompt and response are rendered again with the reward
 model's own tokenizer (its chat template when it has one), and the score is the head's output at the last token.
+A micro-batch's sequences run packed end to end in one row, as the trainer's passes do (`training/packing.py`), so no
+position is spent on padding; `trainer.padding_free=false` right-pads them instead.
 """
 
 from __future__ import annotations
@@ -157,7 +159,9 @@ class RewardModel:
         system_prompt: str | None = None,
         trust_remote_code: bool = False,
         where: str = "reward_model",
+        padding_free: bool = True,
     ) -> None:
+        from hybridrl.training.attention import use_packed_attention
         from hybridrl.training.fsdp import shard_model
         from hybridrl.training.offload import HostOffloader
 
@@ -173,6 +177,10 @@ class RewardModel:
         if isinstance(head, torch.nn.Module):  # the decoder families' head: per-token scores before pooling
             head.register_forward_hook(self._keep_head_output)
         self.per_token_head = isinstance(head, torch.nn.Module)
+        # Packing needs the per-token head (the score is read at each sequence's own last position).
+        self.packed = padding_free and self.per_token_head
+        if self.packed:
+            use_packed_attention(model, "auto", getattr(model.config, "_attn_implementation", "sdpa"))
         self.model = shard_model(model, mesh, precision.policy)
         self.offloader = HostOffloader(
             lambda: list(self.model.parameters()), device, enabled=cfg.offload and device.type == "cuda"
@@ -241,6 +249,8 @@ class RewardModel:
             return [
                 self.model(input_ids=torch.tensor([s], device=self.device)).logits[0, 0].float().item() for s in seqs
             ]
+        if self.packed:
+            return self._score_packed(seqs)
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -251,3 +261,14 @@ class RewardModel:
         per_token, self._head_out = self._head_out, None
         last = torch.tensor([len(s) - 1 for s in seqs], device=per_token.device)
         return per_token[torch.arange(len(seqs), device=per_token.device), last, 0].float().cpu().tolist()
+
+    def _score_packed(self, seqs: list[list[int]]) -> list[float]:
+        """The head's output at each sequence's last token, the sequences packed in one row."""
+        from hybridrl.training.packing import pack_rows
+
+        empty = torch.zeros((len(seqs), 0), dtype=torch.long)
+        packed = pack_rows(seqs, empty, empty, [0] * len(seqs), self.pad_id).to(self.device)
+        self.model(**packed.model_inputs(), use_cache=False)
+        per_token, self._head_out = self._head_out, None
+        last = packed.cu_seqlens[1 : len(seqs) + 1].long() - 1
+        return per_token[0, last, 0].float().cpu().tolist()

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybridrl.errors import ConfigError
+from hybridrl.training.attention import PACKED_ATTENTION
+from hybridrl.training.micro_batches import Batching
 
 OFFLOAD_PARTS = ("params", "optimizer")
 
@@ -62,7 +64,24 @@ class TrainerConfig:
     mini_batch_size: int = 0
     """Sequences per optimizer step across all ranks; 0 = the whole rollout batch (one step per epoch)."""
     micro_batch_size: int = 16
-    """Sequences per forward/backward on one rank (gradients accumulate over micro-batches)."""
+    """Sequences per forward/backward on one rank (gradients accumulate over micro-batches); unused under a token
+    budget (max_tokens_per_micro_batch)."""
+    max_tokens_per_micro_batch: int = 0
+    """Token budget (prompt + response) of one forward/backward on one rank instead of a row count (verl's
+    use_dynamic_bsz with ppo_max_token_len_per_gpu): rows are spread over the fewest micro-batches that stay within
+    it, tokens balanced, the same number on every rank; a longer sequence runs alone. 0 = micro_batch_size rows."""
+    logprob_max_tokens_per_micro_batch: int = 0
+    """Token budget of the no-grad passes (old and reference log-probs), which keep no activations and can take more
+    (verl's log_prob_max_token_len_per_gpu); 0 = max_tokens_per_micro_batch."""
+    padding_free: bool = True
+    """Pack each micro-batch's sequences end to end in one row, attention kept within each sequence, so no position
+    is spent on padding (verl's use_remove_padding); false right-pads rows to the longest (for a model whose
+    attention ignores packed position_ids)."""
+    packed_attention: str = "auto"
+    """How packed sequences are kept apart: varlen (one variable-length attention call: FlashAttention's varlen
+    kernel on GPU, one causal sdpa per sequence on CPU), model (model.attn_implementation on the packed
+    position_ids: flash_attention_2 reads the boundaries, sdpa/eager build a [tokens, tokens] block mask), or auto
+    (varlen for sdpa, the model's own otherwise)."""
     ppo_epochs: int = 1
     """Passes over the rollout batch per iteration."""
     param_dtype: str = "auto"
@@ -98,6 +117,11 @@ class TrainerConfig:
     (CUDA-graph pools, sampler buffers)."""
     device: str = "auto"
     """auto (cuda if available), cpu or cuda."""
+    check_fit: bool = True
+    """Before any weights load, estimate each phase's peak device memory (`python -m hybridrl.plan` prints the
+    table) and stop with exit code 2, naming the shortfall and settings that fit, if one would not fit."""
+    device_memory_gb: Optional[float] = None
+    """Device memory (GiB) the fit check plans for; None = what the GPU reports (no check on a CPU device)."""
     seed: int = 0
     """Seed for initialization-time randomness and sampling seeds (per rank and step)."""
     save_every: int = 0
@@ -115,6 +139,15 @@ class TrainerConfig:
         """The parts named by `offload`."""
         return set(parse_offload(self.offload))
 
+    def update_batching(self) -> Batching:
+        """How the update's passes split a rank's rows."""
+        return Batching(self.micro_batch_size, self.max_tokens_per_micro_batch, self.padding_free)
+
+    def logprob_batching(self) -> Batching:
+        """How the no-grad log-prob passes (actor and reference) split a rank's rows."""
+        budget = self.logprob_max_tokens_per_micro_batch or self.max_tokens_per_micro_batch
+        return Batching(self.micro_batch_size, budget, self.padding_free)
+
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"trainer.steps must be >= 1, got {self.steps}")
@@ -127,6 +160,14 @@ class TrainerConfig:
         if not math.isfinite(self.offload_headroom_gb) or self.offload_headroom_gb < 0:
             raise ConfigError(
                 f"trainer.offload_headroom_gb must be a finite number >= 0, got {self.offload_headroom_gb}"
+            )
+        if self.packed_attention not in PACKED_ATTENTION:
+            raise ConfigError(
+                f"trainer.packed_attention must be one of {', '.join(PACKED_ATTENTION)}, got {self.packed_attention!r}"
+            )
+        if self.device_memory_gb is not None and not self.device_memory_gb > 0:
+            raise ConfigError(
+                f"trainer.device_memory_gb must be > 0 (or null: the device's own), got {self.device_memory_gb}"
             )
         if self.micro_batch_size < 1:
             raise ConfigError(f"trainer.micro_batch_size must be >= 1, got {self.micro_batch_size}")
@@ -147,6 +188,8 @@ class TrainerConfig:
             "eval_samples",
             "max_nonfinite_steps",
             "fsdp_layers_per_unit",
+            "max_tokens_per_micro_batch",
+            "logprob_max_tokens_per_micro_batch",
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")

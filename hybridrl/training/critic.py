@@ -26,13 +26,16 @@ import torch
 from hybridrl.algorithms import AlgorithmConfig, aggregation_denominator, clipped_value_loss
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
+from hybridrl.training.attention import use_packed_attention
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.critic_config import CriticConfig
 from hybridrl.training.fsdp import Precision, compile_layers, reshard_units, shard_model, use_compile
 from hybridrl.training.learner import FSDPLearner
-from hybridrl.training.logprobs import pack_sequences
+from hybridrl.training.logprobs import pad_sequences
+from hybridrl.training.micro_batches import MicroBatch, make_micro_batches, scatter_rows
 from hybridrl.training.offload import timed_moves
-from hybridrl.training.trainer import MicroBatch, micro_batches
+from hybridrl.training.packing import PackedRows
+from hybridrl.training.pass_meter import PassMeter
 
 log = logging.getLogger(__name__)
 # The value head's [B, L, 1] output reaches us as a view; we never modify it in place, which is what FSDP2 warns of.
@@ -87,17 +90,31 @@ def response_values(
 ) -> torch.Tensor:
     """The value model's V(s_t) for every response token, response-aligned [B, R] in float32, 0 at padding.
 
-    Rows are packed right-padded (`pack_sequences`); token t of row i is scored at position plen_i - 1 + t, the
+    Rows are right-padded (`pad_sequences`); token t of row i is scored at position plen_i - 1 + t, the
     last token of the state it was sampled in (verl: `values[:, -response_length - 1 : -1]` on left-padded rows).
     """
     device = responses.device
-    ids, attn, plens = pack_sequences(prompts, responses, response_mask, pad_id)
+    ids, attn, plens = pad_sequences(prompts, responses, response_mask, pad_id)
     out = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits[..., 0].float()
     R = responses.shape[1]
     idx = torch.tensor(plens, device=device)[:, None] - 1 + torch.arange(R, device=device)[None, :]
     values = out.gather(1, idx.clamp(max=out.shape[1] - 1))
     mask = response_mask.to(device)
     return torch.where(mask > 0, values, torch.zeros_like(values))
+
+
+def packed_values(model: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
+    """`response_values` of a packed micro-batch: the head's output at the position before each masked response
+    token (`PackedRows.kept`), response-aligned [rows, R] in float32, 0 elsewhere."""
+    out = model(**packed.model_inputs(), use_cache=False).logits[0, :, 0].float()
+    return packed.scatter(out[packed.kept])
+
+
+def micro_values(model: torch.nn.Module, m: MicroBatch) -> torch.Tensor:
+    """V(s_t) [rows, R] of one micro-batch, packed or padded as it was built."""
+    if m.packed is not None:
+        return packed_values(model, m.packed)
+    return response_values(model, m.batch.prompts, m.responses, m.mask, m.pad_id)
 
 
 class Critic(FSDPLearner):
@@ -120,9 +137,12 @@ class Critic(FSDPLearner):
     ) -> None:
         self.cfg, self.algo, self.pad_token_id = cfg, algo, pad_token_id
         self.mini_batch_size, self.micro_batch_size, self.ppo_epochs = cfg.batching(trainer)
+        self.micro_batching = cfg.micro_batching(trainer)
         self.world = mesh.size()
         precision = Precision.for_device(trainer.param_dtype, device)
         model = load_value_model(model_path, model_cfg, torch.float32, device, head_seed)
+        if trainer.padding_free:
+            use_packed_attention(model, trainer.packed_attention, model_cfg.attn_implementation)
         if model_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if use_compile(trainer.compile, model_cfg.gradient_checkpointing, device):
@@ -134,6 +154,7 @@ class Critic(FSDPLearner):
             device,
             total_optimizer_steps,
         )
+        self.meter = PassMeter()  # the actor's, on a worker (`workers/build.py`)
 
     # -- memory (the base class moves synchronously; the critic's copies hide behind other roles) ----
     def onload_params(self, wait: bool = True) -> dict[str, float]:
@@ -166,16 +187,17 @@ class Critic(FSDPLearner):
 
     # -- values ---------------------------------------------------------------------------
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
-        """The critic's micro-batches of `batch`, on its device."""
-        return micro_batches(batch, self.micro_batch_size, self.device)
+        """The critic's micro-batches of `batch`, packed on its device (collective under a token budget)."""
+        return make_micro_batches(batch, self.micro_batching, self.device, self.pad_token_id)
 
     @torch.no_grad()
     def compute_values(self, micro: list[MicroBatch]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """The rollout's values [B, R] (what GAE and the value clip use), and the onload wait it joined first."""
         stats = self._join_params()
         self.model.eval()
-        out = [response_values(self.model, mb.prompts, resp, mask, self.pad_token_id).cpu() for mb, resp, mask in micro]
-        return {"values": torch.cat(out)}, stats
+        with self.meter.timed(micro):
+            out = [micro_values(self.model, m).cpu() for m in micro]
+        return {"values": scatter_rows(out, micro, sum(len(m.rows) for m in micro))}, stats
 
     # -- update ---------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
@@ -192,10 +214,12 @@ class Critic(FSDPLearner):
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         tokens = torch.zeros(3)  # clipped tokens, sum of predictions, tokens
+        t0, passes = time.perf_counter(), []
         for _epoch in range(self.ppo_epochs):
             for mb_batch in batch.chunks(mini):
-                micro = mb_batch.chunks(self.micro_batch_size)
-                denom = sum(aggregation_denominator(m["response_mask"], mode) for m in micro)
+                micro = self.micro_batches(mb_batch)
+                passes += micro
+                denom = aggregation_denominator(mb_batch["response_mask"], mode)
                 normalizer = self._global_sum(torch.as_tensor(denom)) / self.world
                 loss_sum = 0.0
                 for m in micro:
@@ -207,16 +231,20 @@ class Critic(FSDPLearner):
                 counts["critic/value_loss"] += 1
                 sums["critic/grad_norm"] += self.optimizer_step()
                 counts["critic/grad_norm"] += 1
+        self.meter.record(passes, time.perf_counter() - t0)
         out = {k: sums[k] / counts[k] for k in sums}
         tokens = self._global_sum(tokens).tolist()
         out["critic/vf_clipfrac"] = tokens[0] / max(tokens[2], 1.0)
         out["critic/vpred_mean"] = tokens[1] / max(tokens[2], 1.0)
         out["critic/lr"] = self.scheduler.get_last_lr()[0]
+        out.update(self.meter.metrics())  # the actor's update, when it runs, reports the whole step's
         return out
 
-    def _micro_step(self, mb: Batch, normalizer: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, torch.Tensor]]:
-        resp, mask = mb["responses"].to(self.device), mb["response_mask"].to(self.device).float()
-        vpred = response_values(self.model, mb.prompts, resp, mask, self.pad_token_id)
+    def _micro_step(
+        self, m: MicroBatch, normalizer: torch.Tensor
+    ) -> tuple[float, torch.Tensor, dict[str, torch.Tensor]]:
+        mb, mask = m.batch, m.mask.float()
+        vpred = micro_values(self.model, m)
         loss, metrics = clipped_value_loss(
             vpred,
             mb["values"].to(self.device),

@@ -12,6 +12,7 @@ from typing import Optional
 
 from hybridrl.errors import ConfigError
 from hybridrl.training.config import TrainerConfig
+from hybridrl.training.micro_batches import Batching
 
 OFFLOAD_PARTS = ("params", "optimizer")
 """What `critic.offload` may name (the parts `FSDPLearner` moves)."""
@@ -72,6 +73,9 @@ class CriticConfig:
     """Sequences per optimizer step across all ranks; None = trainer.mini_batch_size (0 = the whole batch)."""
     micro_batch_size: Optional[int] = None
     """Sequences per forward/backward on one rank; None = trainer.micro_batch_size."""
+    max_tokens_per_micro_batch: Optional[int] = None
+    """Token budget of one forward/backward on one rank (values and update; 0 = micro_batch_size rows);
+    None = trainer.max_tokens_per_micro_batch."""
     ppo_epochs: Optional[int] = None
     """Passes over the rollout batch per step; None = trainer.ppo_epochs."""
     offload: Optional[str] = None
@@ -90,7 +94,12 @@ class CriticConfig:
         for key in ("lr_warmup_steps", "warmup_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"critic.{key} must be >= 0, got {getattr(self, key)}")
-        for key, least in (("mini_batch_size", 0), ("micro_batch_size", 1), ("ppo_epochs", 1)):
+        for key, least in (
+            ("mini_batch_size", 0),
+            ("micro_batch_size", 1),
+            ("ppo_epochs", 1),
+            ("max_tokens_per_micro_batch", 0),
+        ):
             value = getattr(self, key)
             if value is not None and value < least:
                 raise ConfigError(f"critic.{key} must be >= {least}, got {value}")
@@ -130,6 +139,13 @@ class CriticConfig:
             pick(self.micro_batch_size, trainer.micro_batch_size),
             pick(self.ppo_epochs, trainer.ppo_epochs),
         )
+
+    def micro_batching(self, trainer: TrainerConfig) -> Batching:
+        """How its values and update passes split a rank's rows (packed when the actor's are)."""
+        budget = trainer.max_tokens_per_micro_batch
+        if self.max_tokens_per_micro_batch is not None:
+            budget = self.max_tokens_per_micro_batch
+        return Batching(self.batching(trainer)[1], budget, trainer.padding_free)
 
     def changed_keys(self) -> list[str]:
         """The `critic.*` keys set away from their defaults (what a run without a critic refuses)."""

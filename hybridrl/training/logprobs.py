@@ -1,4 +1,5 @@
-"""Per-token log-probs and entropy of a batch of responses under a causal LM."""
+"""Per-token log-probs and entropy of a batch of responses under a causal LM: packed (`packed_logprobs`, what the
+trainer runs by default) or right-padded (`response_logprobs`, `trainer.padding_free=false`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import torch
 from hybridrl.training import logprob_kernel
 from hybridrl.training.chunked_logprobs import logprob_head
 from hybridrl.training.logprob_kernel import fused_token_logprobs
+from hybridrl.training.packing import PackedRows
 
 
-def pack_sequences(prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int):
+def pad_sequences(prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int):
     """Right-padded prompt+response token ids [B, L], attention mask, and each row's prompt length.
 
     `responses` [B, R] is response-aligned (column j = the j-th generated token).
@@ -74,7 +76,7 @@ def response_logprobs(
     from `chunked_logprobs` (no [tokens, vocab] float32 logits kept for the backward).
     """
     device = responses.device
-    ids, attn, plens = pack_sequences(
+    ids, attn, plens = pad_sequences(
         prompts, responses, response_mask if attention_mask is None else attention_mask, pad_id
     )
     ids, attn = ids.to(device), attn.to(device)
@@ -98,3 +100,27 @@ def response_logprobs(
     logp = lp.gather(1, idx) * mask
     entropy = ent.gather(1, idx) * mask if ent is not None else None
     return logp, entropy
+
+
+def packed_logprobs(
+    model: torch.nn.Module,
+    packed: PackedRows,
+    temperature: float,
+    with_entropy: bool = False,
+    chunk_size: int = 0,
+    kernel: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` of a packed micro-batch (`training/packing.py`): the same values, response-aligned
+    [rows, R] and 0 off the response mask, from one row of real tokens; logits only at the positions that predict
+    a masked response token."""
+    targets = packed.targets[None]
+    inputs = packed.model_inputs()
+    if chunk_size > 0:
+        with logprob_head(model, targets, temperature, chunk_size, with_entropy):
+            out = model(**inputs, use_cache=False, logits_to_keep=packed.kept).logits
+        lp, ent = out[0, :, 0], (out[0, :, 1] if with_entropy else None)
+    else:
+        logits = model(**inputs, use_cache=False, logits_to_keep=packed.kept).logits  # [1, K, V]
+        lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy, kernel)
+        lp, ent = lp[0], (ent[0] if ent is not None else None)
+    return packed.scatter(lp), (packed.scatter(ent) if ent is not None else None)

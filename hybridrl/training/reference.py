@@ -14,10 +14,13 @@ import torch
 
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
+from hybridrl.training.attention import use_packed_attention
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.fsdp import Precision, compile_layers, reshard_units, shard_model, use_compile
+from hybridrl.training.micro_batches import MicroBatch, scatter_rows
 from hybridrl.training.offload import HostOffloader, timed_moves
-from hybridrl.training.trainer import MicroBatch, model_logprobs
+from hybridrl.training.pass_meter import PassMeter
+from hybridrl.training.trainer import model_logprobs
 
 
 class Reference:
@@ -41,12 +44,15 @@ class Reference:
         self.pad_token_id, self.temperature = pad_token_id, temperature
         precision = Precision.for_device(cfg.param_dtype, device)
         model = load_causal_lm(model_path, model_cfg, precision.frozen_dtype, device).eval().requires_grad_(False)
+        if cfg.padding_free:
+            use_packed_attention(model, cfg.packed_attention, model_cfg.attn_implementation)
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
         self.model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)
         self.offloader = HostOffloader(
             lambda: list(self.model.parameters()), device, enabled=offload and device.type == "cuda"
         )
+        self.meter = PassMeter()  # the actor's, on a worker (`workers/build.py`)
 
     def onload(self, wait: bool = True) -> dict[str, float]:
         """Parameters back on the device; with wait=False on a side stream (joined by `compute_logprobs`)."""
@@ -70,11 +76,13 @@ class Reference:
 
     @torch.no_grad()
     def compute_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
-        """Reference log-probs of the response tokens (joins an onload still in flight first)."""
+        """Reference log-probs of the response tokens in the batch's row order (joins an onload still in flight
+        first); `micro` are the actor's micro-batches, packed once for both."""
         self.offloader.onload()  # a no-op after onload(wait=False), except to cancel an unfinished offload
         self.offloader.wait()
-        out = [model_logprobs(self.model, m, self.cfg, self.temperature, self.pad_token_id)[0].cpu() for m in micro]
-        return {"ref_logprobs": torch.cat(out)}
+        with self.meter.timed(micro):
+            out = [model_logprobs(self.model, m, self.cfg, self.temperature)[0].cpu() for m in micro]
+        return {"ref_logprobs": scatter_rows(out, micro, sum(len(m.rows) for m in micro))}
 
     def memory_stats(self) -> dict[str, float]:
         """GiB of the reference's parameters on the device and in host memory."""

@@ -2,7 +2,7 @@
 
 Its part of one iteration (the worker calls these; the reference and the engine are separate roles)::
 
-    micro = trainer.micro_batches(batch)                     # phase "logprob": device copies, shared with the ref
+    micro = trainer.micro_batches(batch)                     # phase "logprob": packed once, shared with the ref
     old_logp, entropy = trainer.compute_logprobs(micro)
     ref_logp = trainer.compute_ref_logprobs(micro)           # with LoRA only: the base, adapters off
     metrics = trainer.update(batch)                          # phase "update"
@@ -11,6 +11,7 @@ Its part of one iteration (the worker calls these; the reference and the engine 
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import torch
@@ -26,20 +27,14 @@ from hybridrl.algorithms import (
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
+from hybridrl.training.attention import use_packed_attention
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.fsdp import Precision, compile_layers, shard_model, use_compile
 from hybridrl.training.learner import FSDPLearner
-from hybridrl.training.logprobs import response_logprobs
+from hybridrl.training.logprobs import packed_logprobs, response_logprobs
 from hybridrl.training.lora import check_target_modules, lora_memory_stats, wrap_with_lora
-
-#: One micro-batch as the log-prob passes take it: the rows, and their responses and mask already on the device.
-MicroBatch = tuple[Batch, torch.Tensor, torch.Tensor]
-
-
-def micro_batches(batch: Batch, size: int, device: torch.device) -> list[MicroBatch]:
-    """`batch` in chunks of `size` rows, each with device copies of its responses and mask (made once, read by
-    every model that scores the batch)."""
-    return [(mb, mb["responses"].to(device), mb["response_mask"].to(device)) for mb in batch.chunks(size)]
+from hybridrl.training.micro_batches import MicroBatch, make_micro_batches, scatter_rows
+from hybridrl.training.pass_meter import PassMeter
 
 
 def attention_mask(mb: Batch) -> torch.Tensor | None:
@@ -49,27 +44,26 @@ def attention_mask(mb: Batch) -> torch.Tensor | None:
 
 
 def model_logprobs(
-    model: torch.nn.Module,
-    micro: MicroBatch,
-    cfg: TrainerConfig,
-    temperature: float,
-    pad_id: int,
-    with_entropy: bool = False,
+    model: torch.nn.Module, m: MicroBatch, cfg: TrainerConfig, temperature: float, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`response_logprobs` of one micro-batch with the trainer's temperature, padding and kernels."""
-    mb, resp, mask = micro
-    attn = attention_mask(mb)
+    """Log-probs (and entropies) [rows, R] of one micro-batch's response tokens, packed or padded as it was built,
+    with the trainer's temperature and kernels."""
+    if m.packed is not None:
+        return packed_logprobs(
+            model, m.packed, temperature, with_entropy, chunk_size=cfg.logprob_chunk_size, kernel=cfg.fused_logprobs
+        )
+    attn = attention_mask(m.batch)
     return response_logprobs(
         model,
-        mb.prompts,
-        resp,
-        mask,
+        m.batch.prompts,
+        m.responses,
+        m.mask,
         temperature,
-        pad_id,
+        m.pad_id,
         with_entropy=with_entropy,
         chunk_size=cfg.logprob_chunk_size,
         kernel=cfg.fused_logprobs,
-        attention_mask=None if attn is None else attn.to(resp.device),
+        attention_mask=None if attn is None else attn.to(m.device),
     )
 
 
@@ -105,6 +99,8 @@ class Trainer(FSDPLearner):
             model = load_causal_lm(model_path, model_cfg, torch.float32, device)
         #: With LoRA and a KL term the actor scores the reference too: its base, adapters off (no second copy).
         self.serves_reference = self.peft is not None and algo.uses_reference
+        if cfg.padding_free:
+            use_packed_attention(model, cfg.packed_attention, model_cfg.attn_implementation)
         if model_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
@@ -115,23 +111,29 @@ class Trainer(FSDPLearner):
             frozen = {p for p in model.parameters() if not p.requires_grad}
         model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward, frozen)
         super().__init__(model, cfg, cfg.offload_parts(), device, total_optimizer_steps)
+        #: Tokens, padding and time of the step's trainer passes (shared with the reference and critic on a worker).
+        self.meter = PassMeter()
 
     # -- log-probs ------------------------------------------------------------------------
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
-        """This trainer's micro-batches of `batch`, on its device."""
-        return micro_batches(batch, self.cfg.micro_batch_size, self.device)
+        """This rank's log-prob micro-batches of `batch` (`trainer.logprob_batching`), packed on its device
+        (collective under a token budget)."""
+        return make_micro_batches(batch, self.cfg.logprob_batching(), self.device, self.pad_token_id)
 
     @torch.no_grad()
     def compute_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
         """Old (this policy, before the update) log-probs of the response tokens and the policy's per-token
-        entropy (the `actor/entropy` metric)."""
+        entropy (the `actor/entropy` metric), in the batch's row order. The step's first trainer pass."""
+        self.meter.start_step()
         self.model.eval()
         logps, ents = [], []
-        for m in micro:
-            lp, ent = model_logprobs(self.model, m, self.cfg, self.temperature, self.pad_token_id, with_entropy=True)
-            logps.append(lp.cpu())
-            ents.append(ent.cpu())
-        return {"old_logprobs": torch.cat(logps), "entropy": torch.cat(ents)}
+        with self.meter.timed(micro):
+            for m in micro:
+                lp, ent = model_logprobs(self.model, m, self.cfg, self.temperature, with_entropy=True)
+                logps.append(lp.cpu())
+                ents.append(ent.cpu())
+        n = sum(len(m.rows) for m in micro)
+        return {"old_logprobs": scatter_rows(logps, micro, n), "entropy": scatter_rows(ents, micro, n)}
 
     @torch.no_grad()
     def compute_ref_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
@@ -139,9 +141,9 @@ class Trainer(FSDPLearner):
         if self.peft is None:
             raise RuntimeError("the actor scores the reference only with LoRA (model.lora); use the ref role")
         self.model.eval()
-        with self.peft.disable_adapter():
-            out = [model_logprobs(self.model, m, self.cfg, self.temperature, self.pad_token_id)[0].cpu() for m in micro]
-        return {"ref_logprobs": torch.cat(out)}
+        with self.peft.disable_adapter(), self.meter.timed(micro):
+            out = [model_logprobs(self.model, m, self.cfg, self.temperature)[0].cpu() for m in micro]
+        return {"ref_logprobs": scatter_rows(out, micro, sum(len(m.rows) for m in micro))}
 
     def memory_stats(self) -> dict[str, float]:
         """The learner's figures, and with LoRA the adapter / frozen-base split."""
@@ -152,34 +154,46 @@ class Trainer(FSDPLearner):
 
     # -- update ---------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        """PPO-clip epochs over this rank's shard of the batch; returns averaged actor metrics."""
+        """PPO-clip epochs over this rank's shard of the batch; returns the actor's metrics.
+
+        `actor/pg_loss` is each mini-batch's loss (the sum of its micro-batches' shares, averaged over mini-batches
+        and epochs); the per-token figures (clip fractions, ppo_kl, ratio_mean, kl) are token-weighted over all
+        ranks; so neither depends on how rows were split into micro-batches or over workers."""
         cfg, algo = self.cfg, self.algo
         self.model.train()
         n_local = len(batch)
         mini = n_local if cfg.mini_batch_size == 0 else max(1, cfg.mini_batch_size // self.world)
         skipped_before = self.nonfinite_total
         sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-
-        def record(key: str, value: float) -> None:
-            sums[key] += float(value)
-            counts[key] += 1
-
+        weighted: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # key -> [sum of value * tokens, tokens]
+        steps = 0
+        t0, passes = time.perf_counter(), []
         for _epoch in range(cfg.ppo_epochs):
             for mb_batch in batch.chunks(mini):
-                micro = mb_batch.chunks(cfg.micro_batch_size)
+                micro = make_micro_batches(mb_batch, cfg.update_batching(), self.device, self.pad_token_id)
+                passes += micro
                 # Normalize by the whole mini-batch over all ranks, so accumulation over
                 # micro-batches and FSDP's gradient averaging over ranks equal one big batch.
-                denom = sum(aggregation_denominator(loss_mask(m), algo.loss_agg_mode) for m in micro)
+                denom = aggregation_denominator(loss_mask(mb_batch), algo.loss_agg_mode)
                 normalizer = self._global_sum(torch.as_tensor(denom)) / self.world
                 for i, m in enumerate(micro):
                     self._gradient_sync(last_micro_batch=i == len(micro) - 1)
-                    for k, v in self._micro_step(m, normalizer).items():
-                        record(k, v)
-                record("actor/grad_norm", self.optimizer_step())
-        out = {k: sums[k] / counts[k] for k in sums}
+                    share, stats = self._micro_step(m, normalizer)
+                    sums["actor/pg_loss"] += share
+                    for k, (value, tokens) in stats.items():
+                        weighted[k][0] += value * tokens
+                        weighted[k][1] += tokens
+                sums["actor/grad_norm"] += self.optimizer_step()
+                steps += 1
+        self.meter.record(passes, time.perf_counter() - t0)
+        out = {k: v / steps for k, v in sums.items()}
+        keys = sorted(weighted)  # the same on every rank: they follow the config and the batch's keys
+        if keys:
+            totals = self._global_sum(torch.tensor([weighted[k] for k in keys])).tolist()
+            out.update({k: s / max(n, 1.0) for k, (s, n) in zip(keys, totals)})
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         out["actor/nonfinite_steps"] = self.nonfinite_total - skipped_before
+        out.update(self.meter.metrics())
         return out
 
     def _gradient_sync(self, last_micro_batch: bool) -> None:
@@ -188,32 +202,34 @@ class Trainer(FSDPLearner):
         if self.world > 1 and self.cfg.defer_grad_sync:
             self.model.set_requires_gradient_sync(last_micro_batch)
 
-    def _micro_step(self, mb: Batch, normalizer: torch.Tensor) -> dict[str, float]:
-        algo = self.algo
-        resp, mask = mb["responses"].to(self.device), mb["response_mask"].to(self.device).float()
+    def _micro_step(self, m: MicroBatch, normalizer: torch.Tensor) -> tuple[float, dict[str, tuple[float, float]]]:
+        """Forward and backward of one micro-batch: its share of the mini-batch loss, and each per-token metric
+        with the number of tokens it is the mean over."""
+        algo, mb = self.algo, m.batch
+        mask = m.mask.float()
         # The entropy needs a full softmax over the vocabulary: in the graph only when it is in the loss;
         # as a metric it comes from the no-grad log-prob pass (`compute_logprobs`).
         with_entropy = algo.entropy_coef > 0
-        logp, entropy = model_logprobs(
-            self.model, (mb, resp, mask), self.cfg, self.temperature, self.pad_token_id, with_entropy=with_entropy
-        )
+        logp, entropy = model_logprobs(self.model, m, self.cfg, self.temperature, with_entropy=with_entropy)
         old = mb["old_logprobs"].to(self.device)
         # Tokens a rollout correction dropped are out of every term of the loss and of its normalizer.
         lmask = loss_mask(mb).to(self.device).float()
         is_w = mb["is_weights"].to(self.device) if "is_weights" in mb else None
         loss, pm = policy_loss(algo, logp, old, mb["advantages"].to(self.device), lmask, normalizer, is_weights=is_w)
-        metrics = {"actor/pg_loss": loss.item(), **{f"actor/{k}": float(v) for k, v in pm.items()}}
+        share = loss.item()
+        n_loss, n_resp = lmask.sum().item(), mask.sum().item()
+        metrics = {f"actor/{k}": (float(v), n_loss) for k, v in pm.items()}
         if "ref_logprobs" in mb:
             kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), algo.kl_estimator)
-            metrics["actor/kl"] = masked_mean(kl, mask).item()
+            metrics["actor/kl"] = (masked_mean(kl, mask).item(), n_resp)
             if algo.kl_in_loss:
                 kl_loss = aggregate(kl, lmask, algo.loss_agg_mode, normalizer=normalizer)
                 loss = loss + algo.kl_coef * kl_loss
         if with_entropy:
             loss = loss - algo.entropy_coef * aggregate(entropy, lmask, algo.loss_agg_mode, normalizer=normalizer)
-            metrics["actor/entropy_in_update"] = masked_mean(entropy.detach(), mask).item()
+            metrics["actor/entropy_in_update"] = (masked_mean(entropy.detach(), mask).item(), n_resp)
         loss.backward()
-        return metrics
+        return share, metrics
 
 
 def loss_mask(mb: Batch) -> torch.Tensor:

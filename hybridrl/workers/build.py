@@ -25,6 +25,7 @@ from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
 from hybridrl.errors import ConfigError
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
+from hybridrl.plan import Plan, make_plan
 from hybridrl.reshard import Resharder
 from hybridrl.rewards import resolve_reward
 from hybridrl.rewards.combine import RewardScorer
@@ -63,6 +64,8 @@ class Components:
     """The reward phase: the function and the reward models, combined."""
     agent_loop: AgentLoop | None = None
     """The multi-turn agent loop (rollout=agent), driving the engine through requests; None for single-turn."""
+    memory_plan: Plan | None = None
+    """The estimate of each phase's peak device memory (`hybridrl/plan.py`), logged beside the measured peaks."""
 
     def roles(self) -> dict[str, Any]:
         """Every role present, by name: what memory reports and checkpoints iterate over."""
@@ -126,14 +129,45 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device, w
             offload=cfg.ref.resolve_offload(cfg.trainer),
         )
     critic = build_critic(cfg, model_path, device, mesh, pad) if cfg.algorithm.needs_critic else None
+    for role in (ref, critic):  # one meter counts the step's trainer passes, whichever role runs them
+        if role is not None:
+            role.meter = actor.meter
     reward_models = build_reward_models(cfg, device, mesh)
     rollout = build_rollout(cfg, model_path, tokenizer, device, topology, actor.model) if with_engine else None
     reward_fn = RemoteReward(cfg.reward.remote) if cfg.reward.spec == "remote" else resolve_reward(cfg.reward.spec)
     scorer = RewardScorer(reward_fn, tokenizer, cfg.reward, reward_models)
     agent_loop = AgentLoop(cfg.agent, tokenizer) if cfg.rollout.name == "agent" else None
     return Components(
-        topology, device, tokenizer, actor, ref, rollout, reward_fn, critic, reward_models, scorer, agent_loop
+        topology,
+        device,
+        tokenizer,
+        actor,
+        ref,
+        rollout,
+        reward_fn,
+        critic,
+        reward_models,
+        scorer,
+        agent_loop,
+        memory_plan=memory_plan(cfg, device),
     )
+
+
+def memory_plan(cfg: RunConfig, device: torch.device) -> Plan | None:
+    """The estimate logged beside the measured peaks; None (said once) where the model's skeleton cannot be built
+    from its config alone: the estimate is a report here, the run's own check has already passed."""
+    try:
+        return make_plan(cfg, device_bytes(cfg, device))
+    except Exception as e:  # noqa: BLE001 - a missing estimate must not stop a run
+        log.warning("memory estimate unavailable (%s: %s); memory/estimate_gb is not logged", type(e).__name__, e)
+        return None
+
+
+def device_bytes(cfg: RunConfig, device: torch.device) -> float | None:
+    """This worker's device memory as the plan sees it: trainer.device_memory_gb, else the GPU's size."""
+    if cfg.trainer.device_memory_gb is not None:
+        return cfg.trainer.device_memory_gb * 2**30
+    return float(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else None
 
 
 def build_critic(cfg: RunConfig, policy_path: str, device: torch.device, mesh, pad_token_id: int) -> Critic:
@@ -178,6 +212,7 @@ def build_reward_models(cfg: RunConfig, device: torch.device, mesh) -> list[Rewa
                     cfg.data.system_prompt,
                     cfg.model.trust_remote_code,
                     where,
+                    padding_free=cfg.trainer.padding_free,
                 )
             )
     return out

@@ -21,6 +21,7 @@ from hybridrl.config import RunConfig
 from hybridrl.cpu_threads import configure_threads
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import resolve_model_path
+from hybridrl.plan import estimate_report
 from hybridrl.rewards.base import RewardScores
 from hybridrl.workers.build import build_components
 from hybridrl.workers.device_room import DeviceRoom
@@ -209,6 +210,8 @@ class HybridWorker:
         report = dict(self.memory)
         for name, role in self.roles.roles().items():
             report[f"roles/{name}"] = role.memory_stats()
+        if self.roles.memory_plan is not None:  # the estimate beside the measured peaks (`hybridrl/plan.py`)
+            report.update(estimate_report(self.roles.memory_plan.estimate_gb(), self.memory))
         return report
 
     def shutdown(self) -> None:

@@ -1,0 +1,229 @@
+"""The memory estimate: its arithmetic by hand, its activation count against what torch saves, the plan and the
+fit check (a pretend device size on the CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from hybridrl.config import RunConfig
+from hybridrl.errors import HybridRLError
+from hybridrl.models.config import ModelConfig
+from hybridrl.plan import check_fit, estimate_report, main, make_plan, model_dims
+from hybridrl.training.config import TrainerConfig
+from hybridrl.training.memory_estimate import (
+    EngineMemory,
+    GiB,
+    MemoryInputs,
+    ModelDims,
+    activation_bytes_per_token,
+    estimate_phases,
+)
+
+#: Published shapes of Qwen2.5 (their config.json), to plan for without any weights.
+QWEN25 = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> dict[str, str]:
+    """config.json folders of the three shapes (no weights)."""
+    root = tmp_path_factory.mktemp("shapes")
+    out = {}
+    for name, kw in QWEN25.items():
+        config = transformers.Qwen2Config(architectures=["Qwen2ForCausalLM"], max_position_embeddings=32768, **kw)
+        config.save_pretrained(root / name)
+        out[name] = str(root / name)
+    return out
+
+
+def qwen2_params(h: int, i: int, layers: int, heads: int, kv_heads: int, vocab: int, tied: bool) -> int:
+    """A Qwen2 decoder's parameters by hand: q/k/v with bias, o without, gate/up/down, two norms a layer, the
+    embedding, the final norm, and an output head unless tied."""
+    d = h // heads
+    attn = (h * h + h) + 2 * (h * kv_heads * d + kv_heads * d) + h * h
+    layer = attn + 3 * h * i + 2 * h
+    return layers * layer + vocab * h + h + (0 if tied else vocab * h)
+
+
+@pytest.mark.parametrize("name", list(QWEN25))
+def test_model_size_comes_from_config_json_alone(shapes, name):
+    kw = QWEN25[name]
+    dims = model_dims(shapes[name])
+    want = qwen2_params(
+        kw["hidden_size"],
+        kw["intermediate_size"],
+        kw["num_hidden_layers"],
+        kw["num_attention_heads"],
+        kw["num_key_value_heads"],
+        kw["vocab_size"],
+        kw["tie_word_embeddings"],
+    )
+    assert dims.params == want
+    assert (dims.kv_dim, dims.vocab) == (kw["num_key_value_heads"] * kw["hidden_size"] // kw["num_attention_heads"],
+                                         kw["vocab_size"])  # fmt: skip
+
+
+TOY = ModelDims(params=10_000, layers=2, hidden=8, q_dim=8, kv_dim=4, intermediate=16, vocab=50, tied=True)
+
+
+def test_phases_by_hand_for_a_known_shape():
+    inp = MemoryInputs(
+        dims=TOY,
+        world=2,
+        compute_bytes=2,
+        update_tokens=100,
+        logprob_tokens=200,
+        kept_fraction=0.5,
+        engine=EngineMemory(weights=20_000, kv_cache=5_000, workspace=1_000),
+        ref=True,
+    )
+    p = estimate_phases(inp)
+    # State per rank: float32 masters 4P/2, Adam 8P/2; gathered bf16 copy of the whole model 2P.
+    assert p["update"]["params"] == 4 * 10_000 / 2 + 2 * 10_000
+    assert p["update"]["optimizer"] == 8 * 10_000 / 2
+    assert p["update"]["grads"] == 4 * 10_000 / 2 + 2 * 10_000
+    # Eager activations per token and layer: 2*(2*8 + 2*4 + 4*16 + 4*8) + 8*8 = 304 bytes; 2 layers, 100 tokens.
+    assert p["update"]["activations"] == 304 * 2 * 100
+    # Logits (torch path off: fused): 50 kept positions x vocab 50 x 2 bytes, and their gradient.
+    assert p["update"]["logits"] == 50 * 50 * 2 * 2
+    # The reference: bf16 shard P/2 during the update; beside the actor in the log-prob pass, gathered as well.
+    assert p["update"]["others"] == 2 * 10_000 / 2
+    assert p["logprob"]["others"] == 2 * 10_000 / 2 + 2 * 10_000
+    assert p["logprob"]["logits"] == 100 * 50 * 2
+    # The rollout: the engine, the actor's state and the reference, nothing offloaded.
+    assert p["generate"] == {"params": 4 * 10_000 / 2 + 8 * 10_000 / 2, "engine": 26_000, "others": 10_000}
+    off = estimate_phases(inp.with_(offload=frozenset({"params", "optimizer"}), ref_offload=True))
+    assert off["generate"] == {"params": 0.0, "engine": 26_000, "others": 0.0}
+    # Gradient checkpointing keeps each layer's input (2 bytes x hidden) and recomputes one layer at a time.
+    ckpt = estimate_phases(inp.with_(checkpointing=True))["update"]["activations"]
+    assert ckpt == (2 * 2 * 8 + 304) * 100
+
+
+def test_lora_trains_adapters_over_a_frozen_base():
+    inp = MemoryInputs(
+        dims=TOY,
+        world=1,
+        compute_bytes=2,
+        update_tokens=10,
+        logprob_tokens=10,
+        kept_fraction=1.0,
+        engine=EngineMemory(0, 0, 0),
+        lora_params=100,
+    )
+    p = estimate_phases(inp)["update"]
+    # The base stays in bf16 (2 x 10,000) beside float32 adapters; only the adapters are gathered, get gradients
+    # and Adam moments.
+    assert p["params"] == 2 * 10_000 + 4 * 100 + 2 * 100
+    assert p["optimizer"] == 8 * 100
+    assert p["grads"] == 4 * 100 + 2 * 100
+
+
+def saved_bytes(model: torch.nn.Module, tokens: int) -> int:
+    """Bytes of the distinct tensors autograd keeps for the backward of one forward (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, 512, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=ids, use_cache=False)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype, b", [(torch.bfloat16, 2), (torch.float32, 4)])
+def test_eager_activation_count_matches_what_torch_saves(dtype, b):
+    """Per decoder layer, as torch's saved-tensor hooks see it: the difference between a 3- and a 1-layer model."""
+    kw = dict(hidden_size=256, intermediate_size=704, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    measured = []
+    for layers in (1, 3):
+        torch.manual_seed(0)
+        config = transformers.Qwen2Config(num_hidden_layers=layers, **kw)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        measured.append(saved_bytes(model, 128))
+    per_layer = (measured[1] - measured[0]) / 2 / 128
+    dims = ModelDims(0, 1, 256, 256, 128, 704, 512, True)
+    assert per_layer == pytest.approx(
+        activation_bytes_per_token(dims, b, compiled=False, checkpointing=False), rel=0.02
+    )
+
+
+def test_the_1_5b_update_estimate_is_near_the_peak_measured_on_the_h200(shapes):
+    """Issue 46's table: the 1.5B actor, 128 rows, prompt 256 + 512 new, micro-batch 16 rows, compiled layers, peak
+    54 GB on one H200; the estimate must be within 15% of it."""
+    cfg = RunConfig(
+        model=ModelConfig(name="hf", path=shapes["1.5b"]),
+        trainer=TrainerConfig(device="cuda", micro_batch_size=16, device_memory_gb=139.8),
+    )
+    cfg.data.train_batch_size, cfg.data.max_prompt_tokens, cfg.engine.max_new_tokens = 16, 256, 512
+    cfg.algorithm.kl_coef = 0.0  # the measurement ran the actor alone
+    plan = make_plan(cfg, 139.8 * GiB)
+    assert plan.estimate_gb()["update"] * GiB / 1e9 == pytest.approx(54, rel=0.15)
+    assert plan.fits
+
+
+def test_plan_prints_the_table_and_exits_2_naming_what_fits(shapes, capsys):
+    args = [
+        "model=hf",
+        f"model.path={shapes['7b']}",
+        "data.train_batch_size=16",
+        "engine.max_new_tokens=256",
+        "trainer.device=cuda",
+        "trainer.device_memory_gb=139.8",
+    ]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].split()[:3] == ["phase", "params", "grads"]
+    assert {"generate", "logprob", "update"} <= {line.split()[0] for line in out.splitlines()[1:4]}
+    assert err.count("\n") == 1 and "update phase" in err and "model.lora.rank=64" in err
+    assert main([*args[:-1], "trainer.device_memory_gb=1000"]) == 0
+    assert "fits: peak" in capsys.readouterr().out
+
+
+def test_check_fit_raises_before_any_weight_loads_on_a_pretend_device(tiny_path):
+    trainer = TrainerConfig(device_memory_gb=1.1, micro_batch_size=64)  # the default run's 64 rows
+    cfg = RunConfig(model=ModelConfig(name="hf", path=tiny_path), trainer=trainer)
+    with pytest.raises(HybridRLError, match=r"GiB more than the .* usable .* these fit: .*gradient_checkpointing"):
+        check_fit(cfg)
+    assert check_fit(RunConfig(model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig())) is None
+    roomy = RunConfig(model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig(device_memory_gb=64))
+    assert check_fit(roomy).fits
+
+
+def test_estimate_sits_beside_the_measured_peaks():
+    report = estimate_report({"update": 2.0, "logprob": 1.0}, {"update": {"peak_allocated_gb": 2.5}, "logprob": {}})
+    assert report == {"estimate_gb": {"update": 2.0, "logprob": 1.0}, "estimate_ratio": {"update": 1.25}}
+    assert json.dumps(report)
+
+
+def test_a_worker_reports_the_estimate_with_its_memory(tiny_path, tokenizer, process_group):
+    from tests.unit.training.test_trainer import make_trainer
+
+    report = make_trainer(tiny_path, tokenizer).memory_report()
+    assert set(report["estimate_gb"]) == {"generate", "logprob", "update"}
+    assert all(gb > 0 for gb in report["estimate_gb"].values())
+    assert "estimate_ratio" not in report  # the CPU measures no device peak
+
+
+def test_plan_refuses_a_bad_override_in_one_line(capsys):
+    assert main(["trainer.lrr=1"]) == 2
+    assert main(["trainer.max_tokens_per_micro_batch=-1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "error: trainer.lrr is not a config key (did you mean trainer.lr?)",
+        "error: trainer.max_tokens_per_micro_batch must be >= 0, got -1",
+    ]
