@@ -103,7 +103,7 @@ def run(cfg: DictConfig) -> float:
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         where = f" during {phase_of(e)}" if phase_of(e) else ""
         if step_of(e) is not None:
-            where += f" in step {step_of(e)}"
+            where += f" of step {step_of(e)}"
         what, code = ("terminated (SIGTERM)", 143) if isinstance(e, Terminated) else ("interrupted", 130)
         log.error("%s%s; workers stopped", what, where)  # cleanup already ran in the finally above
         sys.exit(code)
@@ -143,7 +143,7 @@ def crash_line(e: BaseException, traceback_at: str) -> str:
     phase = phase_of(e)
     where = f" in {phase}" if phase else ""
     if step_of(e) is not None:
-        where += f" in step {step_of(e)}"
+        where += f" of step {step_of(e)}"
     return f"error{where}: {type(e).__name__}: {_first_line(e)} (full traceback in {traceback_at})"
 
 

@@ -171,13 +171,15 @@ class Controller:
         """An atomic checkpoint of every rank's trainer state plus the controller's own. A save that fails or is
         interrupted removes its staging folder (the workers have stopped writing by then: a failed or interrupted
         phase stops them first)."""
-        tmp = self.checkpoints.staging(step)
-        try:
-            self.group.run_all(Phase.SAVE_CHECKPOINT, str(tmp))
-            path = self.checkpoints.publish(tmp, step, {"loader": self.loader.state_dict(), "config": self.full_config})
-        except BaseException:
-            self.checkpoints.remove_stale()
-            raise
+        with in_phase(str(Phase.SAVE_CHECKPOINT)):
+            tmp = self.checkpoints.staging(step)
+            try:
+                self.group.run_all(Phase.SAVE_CHECKPOINT, str(tmp))
+                meta = {"loader": self.loader.state_dict(), "config": self.full_config}
+                path = self.checkpoints.publish(tmp, step, meta)
+            except BaseException:
+                self.checkpoints.remove_stale()
+                raise
         self.tracker.plot()
         log.info("checkpoint %s", path)
         return path

@@ -120,6 +120,7 @@ class PythonTool(Tool):
             int(max_processes),
         )
         protect_process()  # this worker's environment and memory closed to the code (reset by exec: once per process)
+        self.sandbox.platform  # noqa: B018 - probed now, at start-up, not inside the first call's event loop
 
     @property
     def level(self) -> str:

@@ -14,7 +14,8 @@ Three levels, best first (`Sandbox.level`; the first call logs which one and why
 - "plain" (Linux without user namespaces: some containers, AppArmor-restricted hosts): the supervisor is a child
   subreaper that kills every descendant at the end; RLIMIT_NPROC is the user's current processes plus
   `max_processes`; the working folder's size is checked every 0.05 s; other folders the user can write stay writable.
-- "basic" (other systems): the program runs directly in its own session, killed as a process group at the end.
+- "basic" (other systems): the program runs directly in its own session, killed as a process group at the end
+  (a child that starts a session of its own escapes that).
 
 On every level: rlimits (CPU seconds, address space, file size, open files, no core dumps), an environment with
 nothing inherited, `python -I`, and, when the trainer runs as root, the children run as `nobody` (if that user can
@@ -223,6 +224,9 @@ class Sandbox:
             if flooded:
                 await self._stop(proc)
             code_ = await proc.wait()
+            if plat.level == "basic":  # what is left of its process group goes with it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             status = _read_status(r) if plat.level != "basic" else {"exit": code_}
             return CallResult(out, flooded, status.get("exit"), status.get("why"))
         finally:

@@ -282,3 +282,16 @@ print(json.dumps({{'uid': os.getuid(), 'found': found.level, 'fork': asyncio.run
     assert got["fork"].startswith("stopped after") and int(got["fork"].split()[2]) < 8, got
     assert f"planted-{marker}" not in got["peek"] and "Error" in got["peek"], got
     assert gone(marker)
+
+
+def test_the_basic_level_kills_what_is_left_of_the_process_group():
+    """What macOS gets: no namespaces and no /proc, but the program's process group dies with it."""
+    marker = sleep_marker()
+    code = (
+        "import subprocess\n"
+        f"subprocess.Popen(['sleep', '{marker}'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print('left')"
+    )
+    failed, out = run(make_tool("basic"), code)
+    assert not failed and out.strip() == "left", out
+    assert gone(marker)
