@@ -44,3 +44,17 @@ def test_the_generated_tokens_count_and_drop_mode_drops(tmp_path, tokenizer):
     path = rows_file(tmp_path, tokenizer, [10, 600])
     drop = DataConfig(name="jsonl", path=path, max_prompt_tokens=4096, overlong_prompts="drop")
     assert len(load_prompts(drop, tokenizer, ContextLimit(512, 8))[0]) == 1
+
+
+def test_the_controller_reads_the_context_from_the_models_config(tiny_path, tmp_path):
+    from hybridrl.agent.config import RolloutConfig
+    from hybridrl.config import RunConfig
+    from hybridrl.controller import Controller
+    from hybridrl.engines.config import EngineConfig
+    from hybridrl.models.config import ModelConfig
+
+    model = ModelConfig(name="hf", path=tiny_path)  # its config.json: max_position_embeddings 512
+    single = RunConfig(model=model, engine=EngineConfig(max_new_tokens=24))
+    assert Controller(single, tmp_path, {}, "job")._context_limit() == ContextLimit(512, 24)
+    agent = RunConfig(model=model, rollout=RolloutConfig(name="agent"), engine=EngineConfig(max_new_tokens=24))
+    assert Controller(agent, tmp_path, {}, "job")._context_limit() == ContextLimit(512, 0)
