@@ -77,7 +77,7 @@ def run(cfg: DictConfig) -> float:
     try:
         # A sweep's job (and a run started without the app's callback) locks its own dir here; a plain run's lock
         # was taken by RunDirLockCallback before Hydra wrote anything, and is reused.
-        lock_dir(run_dir, "hydra.run.dir" if hc.mode == RunMode.RUN else "the job dir")
+        lock_dir(run_dir, "hydra.run.dir" if hc.mode == RunMode.RUN else "hydra.sweep.subdir")
         with in_phase("config"):
             check_composed(cfg)
             rc = validate(cfg)
