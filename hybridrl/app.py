@@ -3,15 +3,19 @@
     python -m hybridrl engine=vllm algorithm=grpo trainer.lr=1e-6 logger=wandb
 
 Every way a run can end badly ends with one line on the console: a user error (HybridRLError: the
-config, a file, the data) with exit code 2; a composition error (unknown key, missing option, moved
-key) with 2; Ctrl-C with 130; anything unexpected with 1, naming the phase, the exception and where its
-full traceback is (`hybridrl.log` in the run dir). HYDRA_FULL_ERROR=1 shows Hydra's own tracebacks.
+config, a file, the data, a run dir another run holds, a full disk at a save) with exit code 2; a composition error
+(unknown key, missing option, moved key) with 2; Ctrl-C with 130; SIGTERM (a scheduler, `kill`) with 143; anything
+unexpected with 1, naming the phase, the exception and where its full traceback is (`hybridrl.log` in the run dir).
+An error during a training step names the step. HYDRA_FULL_ERROR=1 shows Hydra's own tracebacks.
+
+One run writes to a run dir at a time: `hybridrl.run_lock` locks it before Hydra writes into it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -23,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.config import register_configs, validate
 from hybridrl.config_checks import check_composed, composition_error_line, moved_key_in_overrides
-from hybridrl.errors import HybridRLError, in_phase, phase_of
+from hybridrl.errors import HybridRLError, Terminated, in_phase, phase_of, step_of
+from hybridrl.run_lock import RunNotStarted, lock_dir, unlock_dir
 
 log = logging.getLogger("hybridrl")
 
@@ -71,11 +76,18 @@ def run(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
     try:
+        # A sweep's job (and a run started without the app's callback) locks its own dir here; a plain run's lock
+        # was taken by RunDirLockCallback before Hydra wrote anything, and is reused.
+        lock_dir(run_dir, "hydra.run.dir" if hc.mode == RunMode.RUN else "hydra.sweep.subdir")
         with in_phase("config"):
             check_composed(cfg)
             rc = validate(cfg)
             check_supported_architecture(resolve_model_path(rc.model), rc.model.trust_remote_code)
             check_fit(rc)  # before any weights load: exit 2 naming the shortfall and what fits
+        if rc.rollout.name == "agent" and "python" in rc.agent.tools:
+            from hybridrl.agent.tools.sandbox import protect_process
+
+            protect_process()  # the controller's environment and memory closed to the code the tool runs
         job_name, sweep_group = _names(hc)
         controller = Controller(rc, run_dir, OmegaConf.to_container(cfg, resolve=True), job_name, sweep_group)
         try:
@@ -87,18 +99,31 @@ def run(cfg: DictConfig) -> float:
         finally:
             _cleanup(controller, run_dir)
     except HybridRLError as e:
-        log.error("error: %s", e)
+        log.error("error: %s%s", e, _at_step(e))
         sys.stderr.flush()
         sys.exit(2)
-    except KeyboardInterrupt as e:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         where = f" during {phase_of(e)}" if phase_of(e) else ""
-        log.error("interrupted%s; workers stopped", where)  # cleanup already ran in the finally above
-        sys.exit(130)
-    except Exception as e:  # a bug or a library's crash: one line here, the traceback in the log file
+        if step_of(e) is not None:
+            where += f" of step {step_of(e)}"
+        what, code = ("terminated (SIGTERM)", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+        log.error("%s%s; workers stopped", what, where)  # cleanup already ran in the finally above
+        sys.exit(code)
+    except SystemExit:
+        raise
+    except BaseException as e:  # a bug or a library's crash (some, like DCP's CheckpointException, are BaseExceptions)
         log.error("%s", crash_line(e, log_traceback(e, run_dir)))
         sys.exit(1)
+    finally:
+        unlock_dir(run_dir)
     log.info("done: outputs in %s (objective %.4f)", os.path.relpath(run_dir), objective)
     return objective
+
+
+def _at_step(e: BaseException) -> str:
+    """` (in step 12)` for an error raised during a training step, else empty."""
+    step = step_of(e)
+    return f" (in step {step})" if step is not None else ""
 
 
 def _cleanup(controller, run_dir: str) -> None:
@@ -119,6 +144,8 @@ def crash_line(e: BaseException, traceback_at: str) -> str:
     """`error in generate: RuntimeError: CUDA out of memory (full traceback in outputs/.../hybridrl.log)`."""
     phase = phase_of(e)
     where = f" in {phase}" if phase else ""
+    if step_of(e) is not None:
+        where += f" of step {step_of(e)}"
     return f"error{where}: {type(e).__name__}: {_first_line(e)} (full traceback in {traceback_at})"
 
 
@@ -148,6 +175,10 @@ def _hydra_entry(cfg: DictConfig) -> float:
     return run(cfg)
 
 
+def _raise_terminated(signum: int, frame) -> None:
+    raise Terminated()
+
+
 def main() -> None:
     """Console-script entry point (`hybridrl ...`), same as `python -m hybridrl ...`.
 
@@ -168,7 +199,8 @@ def _main() -> None:
 
     Moved keys on the command line fail before Hydra composes. Hydra's composition errors (printed
     by Hydra over several lines) are raised to here and printed as one line, unless the user set
-    HYDRA_FULL_ERROR=1 to see them whole.
+    HYDRA_FULL_ERROR=1 to see them whole; so are errors before the run starts (a run dir another run holds,
+    a folder that cannot be written). SIGTERM raises `Terminated` in the main thread, handled like Ctrl-C.
     """
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -177,6 +209,7 @@ def _main() -> None:
     if moved:
         print(f"error: {moved}", file=sys.stderr)
         sys.exit(2)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     user_full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing; we print one line below
     try:
@@ -186,9 +219,19 @@ def _main() -> None:
             raise
         print(f"error: {composition_error_line(e)}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    except RunNotStarted as e:  # the run dir's lock, taken before Hydra writes into the run dir
+        print(f"error: {e.error}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # Hydra could not make or write its folders (a read-only or full disk)
+        if user_full:
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: cannot write{where}: {e.strerror or e}; choose a run dir you can write to", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
+        sys.exit(143 if terminated else 130)
     finally:
         if not user_full:
             os.environ.pop("HYDRA_FULL_ERROR", None)

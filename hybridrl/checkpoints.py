@@ -4,12 +4,19 @@ A checkpoint is written to `checkpoints/.tmp-step_N` (by every role of every wor
 shards and per-rank state, and whatever else a role saves into a subfolder), then `publish` records
 the size and sha256 of every file under it in `meta.json`, written last, and renames the folder to
 `checkpoints/step_N`. Only folders named `step_N` that hold `meta.json` count, so a save killed
-half-way is never resumed from (its `.tmp-` folder is removed at the next start).
+half-way is never resumed from (its `.tmp-` folder is removed at the next start, or at once when the save
+failed or was interrupted). `meta.json` carries the sha256 of its own content too (`meta_sha256`, over every
+other key in canonical JSON), so an edited step, loader position or manifest is caught like a changed shard, and
+its step must be the folder's (`step_000003` holds step 3).
 
 `resolve` verifies before it returns a path: a file missing, added, truncated or changed since it was
-written is an error naming the file (explicit `trainer.resume=PATH`), or a skipped checkpoint, logged,
-with `trainer.resume=auto` falling back to the newest one that verifies. `keep_last` never deletes
-the newest verified checkpoint to make room for ones that do not verify.
+written, an edited meta.json, or a step that disagrees with the folder's name is an error naming the file
+(explicit `trainer.resume=PATH`), or a skipped checkpoint, logged, with `trainer.resume=auto` falling back to the
+newest one that verifies. `keep_last` never deletes the newest verified checkpoint to make room for ones that do
+not verify.
+
+A save that cannot write (a full disk, a read-only or vanished folder) stops the run with one line naming the
+checkpoint, the file and the OS error (`CheckpointWriteError`); earlier checkpoints stay as they are.
 
 The controller's use::
 
@@ -35,10 +42,45 @@ from hybridrl.errors import CheckpointError, ConfigError
 
 log = logging.getLogger("hybridrl")
 _NAME = re.compile(r"^step_(\d+)$")
+_STAGING = re.compile(r"^\.tmp-(step_\d+)$")
 META = "meta.json"
-FORMAT = 2
-"""meta.json format: 2 = with the `files` manifest (sha256 and size of every file)."""
+FORMAT = 3
+"""meta.json format: 2 = with the `files` manifest (sha256 and size of every file); 3 = also `meta_sha256`, the
+sha256 of meta.json's own content. Format 2 still loads (its step is checked against the folder's name)."""
+META_SHA = "meta_sha256"
 _CHUNK = 8 << 20
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written; the message names it, the file and the OS error."""
+
+
+def write_failure(folder: str | Path, file: str | Path | None, error: OSError) -> CheckpointWriteError:
+    """`checkpoint step_000003: cannot write dcp/__0_0.distcp (in /run/checkpoints/.tmp-step_000003): No space left
+    on device [errno 28]; ...` for `error` while writing `file` of the checkpoint being written into `folder`."""
+    folder = Path(folder)
+    staged = _STAGING.match(folder.name)
+    name = staged.group(1) if staged else folder.name
+    rel = "its folder"
+    if file is not None:
+        file = Path(file)
+        try:
+            rel = file.relative_to(folder).as_posix()
+        except ValueError:
+            rel = str(file)
+    why = error.strerror or str(error) or type(error).__name__
+    code = f" [errno {error.errno}]" if error.errno else ""
+    return CheckpointWriteError(
+        f"checkpoint {name}: cannot write {rel} (in {folder}): {why}{code}; the checkpoint was not kept and earlier "
+        "checkpoints are untouched. Free space there, or give the run another hydra.run.dir and resume from the last "
+        "checkpoint"
+    )
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """sha256 of meta.json's content less its own `meta_sha256`, as canonical JSON (sorted keys, no spaces)."""
+    body = {k: v for k, v in meta.items() if k != META_SHA}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def file_sha256(path: Path) -> str:
@@ -98,6 +140,16 @@ def verify(path: Path) -> None:
             f"checkpoint {path} has no file checksums (written by an older hybridrl, or its {META} was edited); "
             "it cannot be verified"
         )
+    if META_SHA in meta and meta[META_SHA] != meta_digest(meta):
+        raise CheckpointError(f"checkpoint {path}: {META} fails its sha256 check (edited after it was written)")
+    if int(meta.get("format", 0)) >= 3 and META_SHA not in meta:
+        raise CheckpointError(f"checkpoint {path}: {META} has lost its own checksum ({META_SHA}); it was edited")
+    named = _NAME.match(path.name)
+    if named and int(named.group(1)) != meta.get("step"):
+        raise CheckpointError(
+            f"checkpoint {path}: the folder's name says step {int(named.group(1))}, its {META} says step "
+            f"{meta.get('step')!r} (renamed or edited after it was written)"
+        )
     present = set(_files(path))
     for name in sorted(set(files) - present):
         raise CheckpointError(f"checkpoint {path}: file {name} is missing")
@@ -139,16 +191,31 @@ class CheckpointDir:
     def staging(self, step: int) -> Path:
         """A fresh temporary folder for step `step`'s checkpoint."""
         tmp = self.root / f".tmp-step_{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            raise write_failure(tmp, None, e) from None
         return tmp
 
     def publish(self, tmp: Path, step: int, meta: dict[str, Any]) -> Path:
-        """Checksum every file in `tmp`, write meta.json last, rename into place; prune older checkpoints."""
+        """Checksum every file in `tmp`, write meta.json last, rename into place; prune older checkpoints. A failure
+        to write removes `tmp` and raises CheckpointWriteError naming the file."""
+        try:
+            final = self._publish(tmp, step, meta)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # frees the space a full disk needs, and leaves nothing half-done
+            raise write_failure(tmp, e.filename or tmp / META, e) from None
+        self._prune()
+        return final
+
+    def _publish(self, tmp: Path, step: int, meta: dict[str, Any]) -> Path:
         files = build_manifest(tmp)
+        record = {"step": step, **meta, "format": FORMAT, "files": files}
+        record[META_SHA] = meta_digest(record)
         meta_tmp = tmp / (META + ".tmp")
         with open(meta_tmp, "w") as f:
-            json.dump({"step": step, **meta, "format": FORMAT, "files": files}, f, indent=1)
+            json.dump(record, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         os.replace(meta_tmp, tmp / META)
@@ -160,7 +227,6 @@ class CheckpointDir:
         os.replace(tmp, final)
         _fsync_dir(self.root)
         self._remember(final, True)
-        self._prune()
         return final
 
     def complete(self) -> list[tuple[int, Path]]:
@@ -191,7 +257,8 @@ class CheckpointDir:
         return None
 
     def remove_stale(self) -> None:
-        """Delete half-written checkpoints left by a killed run."""
+        """Delete half-written checkpoints: left by a killed run, or by this run's save that failed or was
+        interrupted (the run dir's lock makes every one of them this run's or a dead run's)."""
         if self.root.is_dir():
             for p in self.root.glob(".tmp-step_*"):
                 log.warning("removing incomplete checkpoint %s", p)

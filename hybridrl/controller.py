@@ -5,6 +5,10 @@ One iteration, as issued to the WorkerGroup (`hybridrl.phases.Phase`)::
     wake → generate → sleep → logprob → [values] → reward → advantages (here) → [update_critic] → update → reshard
 
 The bracketed phases run with a critic (algorithm=ppo); during `critic.warmup_steps` the actor's update is skipped.
+
+A checkpoint is written only after a step that passed every check: the learners' divergence guard (in the update,
+before the weights reach the engine) and the engine's log-probs being finite (after generation). An error escaping a
+step names it (`at_step`); a save that fails or is interrupted leaves no staging folder behind.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from hybridrl.algorithms import GroupRefill
 from hybridrl.batch import Batch
 from hybridrl.checkpoints import CheckpointDir, read_meta
 from hybridrl.config import RunConfig
-from hybridrl.data.prompts import Prompt, PromptLoader, load_prompts
+from hybridrl.data.prompts import ContextLimit, Prompt, PromptLoader, load_prompts
 from hybridrl.engines.base import Completion, SamplingParams
-from hybridrl.errors import in_phase
+from hybridrl.errors import DivergenceError, at_step, in_phase
 from hybridrl.estimation import estimate, shaped_scores
-from hybridrl.models.loading import load_tokenizer, resolve_model_path
+from hybridrl.models.loading import load_hf_config, load_tokenizer, resolve_model_path
 from hybridrl.phases import TIMED_PHASES, Phase
 from hybridrl.resume_policy import enforce_resume_policy
 from hybridrl.rewards.base import RewardScores
@@ -65,6 +69,18 @@ def completions_to_batch(prompts: list[Prompt], comps: list[Completion]) -> Batc
     )
 
 
+def check_engine_logprobs(batch: Batch) -> None:
+    """DivergenceError when a sampled token's engine log-prob is NaN or inf: its logits were not finite."""
+    elp, mask = batch["engine_logprobs"], batch["response_mask"].bool()
+    bad = (~torch.isfinite(elp) & mask).any(-1)
+    if bad.any():
+        raise DivergenceError(
+            f"the engine drew {int(bad.sum())} of {len(bad)} responses from logits that are not finite (NaN or inf): "
+            "the policy's weights have diverged or hold values the model cannot compute with. Lower trainer.lr and "
+            "resume from the last checkpoint, or check model.path"
+        )
+
+
 def mean_over_ranks(results: list[dict[str, float]]) -> dict[str, float]:
     """Average each metric over the ranks that reported it."""
     acc: dict[str, list[float]] = defaultdict(list)
@@ -94,7 +110,7 @@ class Controller:
         cfg = self.cfg
         self.tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
         if prompts is None:
-            self.train_prompts, self.val_prompts = load_prompts(cfg.data, self.tokenizer)
+            self.train_prompts, self.val_prompts = load_prompts(cfg.data, self.tokenizer, self._context_limit())
         else:
             self.train_prompts, self.val_prompts = prompts, []
         self.loader = PromptLoader(self.train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
@@ -121,6 +137,16 @@ class Controller:
         self.checkpoints = CheckpointDir(self.run_dir, cfg.trainer.keep_last)
         self._resume(self.checkpoints.resolve(cfg.trainer.resume))
 
+    def _context_limit(self) -> ContextLimit | None:
+        """The model's context (max_position_embeddings) that a prompt and, single-turn, its response must fit."""
+        hf = load_hf_config(resolve_model_path(self.cfg.model), self.cfg.model.trust_remote_code)
+        text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+        tokens = getattr(text, "max_position_embeddings", None)
+        if not isinstance(tokens, int) or tokens <= 0:
+            return None
+        single = self.cfg.rollout.name != "agent"  # an agent's turns have budgets of their own
+        return ContextLimit(tokens, self.cfg.engine.max_new_tokens if single else 0)
+
     def _resume(self, path: Path | None) -> None:
         """Continue from a checkpoint: trainer state, engine weights, data position, metrics rows."""
         if path is None:
@@ -142,10 +168,18 @@ class Controller:
         log.info("resumed from %s at step %d", path, self.start_step)
 
     def save_checkpoint(self, step: int) -> Path:
-        """An atomic checkpoint of every rank's trainer state plus the controller's own."""
-        tmp = self.checkpoints.staging(step)
-        self.group.run_all(Phase.SAVE_CHECKPOINT, str(tmp))
-        path = self.checkpoints.publish(tmp, step, {"loader": self.loader.state_dict(), "config": self.full_config})
+        """An atomic checkpoint of every rank's trainer state plus the controller's own. A save that fails or is
+        interrupted removes its staging folder (the workers have stopped writing by then: a failed or interrupted
+        phase stops them first)."""
+        with in_phase(str(Phase.SAVE_CHECKPOINT)):
+            tmp = self.checkpoints.staging(step)
+            try:
+                self.group.run_all(Phase.SAVE_CHECKPOINT, str(tmp))
+                meta = {"loader": self.loader.state_dict(), "config": self.full_config}
+                path = self.checkpoints.publish(tmp, step, meta)
+            except BaseException:
+                self.checkpoints.remove_stale()
+                raise
         self.tracker.plot()
         log.info("checkpoint %s", path)
         return path
@@ -170,13 +204,14 @@ class Controller:
         )
         with logging_redirect_tqdm():
             for step in range(self.start_step + 1, steps + 1):
-                metrics = self.train_step(step)
-                every = self.cfg.trainer.eval_every
-                if every and (step % every == 0 or step == steps) and self.val_prompts:
-                    metrics.update(self.validate(step))
-                self.tracker.log(step, metrics)
-                if self.cfg.trainer.save_every and step % self.cfg.trainer.save_every == 0:
-                    self.save_checkpoint(step)
+                with at_step(step):
+                    metrics = self.train_step(step)
+                    every = self.cfg.trainer.eval_every
+                    if every and (step % every == 0 or step == steps) and self.val_prompts:
+                        metrics.update(self.validate(step))
+                    self.tracker.log(step, metrics)
+                    if self.cfg.trainer.save_every and step % self.cfg.trainer.save_every == 0:
+                        self.save_checkpoint(step)
                 bar.update(1)
         bar.close()
 
@@ -284,10 +319,14 @@ class Controller:
         return batch, scores, extras, {**plan.metrics(), "reward/generated_mean": sum(generated) / len(generated)}
 
     def _rollout_batch(self, prompts: list[Prompt], outs: list) -> tuple[Batch, dict[str, float]]:
-        """The rollout as a training batch: completions, or with rollout=agent trajectories (and `agent/*`)."""
+        """The rollout as a training batch: completions, or with rollout=agent trajectories (and `agent/*`). Tokens
+        drawn from non-finite logits (a diverged policy, whichever engine drew them) stop the run here."""
         if self.cfg.rollout.name == "agent":
-            return trajectories_to_batch(prompts, outs), agent_metrics(outs)
-        return completions_to_batch(prompts, outs), {}
+            batch, metrics = trajectories_to_batch(prompts, outs), agent_metrics(outs)
+        else:
+            batch, metrics = completions_to_batch(prompts, outs), {}
+        check_engine_logprobs(batch)
+        return batch, metrics
 
     def _gather_rewards(self, parts: list[RewardScores]) -> tuple[list[float], dict[str, list[float]]]:
         """The ranks' scores joined; samples the reward function raised on are counted for `reward/errors`."""
@@ -367,9 +406,12 @@ class Controller:
 
     # -- cleanup --------------------------------------------------------------------------
     def cleanup(self) -> None:
-        """Stop workers and close tracking; safe after a failure half-way through setup."""
+        """Stop workers, remove what an interrupted save left, close tracking; safe after a failure half-way
+        through setup."""
         if self.group is not None:
             self.group.shutdown()
             self.group = None
+        if hasattr(self, "checkpoints"):
+            self.checkpoints.remove_stale()
         if hasattr(self, "tracker"):
             self.tracker.finish()

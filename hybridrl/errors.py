@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 PHASE_ATTR = "hybridrl_phase"
+STEP_ATTR = "hybridrl_step"
 
 
 class HybridRLError(Exception):
@@ -25,6 +26,16 @@ class ConfigError(HybridRLError):
 
 class CheckpointError(HybridRLError):
     """A checkpoint is incomplete, corrupt or unsafe to load; the message names the checkpoint and the file."""
+
+
+class DivergenceError(HybridRLError):
+    """Training produced weights or logits that are no longer a usable policy (a step past the divergence guard's
+    bounds, non-finite logits); the run stops before such a step reaches a checkpoint."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or `kill`'s stop), raised in the main thread where Ctrl-C raises KeyboardInterrupt, so
+    both take the same path: workers stopped, temporary files removed, one line. Exit code 143 (128 + 15)."""
 
 
 @contextmanager
@@ -44,3 +55,22 @@ def in_phase(name: str) -> Iterator[None]:
 def phase_of(e: BaseException) -> str | None:
     """The phase `in_phase` recorded on `e`, if any."""
     return getattr(e, PHASE_ATTR, None)
+
+
+@contextmanager
+def at_step(step: int) -> Iterator[None]:
+    """Tag an exception escaping the block with the training step it happened in (the app's error line names it)."""
+    try:
+        yield
+    except BaseException as e:
+        if getattr(e, STEP_ATTR, None) is None:
+            try:
+                setattr(e, STEP_ATTR, step)
+            except AttributeError:
+                pass
+        raise
+
+
+def step_of(e: BaseException) -> int | None:
+    """The training step `at_step` recorded on `e`, if any."""
+    return getattr(e, STEP_ATTR, None)

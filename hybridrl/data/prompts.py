@@ -113,8 +113,31 @@ def render_prompt(raw: Any, tokenizer, cfg: DataConfig, where: str = "data") -> 
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def tokenize_rows(rows: list[dict], tokenizer, cfg: DataConfig, source: str) -> list[Prompt]:
-    """Render and tokenize every row, enforcing data.max_prompt_tokens up front (not mid-run)."""
+@dataclass(frozen=True)
+class ContextLimit:
+    """The model's context, which every prompt plus the tokens generated after it must fit."""
+
+    tokens: int
+    """max_position_embeddings of the model's config.json."""
+    response_tokens: int = 0
+    """Tokens generated after the prompt (engine.max_new_tokens for single-turn rollouts)."""
+
+    def describe(self, n: int) -> str | None:
+        """Why a prompt of `n` tokens does not fit, or None when it does."""
+        if n + self.response_tokens <= self.tokens:
+            return None
+        plus = f" plus engine.max_new_tokens={self.response_tokens}" if self.response_tokens else ""
+        return (
+            f"{n} prompt tokens{plus}, more than the model's context of {self.tokens} tokens "
+            "(max_position_embeddings in model.path's config.json)"
+        )
+
+
+def tokenize_rows(
+    rows: list[dict], tokenizer, cfg: DataConfig, source: str, context: ContextLimit | None = None
+) -> list[Prompt]:
+    """Render and tokenize every row, enforcing data.max_prompt_tokens and the model's context up front (not
+    mid-run, where a prompt past the context would fail or be read past the model's positions)."""
     prompts, dropped = [], 0
     for i, row in enumerate(rows):
         # Rows count from 0, as in a dataframe; a JSONL file's line number is one more.
@@ -135,21 +158,33 @@ def tokenize_rows(rows: list[dict], tokenizer, cfg: DataConfig, source: str) -> 
                 )
             dropped += 1
             continue
+        too_long = context.describe(len(ids)) if context is not None else None
+        if too_long:
+            if cfg.overlong_prompts == "error":
+                raise HybridRLError(
+                    f"{source}: {row_name} has {too_long}; shorten it, lower engine.max_new_tokens, "
+                    "or set data.overlong_prompts=drop"
+                )
+            dropped += 1
+            continue
         sample = dict(row)
         if cfg.answer_key in row:
             sample["answer"] = row[cfg.answer_key]
         prompts.append(Prompt(ids, text, sample))
     if dropped:
         log.warning(
-            "%s: dropped %d prompts longer than data.max_prompt_tokens=%d", source, dropped, cfg.max_prompt_tokens
+            "%s: dropped %d prompts longer than data.max_prompt_tokens=%d or the model's context",
+            source,
+            dropped,
+            cfg.max_prompt_tokens,
         )
     if not prompts:
         raise HybridRLError(f"{source}: no prompts left (all longer than data.max_prompt_tokens?)")
     return prompts
 
 
-def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], list[Prompt]]:
-    """Training and held-out prompts for the configured source."""
+def load_prompts(cfg: DataConfig, tokenizer, context: ContextLimit | None = None) -> tuple[list[Prompt], list[Prompt]]:
+    """Training and held-out prompts for the configured source (each checked against `context` when given)."""
     if cfg.name == "synthetic":
         s = cfg.synthetic
         train_rows = make_synthetic_rows(s.task, s.num_prompts, s.min_digits, s.max_digits, cfg.seed)
@@ -162,12 +197,14 @@ def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], list[Prompt]
             exclude={r["digits"] for r in train_rows},
         )
         return (
-            tokenize_rows(train_rows, tokenizer, cfg, "data=synthetic"),
-            tokenize_rows(val_rows, tokenizer, cfg, "data=synthetic (val)"),
+            tokenize_rows(train_rows, tokenizer, cfg, "data=synthetic", context),
+            tokenize_rows(val_rows, tokenizer, cfg, "data=synthetic (val)", context),
         )
-    train = tokenize_rows(read_rows(cfg.path, "data.path"), tokenizer, cfg, f"data.path={cfg.path}")
+    train = tokenize_rows(read_rows(cfg.path, "data.path"), tokenizer, cfg, f"data.path={cfg.path}", context)
     val = (
-        tokenize_rows(read_rows(cfg.val_path, "data.val_path"), tokenizer, cfg, f"data.val_path={cfg.val_path}")
+        tokenize_rows(
+            read_rows(cfg.val_path, "data.val_path"), tokenizer, cfg, f"data.val_path={cfg.val_path}", context
+        )
         if cfg.val_path
         else []
     )

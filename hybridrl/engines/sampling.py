@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
 from hybridrl.engines.native.kernels import sampling as sampling_kernel
 from hybridrl.engines.native.kernels.sampling import PICK_BLOCK
+from hybridrl.errors import DivergenceError
 
 _M1 = 0xBF58476D1CE4E5B9 - 2**64  # splitmix64 constants as signed int64
 _M2 = 0x94D049BB133111EB - 2**64
@@ -76,7 +80,10 @@ def inverse_cdf(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     block b is drawn with probability w_b / W · e_i / Σe = softmax_i up to float32 rounding of the terms (relative
     1e-7). The two levels keep a 152k-entry running sum out of the search (in float32, a flat row's would be spaced
     ~1.5% of one entry's weight), and the fused kernel, whose block sums add the same terms in another order, draws
-    the same entry unless u falls within that rounding of an interval's end."""
+    the same entry unless u falls within that rounding of an interval's end.
+
+    Whatever the logits, the token is an index into the row: a row of NaN or +inf (a diverged policy) draws some
+    in-range token rather than an out-of-bounds one, and its log-prob (NaN) tells the caller."""
     rows, vocab = scaled.shape
     nb = -(-vocab // PICK_BLOCK)
     x = F.pad(scaled, (0, nb * PICK_BLOCK - vocab), value=float("-inf")).view(rows, nb, PICK_BLOCK)
@@ -88,7 +95,9 @@ def inverse_cdf(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     blocks = torch.arange(nb, device=x.device)
     # The first block whose running total passes the target; rounding can leave none (target ≈ total): the last
     # block of any weight then.
-    j = torch.minimum((c <= target[:, None]).sum(-1), torch.where(w > 0, blocks, -1).amax(-1))
+    # Clamped at 0: a row with no weight at all (NaN or inf logits) draws an in-range token; its log-prob is not
+    # finite, which the engines and the controller report as a DivergenceError.
+    j = torch.minimum((c <= target[:, None]).sum(-1), torch.where(w > 0, blocks, -1).amax(-1)).clamp(min=0)
     wj = w.gather(1, j[:, None]).squeeze(1)
     frac = (target - (c.gather(1, j[:, None]).squeeze(1) - wj)) / wj
     xb = x[torch.arange(rows, device=x.device), j]
@@ -96,8 +105,8 @@ def inverse_cdf(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cum = e.double().cumsum(-1)
     rem = frac * cum[:, -1]
     lanes = torch.arange(PICK_BLOCK, device=x.device)
-    i = torch.minimum((cum <= rem[:, None]).sum(-1), torch.where(e > 0, lanes, -1).amax(-1))
-    return j * PICK_BLOCK + i
+    i = torch.minimum((cum <= rem[:, None]).sum(-1), torch.where(e > 0, lanes, -1).amax(-1)).clamp(min=0)
+    return (j * PICK_BLOCK + i).clamp(max=vocab - 1)
 
 
 def sample_tokens(
@@ -118,6 +127,9 @@ def sample_tokens(
     key per row) the row's uniform comes from `counter_uniform(keys, step)` (`step` one index, or one per row),
     else from `generator`; the draw is `inverse_cdf` of the (top-k/top-p filtered) softmax;
     `kernel` lets such rows go to the fused GPU kernel (`sampling_kernel`) when top-k/top-p are off.
+
+    Non-finite logits never index out of range: the token is some valid id and its log-prob is not finite.
+    `check_finite_logprobs` turns that into a DivergenceError where the log-probs reach the host.
     """
     if temperature == 0:
         logits = logits.float()
@@ -146,3 +158,16 @@ def sample_tokens(
         u = torch.rand(scaled.shape[0], dtype=torch.float64, device=scaled.device, generator=generator)
     tokens = inverse_cdf(filtered, u)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def check_finite_logprobs(logprobs: Sequence[float], where: str) -> None:
+    """DivergenceError when a sampled token's log-prob is NaN or inf: the logits it was drawn from were not finite
+    (or so large that the softmax overflowed), which a usable policy never produces. `where` names the engine and
+    the decode position for the message."""
+    bad = sum(1 for x in logprobs if not math.isfinite(x))
+    if bad:
+        raise DivergenceError(
+            f"{where}: {bad} of {len(logprobs)} rows drew from logits that are not finite (NaN or inf): the policy's "
+            "weights have diverged or hold values the model cannot compute with. Lower trainer.lr and resume from "
+            "the last checkpoint, or check model.path"
+        )

@@ -20,6 +20,11 @@ stops the run naming the function and the sample: it is a bug in the function, a
 advantages silently. An exception raised by the function is different: a crash on some odd completion
 should not end a long run, so `score_rewards` scores those samples `reward.error_score`, counts them,
 and stops only when more than `reward.max_error_frac` of a batch fails.
+
+Every call has a deadline, `reward.timeout_s` per batch (`rewards/deadline.py`): a per-sample function runs on
+`reward.num_workers` threads, one sample per call, so one slow sample holds one thread and the others go on; a sample
+with no result by the deadline counts like one the function raised on. A batched function's call is bounded as a
+whole: past the deadline every sample of the batch counts as failed.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ import functools
 import logging
 import math
 import numbers
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 from hybridrl.errors import HybridRLError
 from hybridrl.rewards.config import RewardConfig
+from hybridrl.rewards.deadline import call_with_deadline
 
 log = logging.getLogger(__name__)
 FLOAT32_MAX = 3.4028234663852886e38
@@ -47,6 +54,8 @@ PerSampleRewardFn = Callable[["RewardInput"], RewardResult]
 
 # Set (True) on functions that already take a list of items; `resolve_reward` reads it to decide the form.
 BATCHED_ATTR = "_hybridrl_reward_batched"
+# Set by `per_sample` to the one-item function it wraps: `score_rewards` calls it sample by sample, each call bounded.
+PER_SAMPLE_ATTR = "_hybridrl_reward_per_sample"
 
 
 @dataclass
@@ -73,6 +82,7 @@ def per_sample(f: PerSampleRewardFn) -> RewardFn:
         return [f(item) for item in items]
 
     setattr(batched_fn, BATCHED_ATTR, True)
+    setattr(batched_fn, PER_SAMPLE_ATTR, f)
     return batched_fn
 
 
@@ -139,6 +149,13 @@ def _real(value: Any, at: str, key: str, sample: str) -> float:
         raise HybridRLError(
             f"{at}: {key!r} is {value!r} (a {type(value).__name__}), not a real number; return a float{sample}"
         )
+    if isinstance(value, numbers.Integral) and abs(int(value)) > FLOAT32_MAX:  # exact: no float() overflow first
+        n = abs(int(value))
+        digits = max(1, int(n.bit_length() * 0.30102999566398120))  # log10(2): no str(n), which refuses 4300+ digits
+        digits += 10**digits <= n
+        raise HybridRLError(
+            f"{at}: {key!r} is an integer of {digits} digits, beyond float32's range (advantages are float32){sample}"
+        )
     x = float(value)
     if not math.isfinite(x):
         raise HybridRLError(f"{at}: {key!r} is {x}; rewards must be finite{sample}")
@@ -170,46 +187,86 @@ class RewardScores:
 
 
 def score_rewards(fn: RewardFn, items: list[RewardInput], cfg: RewardConfig, name: str | None = None) -> RewardScores:
-    """Call `fn` on `items` and check the results; samples the function raises on get `cfg.error_score`.
+    """Call `fn` on `items` within `cfg.timeout_s` and check the results; samples the function raises on, or gives no
+    result for by the deadline, get `cfg.error_score`.
 
-    A HybridRLError raised by the function (a user error, e.g. a missing answer column) stops the run as
-    it is. Any other exception: the batch is retried one item at a time to find the samples that fail;
-    those score `cfg.error_score` (their components 0.0) and are counted. More than `cfg.max_error_frac`
-    of the batch failing stops the run, naming the function, the first exception and its input.
+    A per-sample function (`per_sample`, or a plain `f(item)`) is called once per sample on `cfg.num_workers`
+    threads. A batched function is called on the whole batch; if it raises, the batch is retried one item at a time
+    to find the samples that fail. A HybridRLError raised by the function (a user error, e.g. a missing answer
+    column) stops the run as it is. Failed samples score `cfg.error_score` (their components 0.0) and are counted;
+    more than `cfg.max_error_frac` of the batch failing stops the run, naming the function, the first failure and
+    its input.
     """
     name = name or cfg.spec
     if not items:
         return RewardScores([], {})
-    try:
-        results = fn(items)
-    except HybridRLError:
-        raise
-    except Exception:
-        return _score_one_by_one(fn, items, cfg, name)
-    scores, extras = normalize_results(results, expected=len(items), name=name, items=items)
+    one = getattr(fn, PER_SAMPLE_ATTR, None)
+    if one is not None:
+        return _score_one_by_one(lambda batch: [one(batch[0])], items, cfg, name, cfg.num_workers, cfg.timeout_s)
+    start = time.monotonic()
+    [outcome] = call_with_deadline(fn, [(items,)], 1, cfg.timeout_s, name)
+    if outcome.late:
+        failed = [(i, _late(cfg)) for i in range(len(items))]
+        return _collect(items, [], failed, cfg, name)
+    if outcome.error is not None:  # one at a time, as the function was written for batches, in the time left
+        left = max(0.0, cfg.timeout_s - (time.monotonic() - start))
+        return _score_one_by_one(fn, items, cfg, name, 1, left)
+    scores, extras = normalize_results(outcome.value, expected=len(items), name=name, items=items)
     return RewardScores(scores, extras)
 
 
-def _score_one_by_one(fn: RewardFn, items: list[RewardInput], cfg: RewardConfig, name: str) -> RewardScores:
+class RewardTimeout(Exception):
+    """A sample the reward function gave no result for within `reward.timeout_s`."""
+
+
+def _late(cfg: RewardConfig) -> RewardTimeout:
+    return RewardTimeout(f"no result within reward.timeout_s={cfg.timeout_s:g} s")
+
+
+def _score_one_by_one(
+    fn: Callable[[list[RewardInput]], Any],
+    items: list[RewardInput],
+    cfg: RewardConfig,
+    name: str,
+    workers: int,
+    timeout_s: float,
+) -> RewardScores:
+    """`fn([item])` for every item on `workers` threads, all within `timeout_s`; failures recorded per sample."""
+    outcomes = call_with_deadline(fn, [([item],) for item in items], workers, timeout_s, name)
     good: list[tuple[int, RewardResult]] = []
     failed: list[tuple[int, BaseException]] = []
-    for i, item in enumerate(items):
-        try:
-            out = fn([item])
-        except HybridRLError:
-            raise
-        except Exception as e:
-            failed.append((i, e))
+    for i, (item, o) in enumerate(zip(items, outcomes)):
+        if o.late:
+            failed.append((i, _late(cfg)))
             continue
+        if o.error is not None:
+            failed.append((i, o.error))
+            continue
+        out = o.value
         if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
             out = out.tolist()
         if isinstance(out, (str, bytes, dict)) or not isinstance(out, Sequence) or len(out) != 1:
             normalize_results(out, expected=1, name=name, items=[item])  # raises, naming the problem
         good.append((i, out[0]))
+    return _collect(items, good, failed, cfg, name)
+
+
+def _collect(
+    items: list[RewardInput],
+    good: list[tuple[int, RewardResult]],
+    failed: list[tuple[int, BaseException]],
+    cfg: RewardConfig,
+    name: str,
+) -> RewardScores:
+    """Scores of the samples that succeeded; `cfg.error_score` for the failed ones, or a stop past max_error_frac."""
     if failed:
+        raised = sum(not isinstance(e, RewardTimeout) for _, e in failed)
+        parts = [f"raised on {raised}"] if raised else []
+        if raised < len(failed):
+            parts.append(f"did not return within reward.timeout_s={cfg.timeout_s:g} s on {len(failed) - raised}")
         i, e = failed[0]
         summary = (
-            f"reward function {name} raised on {len(failed)} of {len(items)} samples; first: "
+            f"reward function {name} {' and '.join(parts)} of {len(items)} samples; first: "
             f"{type(e).__name__}: {_first_line(e)}; on {describe_item(items[i])}"
         )
         if len(failed) > cfg.max_error_frac * len(items):

@@ -28,7 +28,8 @@ class RemoteRewardConfig:
     url: Optional[str] = None
     """http(s) URL that takes the JSON batch; required with reward=remote."""
     timeout_s: float = 60.0
-    """Seconds one request may take before it counts as failed (and is retried)."""
+    """Seconds one request may take, all of it (connecting, the headers and the whole body), before it counts as
+    failed (and is retried)."""
     max_retries: int = 3
     """Further attempts after a failed one (timeouts, refused connections, HTTP 429/5xx); 0 = no retry."""
     backoff_s: float = 1.0
@@ -44,8 +45,8 @@ class RemoteRewardConfig:
             raise ConfigError(
                 f"reward.remote.url must be an http:// or https:// URL with reward=remote, got {self.url!r}"
             )
-        if self.timeout_s <= 0:
-            raise ConfigError(f"reward.remote.timeout_s must be > 0, got {self.timeout_s}")
+        if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise ConfigError(f"reward.remote.timeout_s must be a finite number > 0, got {self.timeout_s}")
         if self.max_retries < 0:
             raise ConfigError(f"reward.remote.max_retries must be >= 0, got {self.max_retries}")
         if self.backoff_s < 0:
@@ -67,6 +68,12 @@ class RewardConfig:
     """Reward of a sample on which the reward function raised (counted in reward/errors)."""
     max_error_frac: float = 0.25
     """Stop the run when the reward function raises on more than this fraction of a batch (0 = on any error)."""
+    timeout_s: float = 300.0
+    """Wall-clock bound of one worker's reward function calls on a batch; samples with no result by then score
+    error_score and count in reward/errors (hybridrl/rewards/deadline.py says what happens to the late calls)."""
+    num_workers: int = 8
+    """Threads a per-sample reward function runs on, one sample per call (1 = one sample at a time); a per-sample
+    function must then be safe to call from several threads."""
     weight: float = 1.0
     """Weight of this reward function's score in combine=sum (beside the reward models' weights)."""
     combine: str = "sum"
@@ -91,6 +98,10 @@ class RewardConfig:
             raise ConfigError(f"reward.error_score must be a finite number, got {self.error_score}")
         if not 0.0 <= self.max_error_frac <= 1.0:
             raise ConfigError(f"reward.max_error_frac must be in [0, 1], got {self.max_error_frac}")
+        if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise ConfigError(f"reward.timeout_s must be a finite number of seconds > 0, got {self.timeout_s}")
+        if self.num_workers < 1:
+            raise ConfigError(f"reward.num_workers must be >= 1, got {self.num_workers}")
         if self.name == "remote" and not self.fn:
             self.remote.check()
         if not isinstance(self.combine, str) or not self.combine.strip():

@@ -5,8 +5,8 @@ one plain number — `\\sqrt{2}`, `\\frac{\\pi}{4}`, `2^{10}+1`, `x^2+2x+1`, int
 sides to SymPy and asking math-verify whether they are equal.
 
 math-verify bounds its own time with `signal.alarm`, which works only in a process's main thread; off the
-main thread (a user's thread pool) it runs without that bound, on inputs this module has already capped
-at `MAX_CHARS`.
+main thread (the reward deadline's threads, `rewards/deadline.py`) it runs without that bound, on inputs this module
+has already capped at `MAX_CHARS`, and the call as a whole is bounded by `reward.timeout_s`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,20 @@ TIMEOUT_S = 3
 
 
 def _timeout() -> int | None:
-    return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    if threading.current_thread() is threading.main_thread():
+        return TIMEOUT_S
+    _quiet_timeout_warning()
+    return None
+
+
+def _quiet_timeout_warning() -> None:
+    """math-verify warns that "you must provide the logic for timeout interruption yourself" when called without its
+    alarm: the reward deadline is that logic. (Its once-per-process flag is not thread-safe: set it before it races.)"""
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
 
 
 def _configs():

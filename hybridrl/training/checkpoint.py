@@ -7,6 +7,10 @@ Layout of one checkpoint folder (written under a temporary name, renamed when co
       rank0.pt ...    scheduler state and RNG states of each rank: tensors and plain numbers only
       meta.json       written last by the controller: step, data loader position, config, file checksums
 
+A save that cannot write (a full disk, a read-only folder) raises `CheckpointWriteError` naming the file and the
+OS error, also from inside DCP, whose `CheckpointException` is a BaseException that would otherwise escape the
+run's error handling as a raw traceback.
+
 Nothing here runs code from a checkpoint: `rank*.pt` load with `weights_only=True`, and DCP's own two
 pickles (the `.metadata` index and the non-tensor values such as AdamW's hyperparameters) go through a
 reader that allows only DCP's metadata classes and through `weights_only=True`. A file that fails
@@ -15,8 +19,10 @@ these checks is a CheckpointError naming it.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
+import os
 import pickle
 import random
 from pathlib import Path
@@ -26,9 +32,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from hybridrl.checkpoints import write_failure
 from hybridrl.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -229,18 +237,71 @@ def _trained_only(model: torch.nn.Module, msd: dict) -> dict:
 def save_trainer(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, path: str | Path, trainable_only: bool = False
 ) -> None:
-    """Write this rank's part of the checkpoint into `path` (every rank calls it; collective)."""
+    """Write this rank's part of the checkpoint into `path` (every rank calls it; collective). A write that fails
+    raises CheckpointWriteError naming the file and the OS error."""
     path = Path(path)
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     if trainable_only:
         msd = _trained_only(model, msd)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path / "dcp"))
+    try:
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path / "dcp"))
+    except CheckpointException as e:  # a BaseException: turned into an ordinary error naming the file
+        raise _dcp_failure(path, e) from None
     rank = dist.get_rank() if dist.is_initialized() else 0
     extra = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
     check_plain(extra, f"rank{rank}.pt")
-    torch.save(extra, path / f"rank{rank}.pt")
+    buf = io.BytesIO()
+    torch.save(extra, buf)  # in memory first: torch's zip writer reports a full disk as "unexpected pos ..."
+    write_file(path / f"rank{rank}.pt", buf.getbuffer(), path)
     if dist.is_initialized():
         dist.barrier()
+
+
+def write_file(file: Path, data: bytes | memoryview, checkpoint: Path) -> None:
+    """Write `data` to `file` and fsync it; an OSError becomes CheckpointWriteError naming the file of `checkpoint`."""
+    try:
+        with open(file, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise write_failure(checkpoint, file, e) from None
+
+
+def _dcp_failure(path: Path, e: BaseException) -> Exception:
+    """The first OSError among DCP's per-rank failures as a CheckpointWriteError naming the file; another failure as
+    a RuntimeError (a library's crash: the app reports it with its traceback in the log)."""
+    failures = getattr(e, "failures", {}) or {}
+    for _rank, failure in sorted(failures.items()):
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        while exc is not None and not isinstance(exc, OSError):
+            exc = exc.__cause__ or exc.__context__
+        if isinstance(exc, OSError):
+            return write_failure(path, exc.filename or _newest_file(path / "dcp") or path / "dcp", exc)
+    first = next(iter(failures.values()), None)
+    exc = first[0] if isinstance(first, tuple) else first
+    if _disk_full(path):  # torch's zip writer reports a short write as "unexpected pos ...", without the OSError
+        full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_failure(path, _newest_file(path / "dcp") or path / "dcp", full)
+    summary = f"{type(exc).__name__}: {_first_line(exc)}" if exc is not None else _first_line(e)
+    return RuntimeError(
+        f"saving the distributed checkpoint into {path / 'dcp'} failed on rank(s) {sorted(failures)}: {summary}"
+    )
+
+
+def _disk_full(path: Path) -> bool:
+    """Whether the file system holding `path` has (almost) no room left: under 1 MiB for its user."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def _newest_file(folder: Path) -> Path | None:
+    """The file written last under `folder`: the one a write error without a file name was writing."""
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    return max(files, key=lambda p: p.stat().st_mtime_ns, default=None)
 
 
 def load_trainer(

@@ -59,6 +59,10 @@ class TrainerConfig:
     """Floor of the cosine schedule as a fraction of lr."""
     max_nonfinite_steps: int = 5
     """Optimizer steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops."""
+    max_param_norm_ratio: float = 2.0
+    """Divergence guard: an optimizer step that scales the trained parameters' global L2 norm by more than this
+    factor (or below its inverse), or leaves it non-finite, stops the run (DivergenceError) before the step's weights
+    reach the engine or a checkpoint. Healthy steps change it by well under 1%; 0 turns the guard off."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (<= 0 disables clipping; the norm is still logged)."""
     mini_batch_size: int = 0
@@ -155,6 +159,26 @@ class TrainerConfig:
             raise ConfigError(f"trainer.lr must be a finite number > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        # AdamW refuses these itself, but deep in the first worker's start-up and without naming the key.
+        if not math.isfinite(self.eps) or self.eps < 0:
+            raise ConfigError(f"trainer.eps must be a finite number >= 0 (AdamW's epsilon, e.g. 1e-8), got {self.eps}")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ConfigError(f"trainer.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if not math.isfinite(self.grad_clip):
+            raise ConfigError(
+                f"trainer.grad_clip must be a finite number (<= 0 disables clipping), got {self.grad_clip}"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if (
+            not math.isfinite(self.max_param_norm_ratio)
+            or (0 < self.max_param_norm_ratio <= 1)
+            or (self.max_param_norm_ratio < 0)
+        ):
+            raise ConfigError(
+                f"trainer.max_param_norm_ratio must be > 1 (or 0 to turn the divergence guard off), got "
+                f"{self.max_param_norm_ratio}"
+            )
         if self.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"trainer.lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
         if not math.isfinite(self.offload_headroom_gb) or self.offload_headroom_gb < 0:

@@ -7,6 +7,7 @@ Options left at None follow the actor's (`trainer.*`) value, so `python -m hybri
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
@@ -40,6 +41,8 @@ class OptimFields:
     min_lr_ratio: float
     grad_clip: float
     fused_optimizer: bool
+    max_nonfinite_steps: int
+    max_param_norm_ratio: float
 
 
 @dataclass
@@ -83,8 +86,12 @@ class CriticConfig:
     None = trainer.offload."""
 
     def __post_init__(self) -> None:
-        if self.lr is not None and self.lr <= 0:
-            raise ConfigError(f"critic.lr must be > 0, got {self.lr}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"critic.lr must be a finite number > 0, got {self.lr}")
+        if not math.isfinite(self.eps) or self.eps < 0:
+            raise ConfigError(f"critic.eps must be a finite number >= 0 (AdamW's epsilon, e.g. 1e-8), got {self.eps}")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ConfigError(f"critic.weight_decay must be a finite number >= 0, got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"critic.betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.lr_schedule not in ("constant", "cosine"):
@@ -129,6 +136,8 @@ class CriticConfig:
             min_lr_ratio=self.min_lr_ratio,
             grad_clip=self.grad_clip,
             fused_optimizer=trainer.fused_optimizer,
+            max_nonfinite_steps=trainer.max_nonfinite_steps,
+            max_param_norm_ratio=trainer.max_param_norm_ratio,
         )
 
     def batching(self, trainer: TrainerConfig) -> tuple[int, int, int]:

@@ -7,7 +7,7 @@ memory lifecycle inside one iteration::
                                  # (lazy: lazy_offloaders() run only if the engine needs their room)
     learner.onload_params()      # before the forward passes
     learner.onload_optimizer()   # before the update (started early with wait=False, joined here)
-    learner.optimizer_step()     # after the micro-batches' backward passes
+    learner.optimizer_step()     # after the micro-batches' backward passes; refuses a step past the divergence guard
 """
 
 from __future__ import annotations
@@ -20,13 +20,27 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hybridrl.errors import HybridRLError
+from hybridrl.errors import DivergenceError, HybridRLError
 from hybridrl.training.checkpoint import load_trainer, save_trainer
 from hybridrl.training.fsdp import reshard_units
 from hybridrl.training.offload import HostOffloader, timed_moves
 from hybridrl.training.schedule import build_scheduler
 
 log = logging.getLogger(__name__)
+
+
+def divergence(before: float, after: float, bound: float) -> str | None:
+    """Why a step that took the parameters' norm from `before` to `after` is past `bound`, or None when it is not.
+
+    An update that scales the weights' norm by more than `bound` (or shrinks it below 1/`bound`) in one step is not
+    learning: AdamW moves each weight by about lr per step, far below the weights' own scale at any usable lr (at
+    lr=1e-3 and weights of rms 0.02, the norm changes by a few percent). A zero norm before (untrained adapters)
+    is only checked for staying finite."""
+    if not math.isfinite(after):
+        return f"left the trained parameters' norm non-finite ({after}; it was {before:.4g})"
+    if before > 0 and not 1 / bound <= after / before <= bound:
+        return f"changed the trained parameters' norm from {before:.4g} to {after:.4g} (x{after / before:.3g})"
+    return None
 
 
 class FSDPLearner:
@@ -121,12 +135,18 @@ class FSDPLearner:
         """Clip the gradient norm, step AdamW and the schedule; returns the norm before clipping.
 
         A non-finite norm (a NaN/inf loss or gradient anywhere: the norm is global over all ranks) skips the step on
-        every rank and is counted; `max_nonfinite_steps` of them in a row stop the run (`FSDPLearner.nonfinite_*`)."""
+        every rank and is counted; `max_nonfinite_steps` of them in a row stop the run (`FSDPLearner.nonfinite_*`).
+        A step that takes the trained parameters' norm past `max_param_norm_ratio` (`check_param_norm`) stops the run
+        with a DivergenceError before its weights reach the engine or a checkpoint."""
         max_norm = self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         if torch.isfinite(norm):
+            bound = getattr(self.optim, "max_param_norm_ratio", 0.0)
+            before = self.param_norm() if bound else 0.0
             self.optimizer.step()
+            if bound:
+                self.check_param_norm(before, self.param_norm(), bound)
             self.nonfinite_in_a_row = 0
         else:
             self.nonfinite_total += 1
@@ -148,6 +168,31 @@ class FSDPLearner:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return norm.item()
+
+    @torch.no_grad()
+    def param_norm(self) -> float:
+        """Global L2 norm of the trained parameters over every rank (collective): one pass over the local shards."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            if p.requires_grad:
+                local = p.to_local() if hasattr(p, "to_local") else p
+                if local.numel():
+                    total += local.detach().double().pow(2).sum()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(total)
+        return math.sqrt(total.item())
+
+    def check_param_norm(self, before: float, after: float, bound: float) -> None:
+        """DivergenceError when one optimizer step changed the trained parameters' norm by more than a factor
+        `bound` (either way), or left it non-finite (`divergence` has the rule)."""
+        why = divergence(before, after, bound)
+        if why is None:
+            return
+        raise DivergenceError(
+            f"{self.name}: one optimizer step {why} (trainer.max_param_norm_ratio={bound:g}): training diverged, "
+            f"likely from too large a learning rate (lr={self.optim.lr:g}). The run stops before this step's weights "
+            "reach the engine or a checkpoint; resume from the last checkpoint with a lower trainer.lr"
+        )
 
     def weights_finite(self) -> bool:
         """Whether every parameter is finite on every rank (collective)."""

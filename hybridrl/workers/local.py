@@ -9,7 +9,9 @@ One phase command, as the controller's `run` issues it::
 The workers meet through a rendezvous file in a private folder of this process (`torch.distributed.FileStore`):
 no TCP port is opened for it. Their log records come back through a `multiprocessing` queue
 (`logging.handlers.QueueHandler` there, a `QueueListener` here) into the controller's handlers. A worker dies
-with its controller (PR_SET_PDEATHSIG on Linux, else a watchdog thread), and ignores Ctrl-C: the controller decides.
+with its controller (PR_SET_PDEATHSIG on Linux, else a watchdog thread), ignores Ctrl-C, and runs in a session of
+its own, so a SIGTERM sent to the controller's process group reaches only the controller: the controller decides,
+stops the workers and removes the rendezvous folder, whether the run ends by an error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from hybridrl.errors import ConfigError
+from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.phases import Phase
 from hybridrl.workers.dist import STORE_FILE_ENV
 from hybridrl.workers.errors import WorkerFailure, died_message, raised_message
@@ -117,6 +119,7 @@ def _worker_main(
 ) -> None:
     """A worker process: build the HybridWorker, then answer commands until shutdown."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setsid()  # out of the controller's process group: a group-wide SIGTERM is the controller's to handle
     _exit_with_parent(parent_pid)
     os.environ.update(env)
     channel = _Channel(conn)
@@ -162,8 +165,10 @@ def _exit(code: int, log_queue) -> None:
 
 
 def _send_error(channel: _Channel, exc: BaseException) -> None:
+    """The error's one-line summary, its traceback, and whether it is a user error (a HybridRLError, whose message
+    says what to change: its traceback is not printed)."""
     try:
-        channel.send(("error", error_summary(exc), traceback.format_exc()))
+        channel.send(("error", error_summary(exc), traceback.format_exc(), isinstance(exc, HybridRLError)))
     except Exception:  # noqa: BLE001
         pass
 
@@ -260,7 +265,8 @@ class LocalWorkerGroup(WorkerGroup):
                 if msg is not None and msg[0] == "ok":
                     answers.ok(r, msg[1])
                 elif msg is not None:
-                    answers.failed(Failure("raised", r, raised_message(r, phase, msg[1]), msg[2]))
+                    trace = None if len(msg) > 3 and msg[3] else msg[2]
+                    answers.failed(Failure("raised", r, raised_message(r, phase, msg[1]), trace))
                 else:
                     self.procs[r].join(1.0)
                     answers.failed(Failure("died", r, died_message(r, phase, self.procs[r].exitcode)))

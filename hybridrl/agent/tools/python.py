@@ -1,28 +1,42 @@
-"""`python`: run a snippet of Python in a child process and return what it printed.
+"""`python`: run a snippet of Python in a sandboxed child process and return what it printed.
 
-NOT A SECURITY BOUNDARY. The child runs as the same user as the trainer, on the same machine, with the same
-filesystem and network. What it does get: an empty temporary working directory (deleted afterwards), an
-environment with nothing inherited (no HOME, no tokens or keys from the parent's environment, PATH=/usr/bin:/bin),
-isolated mode (`python -I`: no PYTHON* variables, no user site-packages), its own session (the whole process group is
-killed when the call ends or times out), and rlimits set before it starts: CPU seconds, address space (memory),
-the size of files it writes, open files, no core dumps. This stops runaway code — infinite loops, memory bombs,
-output floods — from hurting the run; it does not stop code that means harm (reading files, opening sockets).
-For untrusted models or data, run code in an external sandbox service instead (`sandbox_fusion`, or your own tool
-class that posts the code to a URL — see `hybridrl.agent.tools.remote`).
+What holds depends on the platform (`hybridrl/agent/tools/sandbox.py` probes it once; the log says which level):
+
+On Linux with user namespaces (most distributions, no root needed), level "namespace":
+- every process the code starts (background, `setsid`, double-forked) is killed when the call ends, normally, by an
+  error, a timeout or an output flood: the code runs in its own PID namespace, which dies with it;
+- at most `max_processes` processes (RLIMIT_NPROC, counted in its own user namespace): a fork loop fails to fork;
+- the file system is read-only except one tmpfs of `disk_mb` holding its working folder, TMPDIR and /dev/shm: a
+  total-bytes quota, freed when the call ends;
+- it sees only its own processes in /proc and can signal no process outside (the trainer included), and cannot
+  undo any of this (its mounts are locked by a second, nested user namespace).
+On Linux without user namespaces (some containers), level "plain": every descendant is still killed at the end (a
+child subreaper sweeps them, `setsid` included); RLIMIT_NPROC is the user's processes plus `max_processes`; the
+working folder is stopped past `disk_mb`, but other folders the user can write stay writable, and the code can see
+and signal the user's other processes. Elsewhere (macOS), level "basic": the code's process group is killed at the end.
+
+Everywhere: an empty working folder (deleted afterwards); an environment with nothing inherited (no HOME, no tokens
+or keys from the parent's environment, PATH=/usr/bin:/bin); isolated mode (`python -I`); rlimits on CPU seconds,
+address space, the size of each file written, open files, no core dumps. The trainer's processes are non-dumpable
+while this tool is in use, so /proc/<pid>/environ and /proc/<pid>/mem of the trainer are closed to the code even
+where it can see them. When the trainer runs as root, the code runs as `nobody`.
+
+What it does NOT promise: reading files is allowed (whatever the user the code runs as can read), and so is the
+network (sockets, HTTP). It is not a boundary against kernel exploits. RLIMIT_NPROC is not enforced for root, so a
+trainer running as root whose children cannot run as `nobody` gets no process limit (the timeout still ends every
+process). For untrusted models or data, run code in an external sandbox service instead (`sandbox_fusion`, or your
+own tool class that posts the code to a URL — see `hybridrl.agent.tools.remote`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
 import resource
-import shutil
 import signal
 import sys
-import tempfile
 from typing import Any
 
 from hybridrl.agent.tools.base import Tool, ToolError
+from hybridrl.agent.tools.sandbox import Sandbox, protect_process
 
 _SCRUBBED_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -46,21 +60,9 @@ def _limits(cpu_seconds: int, memory_mb: int, file_mb: int, open_files: int) -> 
     ]
 
 
-def _preexec(limits: list[tuple[int, int, int]]):
-    """The child's pre-exec step: only `setrlimit` calls (nothing that takes a lock the forking parent may hold).
-    Limits never go above the hard limits the parent already has."""
-
-    def apply() -> None:
-        for res, soft, hard in limits:
-            _, cur_hard = resource.getrlimit(res)
-            if cur_hard != resource.RLIM_INFINITY:
-                soft, hard = min(soft, cur_hard), min(hard, cur_hard)
-            resource.setrlimit(res, (soft, hard))
-
-    return apply
-
-
-def _describe_exit(code: int) -> str:
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped (no exit status)"
     if code < 0:
         sig = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         why = {"SIGXCPU": " (CPU time limit)", "SIGKILL": " (killed)", "SIGXFSZ": " (file size limit)"}.get(sig, "")
@@ -69,9 +71,9 @@ def _describe_exit(code: int) -> str:
 
 
 class PythonTool(Tool):
-    """Python code in a child process with rlimits and a scrubbed environment (see the module docstring: this is
-    not a security boundary). The wall-clock limit is the loop's `agent.tool_timeouts.python` / `tool_timeout_s`:
-    when it passes, the call is cancelled and the child's process group is killed."""
+    """Python code in a sandboxed child process (see the module docstring for what holds on which platform). The
+    wall-clock limit is the loop's `agent.tool_timeouts.python` / `tool_timeout_s`: when it passes, the call is
+    cancelled and every process it started is killed."""
 
     name = "python"
     description = (
@@ -91,83 +93,51 @@ class PythonTool(Tool):
         file_mb: int = 16,
         open_files: int = 64,
         max_output_bytes: int = 65536,
+        disk_mb: int = 64,
+        max_processes: int = 32,
         python: str | None = None,
     ) -> None:
         """Limits of one call: CPU seconds, address space and written-file size in MiB, open files, bytes of output
-        read back (the child is killed when it prints more). `python`: the interpreter (default: this one)."""
+        read back (the call is stopped when it prints more), MiB written in all (`disk_mb`), processes at once
+        (`max_processes`). `python`: the interpreter (default: this one)."""
         for key, value in (
             ("cpu_seconds", cpu_seconds),
             ("memory_mb", memory_mb),
             ("file_mb", file_mb),
             ("open_files", open_files),
             ("max_output_bytes", max_output_bytes),
+            ("disk_mb", disk_mb),
+            ("max_processes", max_processes),
         ):
             if int(value) < 1:
                 raise ValueError(f"agent.tool_options.python.{key} must be >= 1, got {value}")
-        self.limits = _limits(int(cpu_seconds), int(memory_mb), int(file_mb), int(open_files))
         self.max_output_bytes = int(max_output_bytes)
         self.python = python or sys.executable
+        self.sandbox = Sandbox(
+            self.python,
+            _limits(int(cpu_seconds), int(memory_mb), int(file_mb), int(open_files)),
+            int(disk_mb) * 1024 * 1024,
+            int(max_processes),
+        )
+        protect_process()  # this worker's environment and memory closed to the code (reset by exec: once per process)
+        self.sandbox.platform  # noqa: B018 - probed now, at start-up, not inside the first call's event loop
+
+    @property
+    def level(self) -> str:
+        """The sandbox level in use here: namespace, plain or basic."""
+        return self.sandbox.platform.level
 
     async def acall(self, arguments: dict[str, Any]) -> str:
-        code = arguments["code"]
-        workdir = tempfile.mkdtemp(prefix="hybridrl-python-")
-        proc = None
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                # -I: isolated (ignores PYTHON* variables, no user site); -u: unbuffered, so stdout and stderr
-                # interleave as written; -B: no .pyc files; -: the program comes on stdin (the cwd stays empty).
-                self.python,
-                "-I",
-                "-u",
-                "-B",
-                "-",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=workdir,
-                env=dict(_SCRUBBED_ENV),
-                start_new_session=True,
-                preexec_fn=_preexec(self.limits),
-            )
-            proc.stdin.write(code.encode("utf-8", errors="replace"))
-            try:
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the child died before reading all of its program; its exit status says why
-            proc.stdin.close()
-            out = await _read_capped(proc.stdout, self.max_output_bytes)
-            flooded = len(out) > self.max_output_bytes
-            if flooded:
-                _kill_group(proc)
-            code_ = await proc.wait()
-        finally:
-            if proc is not None and proc.returncode is None:  # cancelled (timeout) or failed mid-way
-                _kill_group(proc)
-                await proc.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
-        text = out[: self.max_output_bytes].decode("utf-8", errors="replace")
-        if flooded:
+        code = arguments["code"].encode("utf-8", errors="replace")
+        result = await self.sandbox.run(code, dict(_SCRUBBED_ENV), self.max_output_bytes)
+        text = result.output[: self.max_output_bytes].decode("utf-8", errors="replace")
+        if result.flooded:
             raise ToolError(f"output longer than {self.max_output_bytes} bytes; the program was stopped:\n{text}")
-        if code_ != 0:
-            raise ToolError(f"{_describe_exit(code_)}\n{text}".rstrip())
+        if result.why == "disk":
+            mb = self.sandbox.disk_bytes // (1024 * 1024)
+            raise ToolError(f"the program wrote more than {mb} MiB (its disk quota) and was stopped\n{text}".rstrip())
+        if result.why and result.why != "terminated":
+            raise ToolError(f"the sandbox failed: {result.why}\n{text}".rstrip())
+        if result.exit != 0:
+            raise ToolError(f"{_describe_exit(result.exit)}\n{text}".rstrip())
         return text if text.strip() else "(no output; print() the values you want to see)"
-
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
-    """Everything until EOF, or the first `cap` + 1 bytes when there is more (the caller then kills the child)."""
-    chunks: list[bytes] = []
-    total = 0
-    while total <= cap:
-        chunk = await stream.read(65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -21,7 +21,7 @@ import torch
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.native.base import NativeEngineBase, check_requests, prompt_runs
-from hybridrl.engines.sampling import sample_tokens, stream_key
+from hybridrl.engines.sampling import check_finite_logprobs, sample_tokens, stream_key
 from hybridrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,7 @@ class HFEngine(NativeEngineBase):
                 step=step,
             )
             alive_l, tok_l, lp_l = alive.tolist(), tok.tolist(), lp.tolist()
+            check_finite_logprobs(lp_l, f"native engine (transformers path), decode position {step}")
             for r, t, lp in zip(alive_l, tok_l, lp_l):
                 tokens_out[r].append(t)
                 logps_out[r].append(lp)
