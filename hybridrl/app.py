@@ -60,7 +60,8 @@ def _names(hc) -> tuple[str, str | None]:
 def run(cfg: DictConfig) -> float:
     """Validate `cfg` and train; every failure ends the process with one line and a non-zero code.
 
-    Returns the run's objective for sweepers (Optuna): the mean reward/mean over the last 20% of steps.
+    Returns the run's objective for sweepers (Optuna): the mean reward/mean over the last 20% of steps. The run
+    ends with a summary of its figures (`Controller.summary`).
     """
     import hybridrl.agent.tasks  # noqa: F401  (registers the tool task's rewards, calc_exact and calc_shaped)
     import hybridrl.data.synthetic  # noqa: F401  (registers the "synthetic" reward)
@@ -95,7 +96,8 @@ def run(cfg: DictConfig) -> float:
     except Exception as e:  # a bug or a library's crash: one line here, the traceback in the log file
         log.error("%s", crash_line(e, log_traceback(e, run_dir)))
         sys.exit(1)
-    log.info("done: outputs in %s (objective %.4f)", os.path.relpath(run_dir), objective)
+    log.info("%s", controller.summary(objective))
+    log.info("done: outputs in %s", os.path.relpath(run_dir))
     return objective
 
 
@@ -149,13 +151,18 @@ def _hydra_entry(cfg: DictConfig) -> float:
 def main() -> None:
     """Console-script entry point (`hybridrl ...`), same as `python -m hybridrl ...`.
 
-    Moved keys on the command line fail before Hydra composes. Hydra's composition errors (printed
-    by Hydra over several lines) are raised to here and printed as one line, unless the user set
-    HYDRA_FULL_ERROR=1 to see them whole.
+    `--help` prints `hybridrl.cli.help_text`. Moved keys on the command line fail before Hydra composes. Hydra's
+    composition errors (printed by Hydra over several lines) are raised to here and printed as one line, unless
+    the user set HYDRA_FULL_ERROR=1 to see them whole.
     """
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from hybridrl.cli import help_text, wants_help
+
+    if wants_help(sys.argv[1:]):  # Hydra's help lists no recipe group and no key's meaning
+        print(help_text("hybridrl"))
+        sys.exit(0)
     moved = moved_key_in_overrides(sys.argv[1:])
     if moved:
         print(f"error: {moved}", file=sys.stderr)

@@ -165,6 +165,15 @@ def load_prompts(cfg: DataConfig, tokenizer) -> tuple[list[Prompt], list[Prompt]
             tokenize_rows(train_rows, tokenizer, cfg, "data=synthetic"),
             tokenize_rows(val_rows, tokenizer, cfg, "data=synthetic (val)"),
         )
+    if cfg.name == "hf":
+        from hybridrl.data.hf import read_hf_rows
+
+        source = f"data.path={cfg.path}"
+        train = tokenize_rows(read_hf_rows(cfg.path, cfg.config, cfg.split), tokenizer, cfg, f"{source} [{cfg.split}]")
+        if not cfg.val_split:
+            return train, []
+        val_rows = read_hf_rows(cfg.path, cfg.config, cfg.val_split, "data.val_split")
+        return train, tokenize_rows(val_rows, tokenizer, cfg, f"{source} [{cfg.val_split}]")
     train = tokenize_rows(read_rows(cfg.path, "data.path"), tokenizer, cfg, f"data.path={cfg.path}")
     val = (
         tokenize_rows(read_rows(cfg.val_path, "data.val_path"), tokenizer, cfg, f"data.val_path={cfg.val_path}")
