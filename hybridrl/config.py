@@ -105,14 +105,9 @@ class RunConfig:
 
 
 def register_configs() -> None:
-    """Register the schemas the apps' primary configs build on (idempotent): conf/config.yaml (training),
-    conf/evaluate.yaml and conf/generate.yaml (`hybridrl.eval_config`)."""
-    from hybridrl.eval_config import EvaluateConfig, GenerateConfig
-
-    store = ConfigStore.instance()
-    store.store(name="hybridrl_schema", node=RunConfig)
-    store.store(name="hybridrl_evaluate_schema", node=EvaluateConfig)
-    store.store(name="hybridrl_generate_schema", node=GenerateConfig)
+    """Register the schema that conf/config.yaml builds on (idempotent); evaluate's and generate's are
+    `hybridrl.eval_config.register_eval_configs`."""
+    ConfigStore.instance().store(name="hybridrl_schema", node=RunConfig)
 
 
 def validate(cfg: DictConfig) -> RunConfig:

@@ -65,9 +65,9 @@ def compose_default(config_name: str) -> DictConfig:
     """The app's config with no overrides, as the app composes it."""
     from hydra import compose, initialize_config_module
 
-    from hybridrl.config import register_configs
+    from hybridrl.eval_config import register_eval_configs
 
-    register_configs()
+    register_eval_configs()
     with initialize_config_module(config_module="hybridrl.conf", version_base="1.3"):
         return compose(config_name=config_name)
 

@@ -79,3 +79,15 @@ class GenerateConfig(RunConfig):
         super().__post_init__()
         if not self.prompts:
             raise ConfigError("prompts is empty; give some: python -m hybridrl.generate 'prompts=[\"copy: 1234\"]'")
+
+
+def register_eval_configs() -> None:
+    """Register the schemas conf/evaluate.yaml and conf/generate.yaml build on, and training's (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    from hybridrl.config import register_configs
+
+    register_configs()
+    store = ConfigStore.instance()
+    store.store(name="hybridrl_evaluate_schema", node=EvaluateConfig)
+    store.store(name="hybridrl_generate_schema", node=GenerateConfig)

@@ -29,14 +29,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hybridrl.cli import run_app
-from hybridrl.config import register_configs, validate
+from hybridrl.config import validate
 from hybridrl.config_checks import check_composed
 from hybridrl.errors import ConfigError, HybridRLError, in_phase, phase_of
+from hybridrl.eval_config import register_eval_configs
 
 log = logging.getLogger("hybridrl")
 T = TypeVar("T")
 
-register_configs()
+register_eval_configs()
 
 SAMPLES_FILE = "eval_samples.jsonl"
 SUMMARY_FILE = "eval_summary.json"

@@ -21,13 +21,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hybridrl.cli import run_app
-from hybridrl.config import register_configs
 from hybridrl.errors import in_phase
+from hybridrl.eval_config import register_eval_configs
 from hybridrl.evaluate import guarded, prepare
 
 log = logging.getLogger("hybridrl")
 
-register_configs()
+register_eval_configs()
 
 OUTPUT_FILE = "generations.jsonl"
 

@@ -21,7 +21,9 @@ from tests.paths import REPO
 README = REPO / "README.md"
 RECIPES = sorted((REPO / "recipes" / "recipe").glob("*.yaml"))
 
-_CMD_RE = re.compile(r"(?:^|(?<=[\s;&|(`]))(?:[\w.~/-]*/)?python3?\s+-m\s+hybridrl\b(?P<args>.*)$")
+# `python -m hybridrl ...` only: `python -m hybridrl.evaluate` / `.generate` compose other configs (docs/evaluate.md's
+# commands are checked by tests/unit/test_eval_commands.py).
+_CMD_RE = re.compile(r"(?:^|(?<=[\s;&|(`]))(?:[\w.~/-]*/)?python3?\s+-m\s+hybridrl(?![.\w])(?P<args>.*)$")
 _INLINE_RE = re.compile(r"`([^`\n]+)`")
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-dir", "-cd"}
 _FLAGS = {"--resolve", "--info", "-i", "--help", "-h", "--hydra-help"}
