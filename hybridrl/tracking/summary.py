@@ -65,11 +65,10 @@ def run_summary(
     if val:
         lines.append(f"  {'val/accuracy':<{width}}  {val}")
     if model_at:
-        at = _rel(model_at)
-        lines.append(
-            f"  {'model':<{width}}  {at}  (a Hugging Face folder: python -m hybridrl.export --checkpoint {at} "
-            f"--output model/; scores: python -m hybridrl.evaluate model.path={at})"
-        )
+        at, pad = _rel(model_at), " " * (width + 4)
+        lines.append(f"  {'model':<{width}}  {at}")
+        lines.append(f"{pad}score it:  python -m hybridrl.evaluate model.path={at}")
+        lines.append(f"{pad}export it: python -m hybridrl.export --checkpoint {at} --output <folder>")
     if plot_at and Path(plot_at).exists():
         lines.append(f"  {'plot':<{width}}  {_rel(plot_at)}")
     lines.append(
