@@ -126,7 +126,14 @@ def test_resuming_a_finished_run_says_so_in_one_line(trained, tmp_path):
     assert r.returncode == 0, out[-3000:]
     assert "Traceback" not in out
     assert len([line for line in out.splitlines() if "the run is finished" in line]) == 1
-    r = run_app([*args[:1], f"trainer.steps={STEPS - 1}", args[2], *FAST], tmp_path)
+
+
+@pytest.mark.slow
+def test_resuming_with_fewer_steps_than_the_checkpoint_is_refused(trained, tmp_path):
+    run_dir, _ = trained
+    ckpt = run_dir / "checkpoints" / f"step_{STEPS:06d}"
+    args = [f"trainer.resume={ckpt}", f"trainer.steps={STEPS - 1}", f"hydra.run.dir={tmp_path / 'again'}"]
+    r = run_app([*args, *FAST], tmp_path)
     assert r.returncode == 2 and f"set trainer.steps >= {STEPS}" in r.stdout + r.stderr
 
 

@@ -43,12 +43,16 @@ def test_groups_include_recipes_and_every_conf_folder():
 
 
 def test_help_lists_every_group_and_points_to_the_reference():
-    for app in ("hybridrl", "hybridrl.evaluate"):
-        r = subprocess.run([sys.executable, "-m", app, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "hybridrl", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    from hybridrl.cli import help_text
+
+    for text in (r.stdout, help_text("hybridrl.evaluate"), help_text("hybridrl.generate")):
         for group, options in group_options().items():
-            assert f"  {group} " in r.stdout and ", ".join(options) in r.stdout, group
-        assert "docs/reference.md" in r.stdout
+            assert f"  {group} " in text and ", ".join(options) in text, group
+        assert "docs/reference.md" in text
 
 
 def test_a_sweep_without_multirun_gets_hydras_whole_hint(tmp_path):
