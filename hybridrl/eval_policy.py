@@ -26,7 +26,7 @@ from hybridrl.checkpoints import META, read_meta, verify
 from hybridrl.config import RunConfig
 from hybridrl.engines.base import SamplingParams
 from hybridrl.errors import ConfigError
-from hybridrl.eval_config import EvalConfig
+from hybridrl.eval_config import EvalConfig, EvaluateConfig, GenerateConfig
 from hybridrl.models.config import ModelConfig
 from hybridrl.phases import Phase
 from hybridrl.workers.group import WorkerGroup
@@ -57,7 +57,7 @@ def checkpoint_model(meta: dict, user: ModelConfig, checkpoint: str) -> ModelCon
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved))
 
 
-def policy_config(cfg: RunConfig) -> tuple[RunConfig, Path | None]:
+def policy_config(cfg: EvaluateConfig | GenerateConfig) -> tuple[RunConfig, Path | None]:
     """The run config the workers are built from, and the verified checkpoint to load (None for a model folder).
 
     `model.path` naming a checkpoint folder counts as `eval.checkpoint`. Nothing trains, so no reference model is
@@ -83,7 +83,7 @@ def policy_config(cfg: RunConfig) -> tuple[RunConfig, Path | None]:
     return RunConfig(**sections), path
 
 
-def sampling(cfg: RunConfig) -> SamplingParams:
+def sampling(cfg: EvaluateConfig | GenerateConfig) -> SamplingParams:
     """`eval.*` as the engines' sampling parameters (max_new_tokens defaults to engine.max_new_tokens)."""
     ev: EvalConfig = cfg.eval
     return SamplingParams(

@@ -36,6 +36,8 @@ def generate(cfg: DictConfig, run_dir: str) -> list[dict]:
     """Completions of `cfg.prompts`, printed and written to `run_dir`; returns one row per completion."""
     from hybridrl.data.prompts import Prompt, check_prompt, render_prompt
     from hybridrl.eval_policy import policy_group, sampling
+    from hybridrl.rewards.scoring import response_text
+    from hybridrl.rollout_scoring import rollout_batch
 
     with in_phase("config"):
         app_cfg, run_cfg, checkpoint, model_path, tokenizer = prepare(cfg)
@@ -48,10 +50,15 @@ def generate(cfg: DictConfig, run_dir: str) -> list[dict]:
     with in_phase("setup"), policy_group(run_cfg, checkpoint) as group:
         with in_phase("generate"):
             outs = group.generate([p.token_ids for p in prompts], 0, params)
-    rows = []
-    for c in outs:
-        text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
-        rows.append({"prompt": app_cfg.prompts[c.prompt_index], "completion": text, "finish_reason": c.finish_reason})
+    batch, _ = rollout_batch(prompts, outs, agent=run_cfg.rollout.name == "agent")  # agent: the whole trajectory
+    rows = [
+        {
+            "prompt": app_cfg.prompts[o.prompt_index],
+            "completion": response_text(batch, i, tokenizer),
+            "finish_reason": batch.meta["finish_reason"][i],
+        }
+        for i, o in enumerate(outs)
+    ]
     with open(Path(run_dir) / OUTPUT_FILE, "w") as f:
         f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     lines = []
