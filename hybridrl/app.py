@@ -65,7 +65,8 @@ def _names(hc) -> tuple[str, str | None]:
 def run(cfg: DictConfig) -> float:
     """Validate `cfg` and train; every failure ends the process with one line and a non-zero code.
 
-    Returns the run's objective for sweepers (Optuna): the mean reward/mean over the last 20% of steps.
+    Returns the run's objective for sweepers (Optuna): the mean reward/mean over the last 20% of steps. The run
+    ends with a summary of its figures (`Controller.summary`).
     """
     import hybridrl.agent.tasks  # noqa: F401  (registers the tool task's rewards, calc_exact and calc_shaped)
     import hybridrl.data.synthetic  # noqa: F401  (registers the "synthetic" reward)
@@ -116,7 +117,8 @@ def run(cfg: DictConfig) -> float:
         sys.exit(1)
     finally:
         unlock_dir(run_dir)
-    log.info("done: outputs in %s (objective %.4f)", os.path.relpath(run_dir), objective)
+    log.info("%s", controller.summary(objective))
+    log.info("done: outputs in %s", os.path.relpath(run_dir))
     return objective
 
 
@@ -197,14 +199,19 @@ def main() -> None:
 def _main() -> None:
     """The app: compose, run, and print any failure as one line.
 
-    Moved keys on the command line fail before Hydra composes. Hydra's composition errors (printed
-    by Hydra over several lines) are raised to here and printed as one line, unless the user set
-    HYDRA_FULL_ERROR=1 to see them whole; so are errors before the run starts (a run dir another run holds,
+    `--help` prints `hybridrl.cli.help_text`. Moved keys on the command line fail before Hydra composes. Hydra's
+    composition errors (printed by Hydra over several lines) are raised to here and printed as one line, unless the
+    user set HYDRA_FULL_ERROR=1 to see them whole; so are errors before the run starts (a run dir another run holds,
     a folder that cannot be written). SIGTERM raises `Terminated` in the main thread, handled like Ctrl-C.
     """
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from hybridrl.cli import help_text, wants_help
+
+    if wants_help(sys.argv[1:]):  # Hydra's help lists no recipe group and no key's meaning
+        print(help_text("hybridrl"))
+        sys.exit(0)
     moved = moved_key_in_overrides(sys.argv[1:])
     if moved:
         print(f"error: {moved}", file=sys.stderr)

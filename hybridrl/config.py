@@ -105,7 +105,8 @@ class RunConfig:
 
 
 def register_configs() -> None:
-    """Register the schema that conf/config.yaml builds on (idempotent)."""
+    """Register the schema that conf/config.yaml builds on (idempotent); evaluate's and generate's are
+    `hybridrl.eval_config.register_eval_configs`."""
     ConfigStore.instance().store(name="hybridrl_schema", node=RunConfig)
 
 

@@ -5,11 +5,13 @@
 - Keys that moved (`MOVED_KEYS`) fail with one line naming the new key: on the command line before Hydra
   composes (`moved_key_in_overrides`), and in the composed config (`check_composed`).
 - NaN is never a meaningful config value (`trainer.lr=nan` passes a `lr <= 0` check): refused by key.
-- `composition_error_line` turns Hydra's multi-line composition errors into one line.
+- `composition_error_line` turns Hydra's multi-line composition errors into one line (with all of Hydra's hints
+  for a sweep value given without -m).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from functools import lru_cache
@@ -30,11 +32,18 @@ MOVED_KEYS: dict[str, str] = {
 }
 
 
-@lru_cache(maxsize=1)
-def _schema() -> DictConfig:
+@lru_cache(maxsize=None)
+def _schema(cls: type | None = None) -> DictConfig:
+    """The schema of `cls` (an app's config dataclass: RunConfig, or evaluate's and generate's subclasses of it)."""
     from hybridrl.config import RunConfig
 
-    return OmegaConf.structured(RunConfig)
+    return OmegaConf.structured(cls or RunConfig)
+
+
+def _schema_of(cfg: DictConfig) -> DictConfig:
+    """The schema `cfg` was composed on (its dataclass), RunConfig's for a plain DictConfig."""
+    cls = OmegaConf.get_type(cfg)
+    return _schema(cls if dataclasses.is_dataclass(cls) else None)
 
 
 def _free_form(node: Any) -> bool:
@@ -83,7 +92,7 @@ def moved_key_in_overrides(args: list[str]) -> str | None:
 
 def unknown_keys(cfg: DictConfig, node: DictConfig | None = None, prefix: str = "") -> list[str]:
     """Dotted keys of the composed `cfg` that the schema does not define (force-added with `+`)."""
-    node = _schema() if node is None else node
+    node = _schema_of(cfg) if node is None else node
     out: list[str] = []
     for k in cfg.keys():
         if prefix == "" and k == "hydra":
@@ -122,7 +131,7 @@ def check_composed(cfg: DictConfig) -> None:
             raise ConfigError(message)
     if keys:
         key = keys[0]
-        hint = difflib.get_close_matches(key, sorted(schema_keys()), n=1)
+        hint = difflib.get_close_matches(key, sorted(schema_keys(_schema_of(cfg))), n=1)
         did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
         raise ConfigError(
             f"{key} is not a config key{did_you_mean}; a leading + cannot add keys to a section a dataclass defines"
@@ -149,7 +158,12 @@ def composition_error_line(e: BaseException) -> str:
     if cause is not None and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError") and full_key:
         hint = difflib.get_close_matches(str(full_key), sorted(schema_keys()), n=1)
         return f"{full_key} is not a config key" + (f" (did you mean {hint[0]}?)" if hint else "")
-    parts = [str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__]
+    text = str(e).strip()
+    if text.startswith("Ambiguous value for argument"):  # a sweep without -m: Hydra's hints follow on more lines
+        first, *hints = text.splitlines()
+        hints = [h.split(". ", 1)[-1].strip() for h in hints if h.strip()]
+        return f"{first}: " + "; ".join(hints) + " (-m for short)"
+    parts = [text.splitlines()[0] if text else type(e).__name__]
     if cause is not None and str(cause).strip():
         parts.append(str(cause).strip().splitlines()[0])
     if full_key and str(full_key) not in " ".join(parts):

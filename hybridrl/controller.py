@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -24,49 +26,33 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from hybridrl.agent import agent_metrics, trajectories_to_batch
 from hybridrl.algorithms import GroupRefill
 from hybridrl.batch import Batch
 from hybridrl.checkpoints import CheckpointDir, read_meta
 from hybridrl.config import RunConfig
 from hybridrl.data.prompts import ContextLimit, Prompt, PromptLoader, load_prompts
-from hybridrl.engines.base import Completion, SamplingParams
-from hybridrl.errors import DivergenceError, at_step, in_phase
+from hybridrl.engines.base import SamplingParams
+from hybridrl.errors import ConfigError, DivergenceError, at_step, in_phase
 from hybridrl.estimation import estimate, shaped_scores
 from hybridrl.models.loading import load_hf_config, load_tokenizer, resolve_model_path
 from hybridrl.phases import TIMED_PHASES, Phase
 from hybridrl.resume_policy import enforce_resume_policy
 from hybridrl.rewards.base import RewardScores
 from hybridrl.rewards.scoring import merge_scores
+from hybridrl.rollout_scoring import completions_to_batch, correct_flags, generate_and_score, rollout_batch
+from hybridrl.tracking.console import LearningSignalWatch, validation_line
 from hybridrl.tracking.samples import pick_samples, sample_rows
+from hybridrl.tracking.summary import run_summary
 from hybridrl.tracking.tracker import Tracker
 from hybridrl.workers.backends import build_worker_group
 from hybridrl.workers.group import WorkerGroup
 
 log = logging.getLogger("hybridrl")
 
+__all__ = ["Controller", "completions_to_batch", "mean_over_ranks"]  # completions_to_batch: kept importable here
 
-def completions_to_batch(prompts: list[Prompt], comps: list[Completion]) -> Batch:
-    """Response-aligned tensors (responses, mask, engine log-probs) for every completion."""
-    width = max(1, max(len(c.token_ids) for c in comps))
-    resp = torch.zeros((len(comps), width), dtype=torch.long)
-    mask = torch.zeros((len(comps), width), dtype=torch.float32)
-    elp = torch.zeros((len(comps), width), dtype=torch.float32)
-    for i, c in enumerate(comps):
-        n = len(c.token_ids)
-        resp[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
-        mask[i, :n] = 1
-        elp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
-    src = [prompts[c.prompt_index] for c in comps]
-    return Batch(
-        prompts=[p.token_ids for p in src],
-        tensors={"responses": resp, "response_mask": mask, "engine_logprobs": elp},
-        meta={
-            "prompt_text": [p.text for p in src],
-            "sample": [p.sample for p in src],
-            "finish_reason": [c.finish_reason for c in comps],
-        },
-    )
+#: Steps in a row without a learning signal (reward/zero_std_frac = 1) before the console says so.
+NO_SIGNAL_PATIENCE = 5
 
 
 def check_engine_logprobs(batch: Batch) -> None:
@@ -101,6 +87,8 @@ class Controller:
         self.group: WorkerGroup | None = None
         self.times: dict[str, float] = {}
         self.reward_errors = 0
+        self.model_at: Path | None = None  # the newest checkpoint: where the trained model is
+        self.finished = False  # resumed from a checkpoint at trainer.steps: nothing left to train
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, prompts: list[Prompt] | None = None) -> None:
@@ -154,6 +142,11 @@ class Controller:
                 log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.checkpoints.root)
             return
         meta = read_meta(path)
+        step, steps = int(meta["step"]), self.cfg.trainer.steps
+        if step > steps:
+            raise ConfigError(
+                f"trainer.steps={steps} is below the checkpoint's step {step} ({path}); set trainer.steps >= {step}"
+            )
         # Keys that may change on resume take their new values (one log line); the others must not have changed.
         changed = enforce_resume_policy(
             meta["config"], self.full_config, OmegaConf.to_container(OmegaConf.structured(RunConfig))
@@ -163,14 +156,14 @@ class Controller:
         self.group.run_all(Phase.LOAD_CHECKPOINT, str(path))
         self.group.run_all(Phase.RESHARD)  # the engine must generate from the restored weights
         self.loader.load_state_dict(meta["loader"])
-        self.start_step = int(meta["step"])
+        self.start_step, self.model_at, self.finished = step, path, step == steps
         self.tracker.resume_at(self.start_step)
         log.info("resumed from %s at step %d", path, self.start_step)
 
-    def save_checkpoint(self, step: int) -> Path:
-        """An atomic checkpoint of every rank's trainer state plus the controller's own. A save that fails or is
-        interrupted removes its staging folder (the workers have stopped writing by then: a failed or interrupted
-        phase stops them first)."""
+    def save_checkpoint(self, step: int, plot: bool = True) -> Path:
+        """An atomic checkpoint of every rank's trainer state plus the controller's own (and plots.png, unless
+        `plot` is off: the run's end draws it anyway). A save that fails or is interrupted removes its staging
+        folder (the workers have stopped writing by then: a failed or interrupted phase stops them first)."""
         with in_phase(str(Phase.SAVE_CHECKPOINT)):
             tmp = self.checkpoints.staging(step)
             try:
@@ -180,7 +173,9 @@ class Controller:
             except BaseException:
                 self.checkpoints.remove_stale()
                 raise
-        self.tracker.plot()
+        if plot:
+            self.tracker.plot()
+        self.model_at = path
         log.info("checkpoint %s", path)
         return path
 
@@ -194,26 +189,39 @@ class Controller:
 
     # -- train ----------------------------------------------------------------------------
     def train(self) -> None:
-        """Run `trainer.steps` iterations, logging one row per step."""
+        """Run `trainer.steps` iterations, logging one row per step; then save the final model (trainer.save_final).
+        The progress bar shows only on a terminal: redirected output gets the log lines alone."""
         from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
-        steps = self.cfg.trainer.steps
-        bar = tqdm(
-            total=steps, initial=self.start_step, desc="steps", disable=not self.cfg.logger.progress_bar, leave=False
-        )
+        trainer = self.cfg.trainer
+        steps, every = trainer.steps, trainer.eval_every
+        show_bar = self.cfg.logger.progress_bar and sys.stderr.isatty()
+        bar = tqdm(total=steps, initial=self.start_step, desc="steps", disable=not show_bar, leave=False)
+        watch = LearningSignalWatch(NO_SIGNAL_PATIENCE) if self._group_baseline() else None
         with logging_redirect_tqdm():
             for step in range(self.start_step + 1, steps + 1):
                 with at_step(step):
                     metrics = self.train_step(step)
-                    every = self.cfg.trainer.eval_every
                     if every and (step % every == 0 or step == steps) and self.val_prompts:
                         metrics.update(self.validate(step))
                     self.tracker.log(step, metrics)
-                    if self.cfg.trainer.save_every and step % self.cfg.trainer.save_every == 0:
+                    if "val/accuracy" in metrics:
+                        log.info(validation_line(step, metrics))
+                    warning = watch.update(step, metrics) if watch else None
+                    if warning:
+                        log.warning(warning)
+                    if trainer.save_every and step % trainer.save_every == 0:
                         self.save_checkpoint(step)
+                    elif step == steps and trainer.save_final:
+                        self.save_checkpoint(step, plot=False)
                 bar.update(1)
         bar.close()
+
+    def _group_baseline(self) -> bool:
+        """Whether advantages come from the group's rewards alone (no critic, no token-level KL rewards), so equal
+        rewards in every group mean no learning signal at all."""
+        return not self.cfg.algorithm.needs_critic and self.cfg.algorithm.adv_estimator != "reinforce_pp"
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One iteration of the phase sequence; returns its metrics."""
@@ -321,10 +329,7 @@ class Controller:
     def _rollout_batch(self, prompts: list[Prompt], outs: list) -> tuple[Batch, dict[str, float]]:
         """The rollout as a training batch: completions, or with rollout=agent trajectories (and `agent/*`). Tokens
         drawn from non-finite logits (a diverged policy, whichever engine drew them) stop the run here."""
-        if self.cfg.rollout.name == "agent":
-            batch, metrics = trajectories_to_batch(prompts, outs), agent_metrics(outs)
-        else:
-            batch, metrics = completions_to_batch(prompts, outs), {}
+        batch, metrics = rollout_batch(prompts, outs, self.cfg.rollout.name == "agent")
         check_engine_logprobs(batch)
         return batch, metrics
 
@@ -361,6 +366,8 @@ class Controller:
         """Mean reward/mean over the last `frac` of logged steps (what sweepers maximize)."""
         from hybridrl.tracking.plot import read_metrics
 
+        if not self.tracker.metrics_path.exists():  # a finished run resumed into a new folder: no step ran here
+            return math.nan
         rows = [r["reward/mean"] for r in read_metrics(self.tracker.metrics_path) if r.get("reward/mean") is not None]
         tail = rows[-max(1, int(len(rows) * frac)) :] if rows else [float("nan")]
         return sum(tail) / len(tail)
@@ -393,16 +400,28 @@ class Controller:
         return out
 
     def _score_val(self, params: SamplingParams, step: int) -> tuple[list[float], list[bool], Batch]:
-        """Scores and exact-correctness of held-out completions (`correct` component, else score >= 1)."""
-        comps = self.group.generate([p.token_ids for p in self.val_prompts], step, params)
-        batch, _ = self._rollout_batch(self.val_prompts, comps)
-        pad = self.group.topology.padding_rows(len(batch))  # repeat the last rows so every rank gets an equal share
-        padded = Batch.concat([batch, batch.select([len(batch) - 1] * pad)]) if pad else batch
-        scores, extras = self._gather_rewards(self.group.run_scattered(Phase.REWARD, padded))
-        scores = scores[: len(batch)]
-        exact = extras.get("correct") or extras.get("exact")
-        correct = [c >= 1.0 for c in exact[: len(batch)]] if exact else [s >= 1.0 for s in scores]
-        return scores, correct, batch
+        """Scores and exact-correctness of held-out completions (`rollout_scoring.correct_flags`)."""
+        batch, merged = generate_and_score(
+            self.group, self.val_prompts, params, step, agent=self.cfg.rollout.name == "agent"
+        )
+        self.reward_errors += merged.errors
+        return merged.scores, correct_flags(merged.scores, merged.extras), batch
+
+    def summary(self, objective: float) -> str:
+        """The end-of-run lines (first -> last reward and components, validation, time per step, where the model
+        and the plot are, the objective); for a run resumed at its last step, one line saying it is finished."""
+        from hybridrl.tracking.plot import read_metrics
+
+        if self.finished:
+            at = self.model_at
+            return (
+                f"{at} is at step {self.start_step} = trainer.steps: the run is finished, nothing to train (raise "
+                f"trainer.steps to go on; python -m hybridrl.evaluate model.path={at} scores it)"
+            )
+        path = self.tracker.metrics_path
+        rows = read_metrics(path) if path.exists() else []
+        plot = self.run_dir / "plots.png" if self.cfg.logger.plot else None
+        return run_summary(rows, objective, self.model_at, plot)
 
     # -- cleanup --------------------------------------------------------------------------
     def cleanup(self) -> None:

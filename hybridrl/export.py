@@ -4,6 +4,9 @@
     python -m hybridrl.export --checkpoint ... --output ... --model-path /models/Qwen2.5-0.5B-Instruct
     python -m hybridrl.export --checkpoint ... --output ... --merge       # a LoRA run: the merged model
 
+It prints where the folder is and the lines that load it (`--json`: {output, files} for scripts). A run saves its
+final model by default (`trainer.save_final`), so `outputs/<date>/<time>/checkpoints/step_<last>` is always there.
+
 A LoRA checkpoint (`model.lora`) is written as a PEFT adapter folder (adapter_config.json,
 adapter_model.safetensors: load it with `PeftModel.from_pretrained(base, folder)`), or with `--merge` as the full
 model with the adapters merged in. The checkpoint is verified against its checksums first. The base model folder and
@@ -18,6 +21,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -62,25 +66,30 @@ def export(
     the adapter folder, or the merged model with `merge`)."""
     from hybridrl.checkpoints import read_meta, verify
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+    from hybridrl.models.quiet import no_progress_bars
     from hybridrl.training.checkpoint import load_model_weights
 
     verify(checkpoint)
     cfg = model_config(read_meta(checkpoint), model_path, trust_remote_code)
     base = resolve_model_path(cfg)
     model = load_causal_lm(base, cfg, torch.float32, "cpu")
-    if cfg.lora.enabled:
-        from hybridrl.training.lora import export_model
+    with warnings.catch_warnings():
+        # torch.distributed.checkpoint, read in one process on purpose, says it assumes so.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        if cfg.lora.enabled:
+            from hybridrl.training.lora import export_model
 
-        model = export_model(model, cfg.lora, checkpoint, merge)
-    else:
-        load_model_weights(checkpoint, model)
+            model = export_model(model, cfg.lora, checkpoint, merge)
+        else:
+            load_model_weights(checkpoint, model)
     if output.exists():
         if not force:
             raise SystemExit(f"error: {output} exists; pass --force to replace it")
         shutil.rmtree(output)
     tmp = output.with_name(f".tmp-{output.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    with no_progress_bars():
+        model.save_pretrained(tmp, safe_serialization=True)
     load_tokenizer(base, cfg.trust_remote_code).save_pretrained(tmp)
     os.replace(tmp, output)  # only a complete folder ever appears under the output name
     return output
@@ -90,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from hybridrl.errors import HybridRLError
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", required=True, type=Path, help="a checkpoints/step_N folder")
+    ap.add_argument("--checkpoint", required=True, type=Path, help="a checkpoints/step_000150-style folder")
     ap.add_argument("--output", required=True, type=Path, help="folder to write the HF model into")
     ap.add_argument("--force", action="store_true", help="replace an existing output folder")
     ap.add_argument(
@@ -104,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="LoRA checkpoint: write the merged model instead of the adapter folder (no effect otherwise)",
     )
+    ap.add_argument("--json", action="store_true", help="print {output, files} as JSON instead of how to load it")
     args = ap.parse_args(argv)
     if not (args.checkpoint / "meta.json").is_file():
         print(f"error: {args.checkpoint} is not a complete checkpoint (no meta.json)", file=sys.stderr)
@@ -113,8 +123,31 @@ def main(argv: list[str] | None = None) -> int:
     except HybridRLError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"output": str(out), "files": sorted(p.name for p in out.iterdir())}))
+    files = sorted(p.name for p in out.iterdir())
+    if args.json:
+        print(json.dumps({"output": str(out), "files": files}))
+    else:
+        print(how_to_load(out.resolve(), files, args.model_path))
     return 0
+
+
+def how_to_load(folder: Path, files: list[str], base: str | None) -> str:
+    """Where the export went and the lines that load it (an adapter folder needs its base model)."""
+    head = f"wrote {folder} ({', '.join(files)})\nload it with:\n"
+    if "adapter_config.json" in files:
+        base = base or "<the tiny model's folder: the run's model.path>"
+        return head + (
+            "  from peft import PeftModel\n  from transformers import AutoModelForCausalLM\n"
+            f'  model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{folder}")\n'
+            "(or export again with --merge for a plain model folder)"
+        )
+    return head + (
+        "  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f'  model = AutoModelForCausalLM.from_pretrained("{folder}")\n'
+        f'  tokenizer = AutoTokenizer.from_pretrained("{folder}")\n'
+        f"or score it: python -m hybridrl.evaluate model.path={folder}; train from it: "
+        f"python -m hybridrl model=hf model.path={folder}"
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("trainer.steps", APPLY, "run length"),
     ("trainer.resume", APPLY, "how this run starts"),
     ("trainer.save_every", APPLY, "checkpoint cadence"),
+    ("trainer.save_final", APPLY, "checkpoint cadence"),
     ("trainer.keep_last", APPLY, "checkpoint retention"),
     ("trainer.eval_every", APPLY, "validation cadence"),
     ("trainer.eval_samples", APPLY, "validation sampling"),

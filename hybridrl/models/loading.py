@@ -1,4 +1,5 @@
-"""Load the policy and tokenizer through `from_pretrained`, for tiny and real models alike."""
+"""Load the policy and tokenizer through `from_pretrained`, for tiny and real models alike (a local folder or a
+Hugging Face Hub id)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import torch
 
 from hybridrl.errors import ConfigError
 from hybridrl.models.config import ModelConfig
+from hybridrl.models.hub import hub_command, hub_snapshot, looks_like_hub_id
 from hybridrl.models.pretrain import PretrainSpec
+from hybridrl.models.quiet import no_progress_bars
 from hybridrl.models.tiny import ensure_tiny_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(cfg: ModelConfig) -> str:
-    """The folder to load: the user's `model.path`, or the tiny model (made on first use)."""
+    """The folder to load: the user's `model.path` (a folder or a Hub id), or the tiny model (made on first use)."""
     if cfg.path is None:
         t = cfg.tiny
         return str(
@@ -33,13 +36,33 @@ def resolve_model_path(cfg: ModelConfig) -> str:
                 pretrain_spec=PretrainSpec(steps=t.pretrain_steps, seed=t.seed),
             )
         )
-    path = Path(os.path.expanduser(cfg.path))
-    if not (path / "config.json").is_file():
+    return resolve_path(cfg.path)
+
+
+def resolve_path(path: str, key: str = "model.path") -> str:
+    """A local Hugging Face model folder for `path`: the folder itself, or a Hub id's snapshot in the
+    huggingface_hub cache (`hybridrl.models.hub`). Raises ConfigError naming `key` and what to give instead."""
+    local = Path(os.path.expanduser(path))
+    if (local / "config.json").is_file():
+        return str(local)
+    if (local / "meta.json").is_file():
         raise ConfigError(
-            f"model.path={cfg.path!r} is not a Hugging Face model folder (no config.json there); "
-            "point it at a local folder such as the output of `huggingface-cli download`"
+            f"{key}={path!r} is a hybridrl checkpoint, not a model folder: evaluate it with "
+            f"`python -m hybridrl.evaluate model.path={path}`, or write a model folder with "
+            f"`python -m hybridrl.export --checkpoint {path} --output <folder>`"
         )
-    return str(path)
+    if local.is_dir():
+        raise ConfigError(
+            f"{key}={path!r} is not a Hugging Face model folder (no config.json there); give a folder with "
+            f"config.json, weights and tokenizer (such as the output of `{hub_command('download')} <id> "
+            "--local-dir <folder>`), or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct"
+        )
+    if looks_like_hub_id(path):
+        return hub_snapshot(path, key)
+    raise ConfigError(
+        f"{key}={path!r}: no such folder; give a local Hugging Face model folder or a Hub id such as "
+        "Qwen/Qwen2.5-0.5B-Instruct"
+    )
 
 
 def check_supported_architecture(model_path: str, trust_remote_code: bool = False, key: str = "model.path") -> str:
@@ -107,10 +130,11 @@ def load_causal_lm(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torc
     """A causal LM from `path` in `dtype` on `device`, with the configured attention kernel."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=dtype,
-        attn_implementation=cfg.attn_implementation,
-        trust_remote_code=cfg.trust_remote_code,
-    )
+    with no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype,
+            attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code,
+        )
     return model.to(device)

@@ -19,6 +19,7 @@ import torch
 
 from hybridrl.models.chat_template import install_chat_template
 from hybridrl.models.pretrain import PretrainSpec, pretrain
+from hybridrl.models.quiet import no_progress_bars
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,8 @@ def ensure_tiny_model(
         log.info("tiny model pre-trained: loss %.3f -> %.3f", losses[0], sum(losses[-50:]) / len(losses[-50:]))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(tmp, safe_serialization=True)
+    with no_progress_bars():
+        model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     try:
         os.replace(tmp, target)

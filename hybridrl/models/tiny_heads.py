@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from hybridrl.models.quiet import no_progress_bars
+
 TINY_RM_FORMAT_VERSION = 1
 
 
@@ -75,7 +77,8 @@ def ensure_tiny_reward_model(cache_dir: str | os.PathLike | None = None, **shape
         model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
         with torch.no_grad():  # a head of unit scale, so scores of different texts differ visibly
             model.score.weight.normal_(0.0, 1.0 / spec["hidden_size"] ** 0.5)
-    model.save_pretrained(tmp, safe_serialization=True)
+    with no_progress_bars():
+        model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     try:
         os.replace(tmp, target)

@@ -27,6 +27,8 @@ from hybridrl.errors import HybridRLError
 from hybridrl.reshard.lora_merge import LoraMerge, hf_name
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# torch 2.13 renamed all_gather_into_tensor (deprecated there, a FutureWarning per call) to all_gather_single.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -151,7 +153,7 @@ def _all_gather_packed(
             )
         send[off : off + local.numel()].copy_(local.reshape(-1))  # copy_ casts and moves (CPU-offloaded shards)
     gathered = torch.empty(ws * total, dtype=dtype, device=device)
-    dist.all_gather_into_tensor(gathered, send, group=mesh.get_group(mesh_dim))
+    _all_gather(gathered, send, group=mesh.get_group(mesh_dim))
     del send
     by_rank = gathered.view(ws, total)
     fulls = []

@@ -46,8 +46,9 @@ def first_last_means(values: list[float], frac: float = 0.2) -> tuple[float, flo
 
 
 def plot_run(metrics_path: str | Path, out_path: str | Path) -> Path:
-    """Write reward/mean and each reward component, and response/length_mean, against step (plus val/*
-    reward when present); each reward curve's legend gives its mean over the first and last 20% of steps."""
+    """Write reward/mean and each reward component, and response/length_mean, against step (plus validation's
+    val/reward_mean and val/accuracy when present); each reward curve's legend gives its mean over the first and last
+    20% of steps, a validation curve's its last value."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,9 +68,10 @@ def plot_run(metrics_path: str | Path, out_path: str | Path) -> Path:
             linewidth=2 if i == 0 else 1.2,
             linestyle="-" if i == 0 else "--",
         )
-    val = [(r["step"], r["val/reward_mean"]) for r in rows if "val/reward_mean" in r]
-    if val:
-        axes[0].plot(*zip(*val), "o-", label="val/reward_mean")
+    for key, style in (("val/reward_mean", "o-"), ("val/accuracy", "s-")):
+        val = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if val:
+            axes[0].plot(*zip(*val), style, label=f"{key}  last {val[-1][1]:.2f}")
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("reward")
     axes[0].legend(fontsize=8, title="first 20% → last 20%", title_fontsize=8)

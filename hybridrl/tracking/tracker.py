@@ -56,7 +56,14 @@ class Tracker:
         os.environ.setdefault("WANDB_DIR", str(self.run_dir))
         os.environ.setdefault("WANDB_CACHE_DIR", str(self.run_dir / "wandb-cache"))
         os.environ.setdefault("WANDB_CONFIG_DIR", str(self.run_dir / "wandb-config"))
+        # wandb's end-of-run listing is alphabetical and cut at 10 keys (actor/*, batch/*, ... with reward/* behind
+        # "+64 ..."); the run's own summary (Controller.summary), led by the reward, follows it on the console.
+        try:
+            quiet_footer = wandb.Settings(max_end_of_run_summary_metrics=0, max_end_of_run_history_metrics=0)
+        except Exception:  # noqa: BLE001 - a wandb before these settings: its listing stays
+            quiet_footer = None
         return wandb.init(
+            settings=quiet_footer,
             project=self.cfg.project,
             entity=self.cfg.entity,
             group=self.cfg.group or sweep_group,

@@ -130,6 +130,9 @@ class TrainerConfig:
     """Seed for initialization-time randomness and sampling seeds (per rank and step)."""
     save_every: int = 0
     """Save a checkpoint every N steps (0 = never)."""
+    save_final: bool = True
+    """Save a checkpoint after the last step (checkpoints/step_N: what python -m hybridrl.export and
+    python -m hybridrl.evaluate take, and what a longer run resumes from)."""
     eval_every: int = 0
     """Run validation every N steps (0 = never)."""
     eval_samples: int = 0

@@ -26,6 +26,7 @@ import torch
 from hybridrl.algorithms import AlgorithmConfig, aggregation_denominator, clipped_value_loss
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
+from hybridrl.models.quiet import no_progress_bars
 from hybridrl.training.attention import use_packed_attention
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.critic_config import CriticConfig
@@ -51,7 +52,7 @@ def load_value_model(path: str, model_cfg: ModelConfig, dtype: torch.dtype, devi
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    with torch.random.fork_rng(devices=[]), quiet_transformers():
+    with torch.random.fork_rng(devices=[]), quiet_transformers(), no_progress_bars():
         torch.manual_seed(head_seed)
         model, info = AutoModelForTokenClassification.from_pretrained(
             path,

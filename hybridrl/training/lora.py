@@ -15,6 +15,7 @@ or, with `--merge`, the merged model.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -79,7 +80,10 @@ def wrap_with_lora(model: nn.Module, opts: LoraOptions, seed: int):
     from peft import get_peft_model
 
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+        # PEFT reads transformers' deprecated `is_gradient_checkpointing` (a FutureWarning on every run, ours to
+        # neither fix nor act on).
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
         return get_peft_model(model, peft_config(opts), autocast_adapter_dtype=True)
 

@@ -35,6 +35,8 @@ DOCS = [
 ]
 RECIPES = sorted((REPO / "recipes" / "recipe").glob("*.yaml"))
 
+# `python -m hybridrl.evaluate` / `.generate` compose other configs: docs/evaluate.md's commands are checked by
+# tests/unit/test_eval_commands.py.
 _PREFIX = r"(?:^|(?<=[\s;&|(`]))(?:[\w.~/-]*/)?python3?\s+"
 _CMD_RE = re.compile(_PREFIX + r"-m\s+hybridrl(?![\w.])(?P<args>.*)$")
 # The package's other commands, the benchmarks and the scripts: (module or script path, arguments).

@@ -18,6 +18,9 @@ Construction and teardown are in `vllm.construction`, weight delivery in `vllm.w
   (`stream_key(seed, prompt_offset + i, 0)`, 30 bits), so samples do not depend on the split over engine groups.
 - TP on CPU uses shared memory named after VLLM_DIST_IDENT, which external_launcher fixes to "//" — two TP jobs
   on one host may collide (not checked); segments an exited worker left are removed first (`vllm.shm`).
+- Harmless noise, dropped at vLLM's loggers (`quiet.py`): "Chat template warmup failed" (no tokenizer),
+  "RotaryEmbedding/ParallelLMHead: Failed to load weights" on every push (modules with nothing to load keep their
+  tensors; the tied head is re-packed in `vllm.weights`).
 - Sleep mode is unsupported on CPU (`enable_sleep_mode=True` raises); there sleep/wake only keep the bookkeeping
   (and warn once). GPU: `enable_sleep_mode=True`, `llm.sleep(level)`, `llm.wake_up(tags)`; vLLM does not
   schedule until every tag is awake, so `generate` refuses to run while anything sleeps (it would hang).
@@ -47,6 +50,7 @@ from hybridrl.engines.vllm.construction import (
     local_device_index,
     teardown,
 )
+from hybridrl.engines.vllm.quiet import quiet_vllm_logs
 from hybridrl.engines.vllm.shm import remove_stale_cpu_shm
 from hybridrl.engines.vllm.weights import check_whole_modules, checkpoint_modules, load_in_place, repack_tied_lm_head
 from hybridrl.topology import Topology
@@ -118,6 +122,7 @@ class VllmEngine(RolloutEngine):
         )
         from vllm import LLM
 
+        quiet_vllm_logs(self._tied_embeddings)
         if self.on_cpu and tp_size > 1:
             remove_stale_cpu_shm()
         set_num_threads = torch.set_num_threads

@@ -1,0 +1,176 @@
+"""Every config key with its type, default and meaning, as markdown, read from the dataclasses' field docstrings.
+
+    python -m hybridrl.config_reference > docs/reference.md
+
+The defaults are those of the composed default config (what `python -m hybridrl --cfg job` prints), not the bare
+dataclass values; each group lists its options (`engine=native|vllm|sglang`). A test regenerates the page and
+compares, so the reference cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import sys
+import textwrap
+from functools import lru_cache
+from importlib.resources import files
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+#: The schemas documented, with the app that composes each.
+APPS = (
+    ("python -m hybridrl", "config", "hybridrl.config:RunConfig"),
+    ("python -m hybridrl.evaluate", "evaluate", "hybridrl.eval_config:EvaluateConfig"),
+    ("python -m hybridrl.generate", "generate", "hybridrl.eval_config:GenerateConfig"),
+)
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: the string literal under it} for a dataclass and its bases (the torchtitan docstring-per-field style)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    return docs
+
+
+def group_options() -> dict[str, list[str]]:
+    """Each config group (a folder of conf/, and recipe) and its options, by name."""
+    out: dict[str, list[str]] = {}
+    for root, prefix in ((files("hybridrl.conf"), ""), (files("hybridrl.recipes"), "")):
+        for folder in root.iterdir():
+            if folder.is_dir() and not folder.name.startswith(("_", ".")):
+                names = sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml"))
+                if names:
+                    out[prefix + folder.name] = names
+    return dict(sorted(out.items()))
+
+
+def compose_default(config_name: str) -> DictConfig:
+    """The app's config with no overrides, as the app composes it."""
+    from hydra import compose, initialize_config_module
+
+    from hybridrl.eval_config import register_eval_configs
+
+    register_eval_configs()
+    with initialize_config_module(config_module="hybridrl.conf", version_base="1.3"):
+        return compose(config_name=config_name)
+
+
+def _load(spec: str) -> type:
+    module, name = spec.split(":")
+    __import__(module)
+    return getattr(sys.modules[module], name)
+
+
+def _value(v: Any) -> str:
+    """A default as the command line writes it: `null`, `true`, `[a, b]`, `{}`."""
+    if isinstance(v, (DictConfig, ListConfig)):
+        v = OmegaConf.to_container(v)
+    if isinstance(v, dict):
+        text = "{}" if not v else ", ".join(f"{k}: {_plain(x)}" for k, x in v.items()).join("{}")
+    elif isinstance(v, list):
+        text = "[" + ", ".join(_plain(x) for x in v) + "]"
+    else:
+        text = _plain(v)
+    return "`" + _cell(text) + "`"
+
+
+def _plain(v: Any) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return text.replace("|", "\\|")
+
+
+def _type(t: Any) -> str:
+    name = t if isinstance(t, str) else getattr(t, "__name__", str(t))
+    return name.replace("Optional[", "").rstrip("]") + "?" if name.startswith("Optional[") else name
+
+
+def rows(cls: type, node: DictConfig, prefix: str) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) of every leaf under `prefix`, depth first."""
+    out = []
+    docs = field_docs(cls)
+    instance_types = {f.name: f for f in dataclasses.fields(cls)}
+    for name, f in instance_types.items():
+        key = f"{prefix}{name}"
+        sub = node._get_node(name) if name in node else None
+        sub_cls = OmegaConf.get_type(sub) if isinstance(sub, DictConfig) else None
+        if sub_cls is not None and dataclasses.is_dataclass(sub_cls):
+            out.append((key, "section", "", docs.get(name, "")))
+            out += rows(sub_cls, sub, key + ".")
+            continue
+        value = node[name] if name in node else f.default
+        out.append((key, _type(f.type), _value(value), docs.get(name, "")))
+    return out
+
+
+def reference() -> str:
+    """The whole page."""
+    groups = group_options()
+    lines = [
+        "# Config reference",
+        "",
+        "<!-- Generated by `python -m hybridrl.config_reference > docs/reference.md`; do not edit by hand. -->",
+        "",
+        "Every key of the three apps, from the dataclasses next to the code each configures (one docstring per field).",
+        "Defaults are those of the default composition (what `--cfg job` prints). Set a key with `key=value`, pick a",
+        "group's option with `group=option`; `recipe=<name>` applies a preset from `recipes/recipe/`. A `?` after a",
+        "type means it may be `null`.",
+        "",
+        "## Config groups",
+        "",
+        "| group | options |",
+        "|---|---|",
+    ]
+    lines += [f"| `{g}` | {', '.join(f'`{o}`' for o in opts)} |" for g, opts in groups.items()]
+    lines.append("")
+    seen: set[str] = set()
+    for app, config_name, spec in APPS:
+        cls = _load(spec)
+        cfg = compose_default(config_name)
+        top = [f.name for f in dataclasses.fields(cls) if f.name not in seen]
+        seen |= set(top)
+        lines += [f"## `{app}`" + ("" if config_name == "config" else " (also every key above)"), ""]
+        docs = field_docs(cls)
+        for name in top:
+            sub = cfg._get_node(name)
+            sub_cls = OmegaConf.get_type(sub) if isinstance(sub, DictConfig) else None
+            heading = f"### `{name}`" + (f" (`{name}=` {', '.join(groups[name])})" if name in groups else "")
+            lines += [heading, "", docs.get(name, ""), ""]
+            lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+            if sub_cls is not None and dataclasses.is_dataclass(sub_cls):
+                table = rows(sub_cls, sub, f"{name}.")
+            else:
+                f = next(f for f in dataclasses.fields(cls) if f.name == name)
+                table = [(name, _type(f.type), _value(cfg[name]), docs.get(name, ""))]
+            lines += [f"| `{k}` | {t} | {d} | {_cell(m)} |" for k, t, d, m in table]
+            lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main() -> int:
+    sys.stdout.write(reference())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
