@@ -19,10 +19,11 @@ from hybridrl.agent.loop import Trajectory
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.cpu_threads import configure_threads
-from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.plan import estimate_report
 from hybridrl.rewards.base import RewardScores
+from hybridrl.rollout.generation import generate_partial_on
 from hybridrl.workers.build import build_components
 from hybridrl.workers.device_room import DeviceRoom
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
@@ -112,6 +113,21 @@ class HybridWorker:
             out = self.roles.agent_loop.generate_sync(self.roles.rollout.engine, prompts, params)
         else:
             out = self.roles.rollout.generate(prompts, params)
+        self._record("generate")
+        return out
+
+    def generate_partial(
+        self,
+        requests: Sequence[GenerationRequest],
+        groups: Sequence[int],
+        need: int,
+        step: int,
+        params: SamplingParams,
+    ) -> list[Completion] | list[Trajectory]:
+        """A partial rollout's requests for this worker's engine replica, stopped once `need` of their groups are
+        complete (rollout.partial; hybridrl/rollout/generation.py)."""
+        params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=0)
+        out = generate_partial_on(self.roles, requests, groups, need, params)
         self._record("generate")
         return out
 

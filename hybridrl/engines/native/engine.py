@@ -35,6 +35,7 @@ from hybridrl.engines.native.frozen_heap import frozen_heap
 from hybridrl.engines.native.kernels import pdl
 from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.native.model import FusedDecoder
+from hybridrl.engines.native.partial import PartialGeneration
 from hybridrl.engines.native.runner import DecodeRunner
 from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
 from hybridrl.engines.native.step_io import PackedTokens, SamplerMode, to_device
@@ -50,7 +51,7 @@ decode step's kernels, graphed, one launch); longer ones run the flash prefill, 
 per tile of queries rather than once per query."""
 
 
-class FusedEngine(NativeEngineBase):
+class FusedEngine(PartialGeneration, NativeEngineBase):
     """The built-in engine over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
 
     weight_layout_style = "fused"
@@ -457,9 +458,11 @@ class FusedEngine(NativeEngineBase):
         return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
     def take_stats(self) -> dict[str, float]:
-        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call."""
+        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call, and the decode
+        steps' occupancy (`Scheduler.take_occupancy`)."""
         n, seconds = self.runner.take_capture_stats()
-        return {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        stats = {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        return {**stats, **self.scheduler.take_occupancy()}  # perf/engine_rows_mean, perf/engine_rows_idle
 
     def mapped_bytes(self) -> int:
         """The fixed-address weights and KV cache mapped on this device now (`fixed_memory`; 0 off CUDA)."""
