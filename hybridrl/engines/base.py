@@ -93,31 +93,33 @@ def cap_completion(c: Completion, max_new_tokens: int) -> Completion:
 
 
 class GroupCountdown:
-    """When to stop a partial rollout: `need` groups complete, a group being complete when every one of its requests
-    has finished. `groups[i]` is request i's group (any hashable id)::
+    """When to stop a partial rollout: `need` groups complete (a group is complete when every one of its requests has
+    finished) and every request of `wait_for` finished. `groups[i]` is request i's group (any hashable id)::
 
-        countdown = GroupCountdown(groups, need)
+        countdown = GroupCountdown(groups, need, wait_for)
         for i in finished_request_indices: if countdown.finish(i): stop
     """
 
-    def __init__(self, groups: Sequence[object], need: int) -> None:
+    def __init__(self, groups: Sequence[object], need: int, wait_for: Sequence[int] = ()) -> None:
         self.groups, self.need = list(groups), need
         self._left: dict[object, int] = {}
         for g in self.groups:
             self._left[g] = self._left.get(g, 0) + 1
         self.complete = 0
+        self._waiting = set(wait_for)
 
     @property
     def done(self) -> bool:
-        """Whether `need` groups are complete."""
-        return self.complete >= self.need
+        """Whether `need` groups are complete and no request of `wait_for` is still running."""
+        return self.complete >= self.need and not self._waiting
 
     def finish(self, request: int) -> bool:
-        """Request `request` finished; whether `need` groups are now complete."""
+        """Request `request` finished; whether the rollout may stop now."""
         group = self.groups[request]
         self._left[group] -= 1
         if self._left[group] == 0:
             self.complete += 1
+        self._waiting.discard(request)
         return self.done
 
 
@@ -155,12 +157,18 @@ class RolloutEngine(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not generate from requests")
 
     def generate_partial(
-        self, requests: Sequence[GenerationRequest], params: SamplingParams, groups: Sequence[object], need: int
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        groups: Sequence[object],
+        need: int,
+        wait_for: Sequence[int] = (),
     ) -> list[Completion]:
         """One completion per request, in order, stopping as soon as `need` groups are complete (`groups[i]` is
-        request i's group; a group is complete when all its requests have finished): every request still running
-        then comes back with the tokens and log-probs sampled so far and finish_reason 'partial' (none sampled yet:
-        an empty one). Each request's own `max_new_tokens` caps it.
+        request i's group; a group is complete when all its requests have finished) and the requests `wait_for`
+        (indices) have finished: every request still running then comes back with the tokens and log-probs sampled
+        so far and finish_reason 'partial' (none sampled yet: an empty one). Each request's own `max_new_tokens`
+        caps it.
 
         This default cannot stop early (`stops_early` False): it runs every request to its end through
         `generate_requests` and cuts each to its own cap."""

@@ -22,7 +22,7 @@ class PartialConfig:
 
     enabled: bool = False
     """Start more groups than a step trains on and stop generating once data.train_batch_size groups are complete."""
-    oversample: float = 0.25
+    oversample: float = 0.5
     """Groups started beyond data.train_batch_size, as a fraction of it (rounded up); 0 = none: only carried samples."""
     mode: str = "carry"
     """carry: unfinished samples keep their tokens and continue next step under the new weights; drop: they restart."""

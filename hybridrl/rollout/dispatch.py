@@ -1,10 +1,11 @@
 """A partial rollout's requests spread over the run's engine replicas, each with its share of the groups to complete.
 
-    outs = generate_partial(group, requests, groups, need, step, params)   # one output per request, in order
+    outs = generate_partial(group, requests, groups, need, wait_for, step, params)   # one output per request
 
 Groups go to the replicas in turn (group k to replica k mod R), so the oldest groups, which hold the carried
 samples, spread over all replicas rather than crowd the first. Each replica stops once its own quota of groups is
-complete; the quotas, shared out in proportion to the replicas' groups, add up to `need`. A request's random stream
+complete (and the requests it must wait for have finished); the quotas, shared out in proportion to the replicas'
+groups, add up to `need`. A request's random stream
 is keyed by its prompt and sample index alone, so what it draws does not depend on which replica runs it.
 """
 
@@ -43,11 +44,13 @@ def generate_partial(
     requests: Sequence[GenerationRequest],
     groups: Sequence[int],
     need: int,
+    wait_for: Sequence[int],
     step: int,
     params: SamplingParams,
 ) -> list[Any]:
     """The `Phase.GENERATE_PARTIAL` of every rank: completions (trajectories with rollout=agent) of `requests`, in
-    order, once `need` of their groups (`groups[i]`: request i's group) are complete."""
+    order, once `need` of their groups (`groups[i]`: request i's group) are complete and the requests `wait_for`
+    (indices) finished."""
     topo = group.topology
     leaders = topo.engine_leaders()
     order = list(dict.fromkeys(groups))  # each group once, in order of appearance
@@ -56,10 +59,13 @@ def generate_partial(
     for i, g in enumerate(groups):
         mine[replica_of[g]].append(i)
     share = quotas([sum(1 for g in order if replica_of[g] == r) for r in range(len(leaders))], need)
+    waits = set(wait_for)
+    local_waits = [[k for k, i in enumerate(m) if i in waits] for m in mine]
     args = []
     for rank in range(topo.world_size):
         r = topo.of_rank(rank).engine_dp_rank
-        args.append(([requests[i] for i in mine[r]], [groups[i] for i in mine[r]], share[r], step, params))
+        reqs, grps = [requests[i] for i in mine[r]], [groups[i] for i in mine[r]]
+        args.append((reqs, grps, share[r], local_waits[r], step, params))
     results = group.run(Phase.GENERATE_PARTIAL, args)
     out: list[Any] = [None] * len(requests)
     for r, leader in enumerate(leaders):

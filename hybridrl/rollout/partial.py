@@ -5,9 +5,16 @@ In place of the synchronous generate → sleep → batch, step s runs::
     pool.expire(s, max_staleness)              # samples that would lag too far restart (rollout/dropped)
     fill the pool from the data loader up to B + extra groups   (B = data.train_batch_size, extra = oversample·B)
     generate every unfinished sample of those groups, its context prompt + its tokens so far, its cap what it has
-        left, until B groups are complete (every sample finished)     → dispatch.generate_partial
-    take the first B complete groups, in pool order → the training batch
+        left, until B groups are complete (every sample finished, kept ones counted) and every sample in its last
+        rollout within max_staleness has finished                     → dispatch.generate_partial
+    take B complete groups, in pool order: those this rollout completed, then kept ones → the training batch
     sleep; mode=drop: the unfinished samples restart
+
+Waiting for the samples whose next rollout would take them past `max_staleness` bounds staleness without dropping
+the tail: a long sample is carried once (with max_staleness=1) and then finished. Complete groups the step did not
+need (several complete in the same decode step as the B-th; with equal lengths every over-sampled group does) are
+kept, and fill a later step's batch only where that step's own completions fall short: trained first, they would
+make a step's batch a version old for no time saved; past `max_staleness` they restart.
 
 The groups not taken stay in the pool, in order, and come first in the next step's rollout, so every prompt the
 loader gave is trained once, in order, and the loader's position plus the pool (saved in every checkpoint) is the
@@ -65,6 +72,7 @@ class _Counts:
     dropped: int = 0
     oversampled: int = 0
     generated: int = 0
+    surplus: int = 0
 
 
 def staleness_metrics(versions: list[list[int]], step: int) -> dict[str, float]:
@@ -107,6 +115,13 @@ class PartialRollout:
         self.agent = cfg.rollout.name == "agent"
         self.pool = RolloutPool(self.group_size)
         self._index = {id(p): i for i, p in enumerate(prompts)}
+        if self.cfg.max_staleness and cfg.algorithm.rollout_correction == "none":
+            log.info(
+                "rollout.partial trains tokens up to %d weight version(s) old (rollout.partial.max_staleness) with "
+                "algorithm.rollout_correction=none; algorithm.rollout_correction=token_mis (or tis) weights or masks "
+                "them by how far the policy moved since it sampled them",
+                self.cfg.max_staleness,
+            )
 
     # -- checkpoint ---------------------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> None:
@@ -134,11 +149,13 @@ class PartialRollout:
             with self.timed(Phase.SLEEP):
                 self.group.run_all(Phase.SLEEP)
             batch, metrics = self._batch(trained)
+        counts.surplus = sum(g.complete for g in self.pool.groups)
         if self.cfg.mode == "drop":
             counts.dropped += self.pool.reset_unfinished()
         metrics.update(staleness_metrics([self._model_versions(s) for g in trained for s in g.samples], step))
         metrics["rollout/dropped"] = float(counts.dropped)
         metrics["rollout/oversampled_groups"] = float(counts.oversampled)
+        metrics["rollout/surplus_groups"] = float(counts.surplus)
         metrics["rollout/pending_groups"] = float(len(self.pool))
         metrics["rollout/generated_tokens"] = float(counts.generated)
         return batch, scores, extras, metrics
@@ -155,25 +172,27 @@ class PartialRollout:
         size = need + self.extra
         self._fill(size)
         window = self.pool.groups[:size]
-        todo = need - sum(g.complete for g in window)
+        todo = need - sum(g.complete for g in self.pool.groups)  # an earlier round's wider window may hold some
         if todo > 0:
-            requests, groups, slots = [], [], []
+            requests, groups, slots, due = [], [], [], []
             for place, g in enumerate(window):
                 prompt = self.prompts[g.prompt].token_ids
                 for j, s in enumerate(g.samples):
                     if s.finished:
                         continue
+                    if s.versions and step - s.versions[0] >= self.cfg.max_staleness:
+                        due.append(len(requests))  # its last rollout within the bound: it finishes in this one
                     left = None if self.agent else self.max_new - len(s.tokens)
                     requests.append(GenerationRequest(list(prompt) + s.tokens, first + place, j, left))
                     groups.append(place)
                     slots.append(s)
             with self.timed(Phase.GENERATE):
-                outs = generate_partial(self.group, requests, groups, todo, step, sampling)
+                outs = generate_partial(self.group, requests, groups, todo, due, step, sampling)
             for s, out in zip(slots, outs, strict=True):
                 counts.generated += len(out.response_ids if isinstance(out, Trajectory) else out.token_ids)
                 counts.dropped += self._apply(s, out, step)
         counts.oversampled += len(window) - need
-        taken = self.pool.take_complete(need)
+        taken = self.pool.take_complete(need, step)
         if len(taken) < need:
             raise HybridRLError(
                 f"rollout.partial: the engines completed {len(taken)} groups of the {need} asked for; an engine's "
@@ -189,7 +208,7 @@ class PartialRollout:
                 return int(out.turns > 0)
             fields = dataclasses.asdict(out)
             s.extend(out.response_ids, [float(x) for x in out.logprobs], step)
-            s.finish_reason = out.finish_reason
+            s.finish(out.finish_reason, step)
             s.trajectory = {k: v for k, v in fields.items() if k not in _TRAJECTORY_OWN}
             return 0
         tokens, logprobs, finish = out.token_ids, [float(x) for x in out.logprobs], out.finish_reason
@@ -198,7 +217,7 @@ class PartialRollout:
             tokens, logprobs, finish = tokens[:room], logprobs[:room], "length"  # an engine that ignores caps
         s.extend(tokens, logprobs, step)
         if finish != "partial":
-            s.finish_reason = finish
+            s.finish(finish, step)
         return 0
 
     def _batch(self, groups: list[PoolGroup]) -> tuple[Batch, dict[str, float]]:

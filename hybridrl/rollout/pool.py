@@ -4,7 +4,7 @@
     pool.add(prompt_index)                    # a group of group_size samples with no tokens yet
     dropped = pool.expire(step, max_staleness)
     ... each sample of the first groups gets tokens (`PoolSample.extend`), some finish ...
-    trained = pool.take_complete(k)           # the first k complete groups, in order, out of the pool
+    trained = pool.take_complete(k, step)     # k complete groups, this step's first, in order, out of the pool
     save_pool(pool, staging_folder) / load_pool(pool, checkpoint)   # tensors and plain values: rollout_pool.pt
 
 Each token remembers the step whose rollout sampled it, its weight version: the rollout of step s runs on the
@@ -43,10 +43,16 @@ class PoolSample:
     """'stop' or 'length' once finished; None while unfinished."""
     trajectory: dict[str, Any] | None = None
     """rollout=agent, once finished: the trajectory's other fields (mask, turns, messages, ...) as plain values."""
+    finished_at: int = 0
+    """The step whose rollout finished it (0 while unfinished)."""
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def finish(self, reason: str, step: int) -> None:
+        """Mark it finished ('stop' or 'length') in step `step`'s rollout."""
+        self.finish_reason, self.finished_at = reason, step
 
     def extend(self, tokens: list[int], logprobs: list[float], step: int) -> None:
         """Append tokens that step `step`'s rollout sampled."""
@@ -58,7 +64,7 @@ class PoolSample:
         """Forget everything sampled, so the sample starts again; whether there was anything to forget."""
         had = bool(self.tokens) or self.finished
         self.tokens, self.logprobs, self.versions = [], [], []
-        self.finish_reason, self.trajectory = None, None
+        self.finish_reason, self.trajectory, self.finished_at = None, None, 0
         return had
 
 
@@ -74,6 +80,11 @@ class PoolGroup:
     def complete(self) -> bool:
         """Every sample finished: the group can be trained."""
         return all(s.finished for s in self.samples)
+
+    @property
+    def completed_at(self) -> int:
+        """The step whose rollout finished its last sample (for a complete group)."""
+        return max(s.finished_at for s in self.samples)
 
 
 class RolloutPool:
@@ -104,13 +115,14 @@ class RolloutPool:
         """Restart every unfinished sample that holds tokens; returns how many."""
         return sum(s.reset() for g in self.groups for s in g.samples if not s.finished and s.tokens)
 
-    def take_complete(self, k: int) -> list[PoolGroup]:
-        """The first `k` complete groups (fewer if there are not as many), removed from the pool; the others keep
-        their order."""
-        taken, kept = [], []
-        for g in self.groups:
-            (taken if g.complete and len(taken) < k else kept).append(g)
-        self.groups = kept
+    def take_complete(self, k: int, step: int) -> list[PoolGroup]:
+        """`k` complete groups (fewer if there are not as many), removed from the pool, in pool order: first those
+        step `step`'s rollout completed, then those completed before it (over-sampled in an earlier step, a version
+        older, taken only where the step's own do not suffice); the others keep their order."""
+        done = [i for i, g in enumerate(self.groups) if g.complete]
+        chosen = set(sorted(done, key=lambda i: (self.groups[i].completed_at < step, i))[:k])
+        taken = [g for i, g in enumerate(self.groups) if i in chosen]
+        self.groups = [g for i, g in enumerate(self.groups) if i not in chosen]
         return taken
 
     # -- checkpoint ---------------------------------------------------------------------------------------------
@@ -126,6 +138,7 @@ class RolloutPool:
             "logprobs": torch.tensor([x for s in samples for x in s.logprobs], dtype=torch.float64),
             "versions": torch.tensor([v for s in samples for v in s.versions], dtype=torch.long),
             "finish": [s.finish_reason or "" for s in samples],
+            "finished_at": torch.tensor([s.finished_at for s in samples], dtype=torch.long),
             "trajectories": [s.trajectory for s in samples],
         }
 
@@ -141,9 +154,10 @@ class RolloutPool:
             raise ValueError("the pool's sample lengths do not match its groups and tokens")
         tokens, logprobs, versions = state["tokens"].tolist(), state["logprobs"].tolist(), state["versions"].tolist()
         samples, at = [], 0
-        for n, finish, traj in zip(lengths, state["finish"], state["trajectories"], strict=True):
+        rows = zip(lengths, state["finish"], state["trajectories"], state["finished_at"].tolist(), strict=True)
+        for n, finish, traj, when in rows:
             span = slice(at, at + n)
-            samples.append(PoolSample(tokens[span], logprobs[span], versions[span], finish or None, traj))
+            samples.append(PoolSample(tokens[span], logprobs[span], versions[span], finish or None, traj, when))
             at += n
         n = self.group_size
         self.groups = [PoolGroup(p, samples[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]

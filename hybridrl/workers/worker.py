@@ -121,13 +121,14 @@ class HybridWorker:
         requests: Sequence[GenerationRequest],
         groups: Sequence[int],
         need: int,
+        wait_for: Sequence[int],
         step: int,
         params: SamplingParams,
     ) -> list[Completion] | list[Trajectory]:
         """A partial rollout's requests for this worker's engine replica, stopped once `need` of their groups are
-        complete (rollout.partial; hybridrl/rollout/generation.py)."""
+        complete and the requests `wait_for` finished (rollout.partial; hybridrl/rollout/generation.py)."""
         params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=0)
-        out = generate_partial_on(self.roles, requests, groups, need, params)
+        out = generate_partial_on(self.roles, requests, groups, need, wait_for, params)
         self._record("generate")
         return out
 

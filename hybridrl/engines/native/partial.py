@@ -1,11 +1,13 @@
 """The fused engine's partial rollouts: generate a set of requests and stop as soon as enough groups are complete.
 
-    outs = engine.generate_partial(requests, params, groups, need)   # groups[i]: request i's group
-    # every group counted complete has all its completions; the rest come back 'partial' with their tokens so far
+    outs = engine.generate_partial(requests, params, groups, need, wait_for)   # groups[i]: request i's group
+    # every group counted complete has all its completions, every request of wait_for too; the rest come back
+    # 'partial' with their tokens so far
 
 The scheduler runs as for `generate_requests` (continuous batching: requests beyond the batch's rows join as rows
 free up); after each step the finished requests count down their groups (`GroupCountdown`), and once `need` groups
-are complete `Scheduler.stop` reads what was already launched and hands back every unfinished sequence as it is.
+are complete and the `wait_for` requests finished, `Scheduler.stop` reads what was already launched and hands back
+every unfinished sequence as it is.
 """
 
 from __future__ import annotations
@@ -28,11 +30,16 @@ class PartialGeneration:
 
     @torch.inference_mode()
     def generate_partial(
-        self, requests: Sequence[GenerationRequest], params: SamplingParams, groups: Sequence[object], need: int
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        groups: Sequence[object],
+        need: int,
+        wait_for: Sequence[int] = (),
     ) -> list[Completion]:
         """One completion per request, in order; stops after the first scheduler step at whose end `need` groups are
-        complete (`RolloutEngine.generate_partial`). Every rank of an engine TP group sees the same completions, so
-        all ranks stop at the same step."""
+        complete and the requests `wait_for` finished (`RolloutEngine.generate_partial`). Every rank of an engine TP
+        group sees the same completions, so all ranks stop at the same step."""
         self._check_awake("generate")
         check_requests(requests)
         scheduler = self.scheduler
@@ -42,7 +49,7 @@ class PartialGeneration:
             )
         handles = scheduler.submit_all(requests, params)
         index = {h: i for i, h in enumerate(handles)}
-        countdown = GroupCountdown(groups, need)
+        countdown = GroupCountdown(groups, need, wait_for)
         done: dict[int, Completion] = {}
         try:
             if requests:  # a cache sized by demand is sized once for the whole call, by its longest sequence

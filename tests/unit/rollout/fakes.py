@@ -1,7 +1,8 @@
-"""A worker group whose engines are a token clock: every running request gains one token per engine step, up to its
-sample's target length (then 'stop') or its cap (then 'length'); a replica stops once its quota of groups is
-complete. Targets are fixed per sample (prompt, sample index), so a carried sample finishes when its tokens over all
-steps reach its target, and everything a test asserts can be counted by hand."""
+"""A worker group whose engines are a token clock: every running request gains one token per engine step (its value:
+its position in the response; its log-prob: -(step + position / 100)), up to its sample's target length (then
+'stop') or its cap (then 'length'); a replica stops once its quota of groups is complete. Targets are fixed per
+sample (prompt, sample index), so a carried sample finishes when its tokens over all steps reach its target, and
+everything a test asserts can be counted by hand."""
 
 from __future__ import annotations
 
@@ -48,11 +49,13 @@ class ClockGroup:
     def run_all(self, phase, *args, **kwargs):
         return self.run(phase, [args] * self.topology.world_size, **kwargs)
 
-    def _replica(self, requests, groups, need, step, params):
-        self.calls.append({"step": step, "need": need, "requests": list(requests), "groups": list(groups)})
+    def _replica(self, requests, groups, need, wait_for, step, params):
+        self.calls.append(
+            {"step": step, "need": need, "wait_for": list(wait_for), "requests": list(requests), "groups": list(groups)}
+        )
         tokens: list[list[int]] = [[] for _ in requests]
         finish: list[str | None] = [None] * len(requests)
-        countdown, counted = GroupCountdown(groups, need), set()
+        countdown, counted = GroupCountdown(groups, need, wait_for), set()
         while not countdown.done and any(f is None for f in finish):
             for i, r in enumerate(requests):
                 if finish[i] is not None:
@@ -68,8 +71,10 @@ class ClockGroup:
                 if f is not None and i not in counted:
                     counted.add(i)
                     countdown.finish(i)
+        # A token's log-prob names the step whose rollout sampled it and its position: -(step + position / 100).
         return [
-            Completion(r.prompt_index, t, [-0.5] * len(t), f or "partial") for r, t, f in zip(requests, tokens, finish)
+            Completion(r.prompt_index, t, [-(step + k / 100) for k in t], f or "partial")
+            for r, t, f in zip(requests, tokens, finish)
         ]
 
 

@@ -30,7 +30,7 @@ def test_a_long_sample_is_carried_until_it_finishes_and_its_staleness_counted():
     group = ClockGroup(LONG)
     r = partial_rollout(run_config("rollout.partial.max_staleness=3"), group, make_prompts(40))
     out = run(r, range(1, 6))
-    assert [trained_ids(b)[::2] for b, *_ in out] == [[1, 2], [3, 4], [5, 6], [0, 7], [8, 9]]
+    assert [trained_ids(b)[::2] for b, *_ in out] == [[1, 2], [3, 4], [5, 6], [0, 7], [9, 10]]
     m1, m4, m5 = out[0][3], out[3][3], out[4][3]
     assert (m1["rollout/carried"], m1["rollout/staleness_max"], m1["rollout/dropped"]) == (0, 0, 0)
     assert (m1["rollout/oversampled_groups"], m1["rollout/pending_groups"], m1["rollout/generated_tokens"]) == (
@@ -46,9 +46,12 @@ def test_a_long_sample_is_carried_until_it_finishes_and_its_staleness_counted():
     assert m4["rollout/staleness_le1_frac"] == pytest.approx(8 / 14)
     long_row = out[3][0]["response_mask"][0]
     assert int(long_row.sum()) == 8 and out[3][0].meta["finish_reason"][:2] == ["stop", "stop"]
-    # Step 4 completed prompt 8 too (over-sampled); step 5 trains it first, one version old, and asks for 1 group.
+    # Step 4 completed prompt 8 too, not needed: it is kept, complete. Step 5 counts it and asks for one group more;
+    # 9 and 10 complete in the same engine step, and the step's own completions go first: 8 stays in reserve.
+    assert (m4["rollout/surplus_groups"], m1["rollout/surplus_groups"]) == (1, 0)
     assert [c["need"] for c in group.calls if c["step"] == 5] == [1]
-    assert (m5["rollout/carried"], m5["rollout/staleness_max"], m5["rollout/staleness_mean"]) == (2, 1, 0.5)
+    assert (m5["rollout/carried"], m5["rollout/staleness_max"], m5["rollout/surplus_groups"]) == (0, 0, 1)
+    assert [g.prompt for g in r.pool.groups if g.complete] == [8]
 
 
 def test_carried_tokens_continue_from_their_context_with_the_cap_they_have_left():
@@ -63,16 +66,30 @@ def test_carried_tokens_continue_from_their_context_with_the_cap_they_have_left(
     # The response the batch trains is the whole sample: positions 0..7, in order.
     out = run(r, range(3, 5))
     assert out[-1][0]["responses"][0, :8].tolist() == list(range(8))
+    # Each token keeps the engine log-prob of the rollout that sampled it: two per step, steps 1 to 4.
+    want = [-(step + k / 100) for k, step in enumerate([1, 1, 2, 2, 3, 3, 4, 4])]
+    assert out[-1][0]["engine_logprobs"][0, :8].tolist() == pytest.approx(want)
+
+
+def test_a_sample_in_its_last_rollout_within_the_bound_is_waited_for():
+    group = ClockGroup(LONG)
+    r = partial_rollout(run_config("rollout.partial.max_staleness=1"), group, make_prompts(40))
+    out = run(r, range(1, 3))
+    # Step 2 is the last rollout in which prompt 0's long sample (2 tokens from step 1) may lag only 1: the engine
+    # waits for its 6 tokens more, and step 2 trains prompt 0 with 3 (done after 2 engine steps, in pool order).
+    assert [c["wait_for"] for c in group.calls] == [[], [0]]
+    assert [trained_ids(b)[::2] for b, *_ in out] == [[1, 2], [0, 3]]
+    assert out[1][3]["rollout/staleness_max"] == 1 and out[1][3]["rollout/carried"] == 2
 
 
 def test_a_sample_carried_past_max_staleness_restarts_and_is_counted():
     r = partial_rollout(run_config("rollout.partial.max_staleness=1"), ClockGroup(LONG), make_prompts(40))
     out = run(r, range(1, 6))
-    # At step 3 prompt 0's samples hold tokens from step 1 (a lag of 2 > 1): both restart, the finished one too.
-    assert [m["rollout/dropped"] for *_, m in out] == [0, 0, 2, 0, 2]
+    # Step 2 completes prompt 4 beside 0 and 3 and keeps it; step 3's own groups suffice, so at step 4 its tokens
+    # (from step 2) would lag 2 > 1: its 2 samples restart, counted, and it is generated again, first in line.
+    assert [m["rollout/dropped"] for *_, m in out] == [0, 0, 0, 2, 0]
     assert all(m["rollout/staleness_max"] <= 1 for *_, m in out)
-    assert 0 not in {i for b, *_ in out for i in trained_ids(b)}  # 8 tokens at 2 a step never fit in 2 steps
-    assert r.pool.groups[0].prompt == 0  # still first in line
+    assert [trained_ids(b)[::2] for b, *_ in out][3] == [4, 7]
 
 
 def test_mode_drop_restarts_unfinished_samples_at_the_end_of_the_step():
@@ -117,8 +134,10 @@ def test_the_pool_and_the_loader_position_resume_exactly(tmp_path):
 def test_two_engine_replicas_share_the_groups_in_turn():
     one, two = ClockGroup(LONG), ClockGroup(LONG, world=2)
     cfg = run_config("rollout.partial.max_staleness=3", "cluster.name=local", "cluster.workers_per_node=2")
-    a = run(partial_rollout(run_config("rollout.partial.max_staleness=3"), one, make_prompts(40)), range(1, 6))
-    b = run(partial_rollout(cfg, two, make_prompts(40)), range(1, 6))
+    a = run(partial_rollout(run_config("rollout.partial.max_staleness=3"), one, make_prompts(40)), range(1, 5))
+    b = run(partial_rollout(cfg, two, make_prompts(40)), range(1, 5))
+    # (Replicas stop on their own quotas, so where the quota is less than a replica's groups the two may part: from
+    # step 5 here, where one group is needed and the two replicas hold one each.)
     assert [trained_ids(x[0]) for x in a] == [trained_ids(x[0]) for x in b]
     # Step 1: groups 0 and 2 on replica 0 (quota 1), group 1 on replica 1 (quota 1).
     first = [c for c in two.calls if c["step"] == 1]
@@ -139,4 +158,6 @@ def test_dynamic_sampling_rounds_complete_the_missing_groups():
         (2, [0, 0, 1, 1, 2, 2]),  # round 1: places 0-2
         (1, [5, 5, 6, 6]),  # round 3: after round 1's 3 places and round 2's 2 (which generated nothing)
     ]
+    # Round 3 completed prompt 4 too: not needed, kept complete for the next step (first in line).
     assert [g.prompt for g in r.pool.groups] == [4, 5] and r.pool.groups[0].complete
+    assert m["rollout/surplus_groups"] == 1

@@ -19,6 +19,7 @@ def pool_of(*groups) -> RolloutPool:
         for s, (versions, finished) in zip(pool.groups[-1].samples, samples):
             s.tokens, s.logprobs, s.versions = list(range(len(versions))), [-0.25] * len(versions), list(versions)
             s.finish_reason = "stop" if finished else None
+            s.finished_at = max(versions, default=0) if finished else 0
     return pool
 
 
@@ -31,11 +32,15 @@ def test_expire_restarts_samples_whose_oldest_token_lags_too_far():
     assert pool.expire(step=6, max_staleness=2) == 1  # now [3, 3] too
 
 
-def test_take_complete_takes_the_first_in_order_and_keeps_the_rest_in_order():
+def test_take_complete_takes_this_steps_first_in_order_and_keeps_the_rest_in_order():
     done, open_ = ([1], True), ([1], False)
-    pool = pool_of([done, open_], [done, done], [open_, open_], [done, done], [done, done])
-    assert [g.prompt for g in pool.take_complete(2)] == [1, 3]
-    assert [g.prompt for g in pool.groups] == [0, 2, 4]
+    pool = pool_of([done, open_], [done, done], [open_, open_], [done, done], [done, done], [done, done])
+    for g, when in zip(pool.groups, [0, 2, 0, 3, 3, 2]):
+        for s in g.samples:
+            s.finished_at = when if s.finished else 0
+    # Step 3 completed groups 3 and 4; 1 and 5 completed at step 2 (kept): they fill in, in order.
+    assert [g.prompt for g in pool.take_complete(3, step=3)] == [1, 3, 4]
+    assert [g.prompt for g in pool.groups] == [0, 2, 5]
 
 
 def test_state_dict_round_trips_through_a_weights_only_load(tmp_path):

@@ -41,10 +41,16 @@ def test_countdown_counts_a_group_once_all_its_requests_finish():
     assert [c.finish(i) for i in (0, 2, 3)] == [False, False, False]  # a half done, b complete, c half done
     assert c.complete == 1 and c.finish(4) and c.done  # c complete: 2 groups
     assert GroupCountdown([], 0).done
+    wait = GroupCountdown(["a", "b", "b"], need=1, wait_for=[2])
+    assert not wait.finish(0) and not wait.finish(1) and wait.finish(2)  # a complete, but request 2 ran on
 
 
-def test_stops_once_enough_groups_are_complete_and_returns_prefixes(model):
-    engine = fused_engine(model)
+@pytest.mark.parametrize("gpu_schedule", [False, True], ids=["cpu", "gpu_schedule"])
+def test_stops_once_enough_groups_are_complete_and_returns_prefixes(model, gpu_schedule):
+    """On a GPU the scheduler reads each step's tokens one step behind its launch: the stop reads what was launched
+    first (the GPU's schedule runs here on the CPU: buckets, full-width attention, outputs read a step late)."""
+    engine = fused_engine(model, max_batch_size=16)
+    engine.runner.on_gpu = gpu_schedule
     reqs, groups = requests()
     full = engine.generate_requests(reqs, PARAMS)
     assert len({len(o.token_ids) for o in full}) > 3  # the stop ids give lengths that differ
@@ -61,6 +67,20 @@ def test_stops_once_enough_groups_are_complete_and_returns_prefixes(model):
     # Nothing is left running or holding KV blocks: the next call starts clean.
     assert not engine.has_work and not engine.cache.allocator.held
     assert [o.token_ids for o in engine.generate_requests(reqs, PARAMS)] == [f.token_ids for f in full]
+
+
+def test_requests_it_must_wait_for_finish_before_it_stops(model):
+    engine = fused_engine(model)
+    reqs, groups = requests()
+    full = engine.generate_requests(reqs, PARAMS)
+    longest = max(range(len(reqs)), key=lambda i: len(full[i].token_ids))
+    early = engine.generate_partial(reqs, PARAMS, groups, need=1)
+    assert early[longest].finish_reason == "partial"  # without waiting, the longest is cut
+    outs = engine.generate_partial(reqs, PARAMS, groups, need=1, wait_for=[longest])
+    assert (outs[longest].token_ids, outs[longest].finish_reason) == (
+        full[longest].token_ids,
+        full[longest].finish_reason,
+    )
 
 
 def test_asking_for_every_group_is_generate_requests(model):
