@@ -90,3 +90,27 @@ def test_every_algorithm_family_runs_with_partial_rollouts(tmp_path, case):
         assert all("critic/values_mean" in r for r in out)
     if "algorithm=dapo" in case:
         assert sum(r["batch/filtered_groups"] for r in out) > 0
+
+
+@pytest.mark.multiproc
+def test_an_engine_tp_group_of_two_stops_where_one_worker_does(tmp_path):
+    """Both ranks of one engine replica see the same completions and stop at the same decode step: two workers (FSDP
+    over 2, engine TP 2) train on the samples one worker trains on."""
+    from tests.integration.test_cluster import LOCAL2, AppRun
+    from tests.integration.test_cluster import assert_same_metrics as assert_close_metrics
+
+    args = [STOPS, "engine.max_new_tokens=24", "trainer.eval_every=0", *PARTIAL, "trainer.steps=3"]  # AppRun: FAST
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one, two = AppRun(args, tmp_path / "one"), AppRun([*LOCAL2, "engine.tp_size=2", *args], tmp_path / "two")
+    assert one.wait() == 0, one.output[-3000:]
+    assert two.wait() == 0, two.output[-3000:]
+    assert any(r["rollout/carried"] > 0 for r in one.metrics())
+    assert_close_metrics(two.metrics(), one.metrics())
+
+
+@pytest.mark.multiproc
+def test_two_engine_replicas_share_the_groups(tmp_path):
+    out = run(tmp_path, "run", "cluster=local", "cluster.workers_per_node=2", "trainer.steps=3", *PARTIAL)
+    assert all(r["batch/samples"] == 16 and r["rollout/staleness_max"] <= 1 for r in out)
+    assert sum(r["rollout/carried"] for r in out) > 0
