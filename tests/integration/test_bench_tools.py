@@ -21,7 +21,7 @@ from tests.paths import REPO
 
 SMALL = ["--shape", "tiny", "--device", "cpu"]
 STEP = ["--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2", "--warmup", "1"]
-BENCHMARKS = ("engine", "step", "trainer", "lifecycle", "lora", "reshard", "kernels")
+BENCHMARKS = ("engine", "step", "trainer", "lifecycle", "lora", "reshard", "kernels", "partial_demo")
 
 
 def assert_tokens(fig: dict, budget: int, stopped: int) -> None:
