@@ -116,8 +116,9 @@ class AgentLoop:
         """`params.n` trajectories per prompt, prompt-major (like `RolloutEngine.generate`), all in flight at once
         (or `agent.max_concurrent_trajectories` at a time). `params.seed` is the step seed; sample j of prompt i
         is request (params.prompt_offset + i, j). `messages[i]`: prompt i's conversation, copied into the
-        trajectories' transcripts. `engine`: an `AsyncGenerator` or a `RequestEngine` (wrapped in the fallback)."""
-        gen = as_async_engine(engine)
+        trajectories' transcripts. `engine`: a rollout engine, served as `as_async_engine` decides (its continuous
+        batching where it has one, else one batch per turn)."""
+        gen = as_async_engine(engine, self.cfg.max_total_tokens)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
         out: list[Trajectory | None] = [None] * len(jobs)
         queue = list(enumerate(jobs))[::-1]

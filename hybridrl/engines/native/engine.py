@@ -22,6 +22,7 @@ import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.native.async_engine import AsyncEngine
 from hybridrl.engines.native.base import NativeEngineBase, check_requests
 from hybridrl.engines.native.fixed_memory import (
     FixedMemory,
@@ -139,9 +140,8 @@ class FusedEngine(NativeEngineBase):
         handles = self.scheduler.submit_all(requests, params)
         done: dict[int, Completion] = {}
         try:
-            if requests:  # a cache sized by demand is sized once for the whole call, by its longest sequence
-                longest = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1
-                self.kv_allocator(0, blocks_for(longest, self.block_size))
+            if requests:
+                self._size_for(max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1)
             with frozen_heap(), self._launches():
                 while self.scheduler.has_work:
                     done.update(self.scheduler.step())
@@ -149,6 +149,25 @@ class FusedEngine(NativeEngineBase):
             self.scheduler.abort()  # nothing half-done is left for the next call
             raise
         return [done[h] for h in handles]
+
+    def async_engine(self, longest: int | None = None) -> AsyncEngine | None:
+        """Requests one at a time, each joining the running batch (`AsyncEngine`: agent turns); the KV cache, where it
+        is sized by demand, first sized for sequences of `longest` tokens, as `generate_requests` sizes it for its call
+        (a pool grows only while no sequence holds blocks). None with engine.tp_size > 1 (see `submit`)."""
+        if self.tp.size > 1:
+            return None
+        if longest and not self.scheduler.has_work:
+            self._check_awake("async_engine")
+            self._size_for(longest)
+        return AsyncEngine(self)
+
+    def _size_for(self, longest: int) -> None:
+        """The KV cache (where it is sized by demand) and the block tables sized for sequences of `longest` tokens
+        before a call's first step: neither grows inside the call, so no graph the call captures is dropped before it
+        ends (and captured again by the next rollout)."""
+        blocks = blocks_for(longest, self.block_size)
+        self.kv_allocator(0, blocks)
+        self.reserve_width(blocks)
 
     @torch.inference_mode()
     def last_logits(self, prompts: Sequence[Sequence[int]], cached: Sequence[int] | None = None) -> torch.Tensor:
@@ -430,7 +449,8 @@ class FusedEngine(NativeEngineBase):
             )
         self.scheduler.abort()
         if self.cache is not None and self.cache.release():
-            return  # its addresses stay reserved: the runner keeps its graphs and buffers for the next wake-up
+            self.runner.end_rollout()  # its addresses stay reserved: the runner keeps its graphs for the next wake-up
+            return
         self._drop_pool()
 
     def _drop_pool(self) -> None:
