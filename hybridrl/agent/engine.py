@@ -56,7 +56,7 @@ class ContinuousEngine(Protocol):
         """An `AsyncGenerator` over this engine for one event loop (one generate phase), or None where the engine
         cannot take requests one at a time here (it then gets `TurnBatchingAdapter`). `longest`: the most tokens any
         request's context plus its new tokens will reach (`agent.max_total_tokens`), for engines that size their KV
-        cache up front."""
+        cache up front. A stream that must be awaited on a particular event loop names it as its `event_loop`."""
         ...
 
 

@@ -149,8 +149,12 @@ class AgentLoop:
         params: SamplingParams,
         messages: Sequence[Sequence[dict[str, Any]]] | None = None,
     ) -> list[Trajectory]:
-        """`generate` from synchronous code (a worker's phase method): runs its own event loop."""
-        return asyncio.run(self.generate(engine, prompts, params, messages))
+        """`generate` from synchronous code (a worker's phase method), on an event loop of its own, or on the loop
+        the engine's request stream names as its `event_loop` (SGLang answers on the loop its engine was made on)."""
+        gen = as_async_engine(engine, self.cfg.max_total_tokens)
+        loop = getattr(gen, "event_loop", None)
+        run = self.generate(gen, prompts, params, messages)
+        return asyncio.run(run) if loop is None else loop.run_until_complete(run)
 
     # -- one trajectory ---------------------------------------------------------------------------------------
     async def run_trajectory(

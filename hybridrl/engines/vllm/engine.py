@@ -16,6 +16,8 @@ Construction and teardown are in `vllm.construction`, weight delivery in `vllm.w
   Against HF in float32 on CPU: max |Δ| 1.2e-6 at T=1 and T=0.7, also at TP=2 (tests assert 1e-4).
 - Per-request seeds: vLLM seeds the n samples of a request `seed + j`; we seed prompt i from its global index
   (`stream_key(seed, prompt_offset + i, 0)`, 30 bits), so samples do not depend on the split over engine groups.
+- Agent turns (`rollout=agent`) join vLLM's running batch one by one through `async_engine` (`vllm.stream`:
+  `LLM.enqueue` and `LLMEngine.step`); with engine.tp_size > 1 they go in one `generate_requests` batch per turn.
 - TP on CPU uses shared memory named after VLLM_DIST_IDENT, which external_launcher fixes to "//" — two TP jobs
   on one host may collide (not checked); segments an exited worker left are removed first (`vllm.shm`).
 - Sleep mode is unsupported on CPU (`enable_sleep_mode=True` raises); there sleep/wake only keep the bookkeeping
@@ -48,6 +50,7 @@ from hybridrl.engines.vllm.construction import (
     teardown,
 )
 from hybridrl.engines.vllm.shm import remove_stale_cpu_shm
+from hybridrl.engines.vllm.stream import VllmRequestStream
 from hybridrl.engines.vllm.weights import check_whole_modules, checkpoint_modules, load_in_place, repack_tied_lm_head
 from hybridrl.topology import Topology
 
@@ -90,7 +93,7 @@ class VllmEngine(RolloutEngine):
             check_cpu_head_dim(hf_config)
 
         topology = topology or Topology(1)
-        tp_size = topology.engine_tp_size
+        tp_size = self.tp_size = topology.engine_tp_size
         self.owns_process_group = not (dist.is_available() and dist.is_initialized())
         if self.owns_process_group:
             if tp_size != 1:
@@ -149,24 +152,34 @@ class VllmEngine(RolloutEngine):
         return [c for i, out in enumerate(outputs) for c in self._completions(i, out, params.n)]
 
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
-        """One completion per request, all in one `LLM.generate` call (vLLM batches them continuously inside it).
-        The agent loop's turns arrive here batched per turn (`agent.engine.TurnBatchingAdapter`): the in-process
-        `LLM` has no async interface. Each request is seeded from (seed, prompt_index, sample_index)."""
+        """One completion per request, all in one `LLM.generate` call (vLLM batches them continuously inside it);
+        each request is seeded from (seed, prompt_index, sample_index). Agent turns come here one batch per turn
+        only with engine.tp_size > 1 (see `async_engine`)."""
         self._check_awake()
         if not requests:
             return []
-        sp = [
-            self._vllm_params(
-                params, 1, None if params.seed is None else stream_key(params.seed, r.prompt_index, r.sample_index)
-            )
-            for r in requests
-        ]
+        sp = [self._request_params(params, r) for r in requests]
         outputs = self._llm.generate([self._input(r.prompt_ids) for r in requests], sp, use_tqdm=False)
-        out = []
-        for r, o in zip(requests, outputs, strict=True):
-            (c,) = self._completions(r.prompt_index, o, 1)
-            out.append(c)
-        return out
+        return [self._completion(r.prompt_index, o) for r, o in zip(requests, outputs, strict=True)]
+
+    def async_engine(self, longest: int | None = None) -> VllmRequestStream | None:
+        """Requests one at a time, each joining vLLM's running batch at its next step (`vllm.stream`), for the agent
+        loop's turns. None with engine.tp_size > 1: every rank must enqueue the same requests at the same steps, and
+        each rank's tools finish at their own times (the loop then batches per turn). vLLM sizes its own KV cache, so
+        `longest` is not needed."""
+        if self.tp_size > 1:
+            return None
+        self._check_awake()
+        return VllmRequestStream(self._llm, self._request_params, self._completion)
+
+    def _request_params(self, params: SamplingParams, request: GenerationRequest):
+        """vLLM's SamplingParams of one request: one sample, seeded from its stream key."""
+        key = None if params.seed is None else stream_key(params.seed, request.prompt_index, request.sample_index)
+        return self._vllm_params(params, 1, key)
+
+    def _completion(self, index: int, out) -> Completion:
+        (c,) = self._completions(index, out, 1)
+        return c
 
     def _check_awake(self) -> None:
         if self._sleeping:

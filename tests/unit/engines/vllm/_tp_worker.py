@@ -40,9 +40,11 @@ def main() -> None:
     runs["perturbed"] = eng.generate(prompts, params)
     eng.load_weights(sd.items())
     runs["restored"] = eng.generate(prompts, params)
+    turn_batched = eng.async_engine() is None  # agent turns go one batch per turn: the ranks' tools finish apart
     eng.shutdown()
     result = {
         "group_alive_after_shutdown": dist.is_initialized(),
+        "agent_turns_batched_per_turn": turn_batched,
         "runs": {k: [[c.prompt_index, c.token_ids, c.logprobs, c.finish_reason] for c in v] for k, v in runs.items()},
     }
     with open(out_path, "w") as f:
