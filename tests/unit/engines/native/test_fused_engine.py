@@ -15,6 +15,7 @@ import torch
 import transformers
 
 import hybridrl.engines.native.engine as fused_engine_module
+import hybridrl.engines.native.prompts as prompts_module
 import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from hybridrl.engines import build_engine
 from hybridrl.engines.base import GenerationRequest, SamplingParams
@@ -72,7 +73,7 @@ def test_prefill_logits_match_transformers(model, path, monkeypatch):
     """New prompts, through the packed path (short ones where the paged attention kernel runs) and the flash prefill
     (long ones, and every one on the torch path)."""
     if path == "flash":
-        monkeypatch.setattr(fused_engine_module, "PACKED_PROMPT_MAX", 0)
+        monkeypatch.setattr(prompts_module, "PACKED_PROMPT_MAX", 0)
     engine = fused_engine(model)
     if path == "packed":  # the GPU's routing on any device: the packed path's torch attention is what it checks
         monkeypatch.setattr(engine.model, "paged_attention_kernel", lambda block_size: True)
