@@ -12,10 +12,15 @@ The loop awaits one generation at a time per trajectory::
    they arrive and leave when done, so a trajectory waiting on a tool, or generating a long turn, never holds the
    others back;
 3. the fallback, `TurnBatchingAdapter`, for an engine with only the synchronous request API,
-   `generate_requests(requests, params)` (the native transformers path; any engine whose TP group cannot schedule
-   requests one by one). It collects the requests of all live trajectories and runs them as one batch once every
-   live trajectory is waiting on the engine: a barrier per turn, so trajectories that finish a turn early (no tool
-   call, a quick tool) wait for the slowest tool of that turn before the next batch starts.
+   `generate_requests(requests, params)` (the native transformers path; an engine of TP size > 1 outside its
+   leader's `lead`, where each rank would add requests at its own moments). It collects the requests of all live
+   trajectories and runs them as one batch once every live trajectory is waiting on the engine: a barrier per turn,
+   so trajectories that finish a turn early (no tool call, a quick tool) wait for the slowest tool of that turn
+   before the next batch starts.
+
+With engine.tp_size > 1 the worker's generate phase runs the loop on the TP leader only, inside `engine.lead(group)`,
+while the other ranks `engine.follow(group)` (`hybridrl.engines.lockstep`): one schedule for the group, continuously
+batched, and each tool call made once per group.
 """
 
 from __future__ import annotations

@@ -15,13 +15,15 @@ Triton kernels launch with programmatic dependent launch per `engine.native.pdl`
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
-from hybridrl.engines.native.async_engine import AsyncEngine
+from hybridrl.engines.lockstep import SIZE, Lockstep, leading
+from hybridrl.engines.native.async_engine import AsyncEngine, replay
 from hybridrl.engines.native.base import NativeEngineBase, check_requests
 from hybridrl.engines.native.fixed_memory import (
     FixedMemory,
@@ -76,6 +78,7 @@ class FusedEngine(PromptPath, NativeEngineBase):
         params = dict(self.model.named_parameters())  # no tied duplicates: a tied lm_head is the embedding itself
         self._init_weights(params, params, device, self._fixed_weights(params, device))
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._lockstep: Lockstep | None = None  # the TP group's schedule, inside `lead` or `follow`
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         self.runner = DecodeRunner(
@@ -106,11 +109,11 @@ class FusedEngine(PromptPath, NativeEngineBase):
     def submit(self, request: GenerationRequest, params: SamplingParams) -> int:
         """Queue one request; its completion comes back from `step` under the returned handle."""
         self._check_awake("submit")
-        if self.tp.size > 1 and self.scheduler.has_work:
+        if self.tp.size > 1 and self.scheduler.has_work and self._lockstep is None:
             # Every rank of a TP group must make the same batches: requests joining a running batch could arrive at
-            # different steps on different ranks.
+            # different steps on different ranks, unless the group keeps the leader's schedule (`lead`, `follow`).
             raise HybridRLError(
-                "native engine: requests cannot join a running batch with engine.tp_size > 1; "
+                "native engine: requests cannot join a running batch with engine.tp_size > 1 outside lead/follow; "
                 "submit them together (generate_requests)"
             )
         return self.scheduler.submit(request, params)
@@ -134,7 +137,7 @@ class FusedEngine(PromptPath, NativeEngineBase):
         done: dict[int, Completion] = {}
         try:
             if requests:
-                self._size_for(max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1)
+                self.size_for(max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1)
             with frozen_heap(), self._launches():
                 while self.scheduler.has_work:
                     done.update(self.scheduler.step())
@@ -146,21 +149,48 @@ class FusedEngine(PromptPath, NativeEngineBase):
     def async_engine(self, longest: int | None = None) -> AsyncEngine | None:
         """Requests one at a time, each joining the running batch (`AsyncEngine`: agent turns); the KV cache, where it
         is sized by demand, first sized for sequences of `longest` tokens, as `generate_requests` sizes it for its call
-        (a pool grows only while no sequence holds blocks). None with engine.tp_size > 1 (see `submit`)."""
-        if self.tp.size > 1:
+        (a pool grows only while no sequence holds blocks). With engine.tp_size > 1 only inside `lead`, whose schedule
+        the group's other ranks replay (`follow`); else None."""
+        if self.tp.size > 1 and self._lockstep is None:
             return None
         if longest and not self.scheduler.has_work:
             self._check_awake("async_engine")
-            self._size_for(longest)
-        return AsyncEngine(self)
+            self.size_for(longest)
+            if self._lockstep is not None:
+                self._lockstep.send(SIZE, longest)
+        return AsyncEngine(self, self._lockstep)
 
-    def _size_for(self, longest: int) -> None:
+    def size_for(self, longest: int) -> None:
         """The KV cache (where it is sized by demand) and the block tables sized for sequences of `longest` tokens
         before a call's first step: neither grows inside the call, so no graph the call captures is dropped before it
         ends (and captured again by the next rollout)."""
         blocks = blocks_for(longest, self.block_size)
         self.kv_allocator(0, blocks)
         self.reserve_width(blocks)
+
+    @contextmanager
+    def lead(self, group: torch.distributed.ProcessGroup) -> Iterator[None]:
+        """The TP leader's agent rollout at engine.tp_size > 1 (`engines/lockstep.py`; `group`: the TP group on a host
+        backend): inside, `async_engine`'s stream sends each step's new requests to the other ranks, which `follow`;
+        leaving the block ends their phase, or fails it with the block's error."""
+        try:
+            with leading(group) as self._lockstep:
+                yield
+        finally:
+            self._lockstep = None
+
+    def follow(self, group: torch.distributed.ProcessGroup) -> None:
+        """Another rank's part of the leader's agent rollout (`lead`): the leader's engine schedule replayed here until
+        its phase ends. The completions are the leader's; this rank runs no agent loop and no tool."""
+        self._check_awake("follow")
+        self._lockstep = Lockstep(group)
+        try:
+            replay(self, self._lockstep)
+        except BaseException:
+            self.scheduler.abort()  # nothing half-done is left for the next phase
+            raise
+        finally:
+            self._lockstep = None
 
     @torch.inference_mode()
     def last_logits(self, prompts: Sequence[Sequence[int]], cached: Sequence[int] | None = None) -> torch.Tensor:

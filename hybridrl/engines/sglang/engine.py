@@ -42,7 +42,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,7 @@ class SglangEngine(RolloutEngine):
         self._weights_stale = False  # released without a host copy: must be loaded before generating
         self._session_open = False  # between begin_weight_update and end_weight_update
         self._pushed = 0  # load_weights calls in the open session
+        self._leading = False  # inside `lead` (the TP leader's agent rollout)
         self._engine: Any = None
 
         opts = cfg.sglang
@@ -147,18 +149,33 @@ class SglangEngine(RolloutEngine):
 
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         """One completion per request (seeded from (seed, prompt_index, sample_index)), through the TP leader as
-        `generate` goes. Agent turns come here one batch per turn only with engine.tp_size > 1 (see `async_engine`)."""
+        `generate` goes. Agent turns come here one batch per turn only outside `lead` at engine.tp_size > 1."""
         ids = [[int(t) for t in r.prompt_ids] for r in requests]
         return self._through_leader((ids, params, [(r.prompt_index, r.sample_index) for r in requests]))
 
     def async_engine(self, longest: int | None = None) -> SglangRequestStream | None:
         """Requests one at a time through SGLang's request API (`Engine.async_generate`, `sglang.stream`), each joining
-        its running batch as it arrives: the agent loop's turns. None with engine.tp_size > 1, where the TP group
-        generates through its leader in step (the loop then batches per turn). SGLang sizes its own KV cache."""
-        if self.tp_size > 1:
+        its running batch as it arrives: the agent loop's turns. With engine.tp_size > 1 only inside `lead` (the
+        leader's engine runs every TP rank; the others `follow`, doing nothing meanwhile); else None, and the loop
+        batches per turn through the leader (`generate_requests`). SGLang sizes its own KV cache."""
+        if self.tp_size > 1 and not self._leading:
             return None
         self._check_can_generate()
         return SglangRequestStream(self._engine, self.stop_ids)
+
+    @contextmanager
+    def lead(self, group=None) -> Iterator[None]:
+        """The TP leader's agent rollout at engine.tp_size > 1: inside, `async_engine` serves the loop's turns from
+        SGLang's own request API. The other ranks have nothing to replay: the leader's engine runs their GPUs."""
+        self._leading = True
+        try:
+            yield
+        finally:
+            self._leading = False
+
+    def follow(self, group=None) -> None:
+        """Another rank's part of the leader's agent rollout: nothing to do (its completions are the leader's); its
+        next collective waits for the leader."""
 
     def _check_can_generate(self) -> None:
         self.finish_weight_update()

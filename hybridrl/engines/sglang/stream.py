@@ -7,8 +7,8 @@ holds up another's.
 
 SGLang's tokenizer manager answers requests on the event loop it first served (`Engine.loop`, the one its blocking
 calls run on), so the stream names that loop as its `event_loop` and the agent loop runs its trajectories there.
-With engine.tp_size > 1 the TP group's ranks generate through the leader in step (gather, then scatter), so
-`SglangEngine.async_engine` offers no stream: agent turns go one batch per turn (`generate_requests`).
+With engine.tp_size > 1 the leader's engine runs every TP rank: the leader runs the agent loop over this stream
+(`SglangEngine.lead`) and the other ranks have nothing to do meanwhile (`follow`).
 """
 
 from __future__ import annotations

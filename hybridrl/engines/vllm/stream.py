@@ -13,8 +13,9 @@ run the engine core in a process of its own; the colocated engine runs in the wo
 so its steps are driven here.
 
 With engine.tp_size > 1 every rank of the TP group must make the same calls in the same order (each rank is a full
-engine sharing only the TP collectives) while each rank's tools finish at their own times: `VllmEngine.async_engine`
-offers no stream there, and the loop batches per turn (`generate_requests`).
+engine sharing only the TP collectives) while each rank's tools would finish at their own times: the TP leader's
+stream sends each step's new requests to the other ranks before the step (`engines/lockstep.py`), and they add the
+same requests and take the same step (`replay`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.lockstep import DONE, STEP, Lockstep
 
 
 class VllmRequestStream:
@@ -35,13 +37,16 @@ class VllmRequestStream:
         llm: Any,
         params_of: Callable[[SamplingParams, GenerationRequest], Any],
         completion_of: Callable[[int, Any], Completion],
+        lockstep: Lockstep | None = None,
     ) -> None:
         """`params_of(params, request)`: vLLM's SamplingParams of one request (its seed from the request's stream key);
-        `completion_of(prompt_index, output)`: our Completion of a finished `RequestOutput`."""
+        `completion_of(prompt_index, output)`: our Completion of a finished `RequestOutput`; `lockstep`: the TP group
+        this rank leads (engine.tp_size > 1)."""
         from vllm.sampling_params import RequestOutputKind
 
-        self.llm, self.params_of, self.completion_of = llm, params_of, completion_of
+        self.llm, self.params_of, self.completion_of, self.lockstep = llm, params_of, completion_of, lockstep
         self._final_only = RequestOutputKind.FINAL_ONLY
+        self._added: list[tuple[str, dict, Any]] = []  # added since the last step, for the TP group (lockstep)
         self.steps = 0  # engine steps taken (each one admits what was added before it)
         self._waiting: dict[str, tuple[asyncio.Future, int]] = {}
         self._driver: asyncio.Task | None = None
@@ -58,6 +63,8 @@ class VllmRequestStream:
         request_id = f"hybridrl-agent-{next(self._ids)}"
         prompt = {"prompt_token_ids": [int(t) for t in request.prompt_ids]}
         self.llm.llm_engine.add_request(request_id, prompt, sampling)
+        if self.lockstep is not None:
+            self._added.append((request_id, prompt, sampling))
         self._waiting[request_id] = (future, request.prompt_index)
         if self._driver is None or self._driver.done():
             self._driver = loop.create_task(self._drive())
@@ -72,6 +79,9 @@ class VllmRequestStream:
                     return
                 if not engine.has_unfinished_requests():
                     raise RuntimeError(f"vLLM holds none of the {len(self._waiting)} requests still awaited")
+                if self.lockstep is not None:
+                    self.lockstep.send(STEP, self._added)
+                    self._added = []
                 outputs = engine.step()
                 self.steps += 1
                 for out in outputs:
@@ -96,3 +106,18 @@ class VllmRequestStream:
                     future.set_exception(e)
             if not isinstance(e, Exception):
                 raise
+
+
+def replay(llm: Any, lockstep: Lockstep) -> int:
+    """A TP follower's part of the leader's schedule: add the requests the leader added before each of its steps and
+    take the same step, until the leader's phase ends. The outputs are the leader's to use; returns the steps taken."""
+    engine, steps = llm.llm_engine, 0
+    while True:
+        kind, payload = lockstep.receive()
+        if kind == DONE:
+            return steps
+        if kind == STEP:
+            for request_id, prompt, sampling in payload:
+                engine.add_request(request_id, prompt, sampling)
+            engine.step()
+            steps += 1

@@ -8,6 +8,7 @@ Ends with os._exit (see shared/reference/PLATFORM_FACTS.md: interpreter exit aft
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -64,6 +65,19 @@ def scenario(rank: int, world: int, tp: int, model_dir: str, result: dict) -> No
         (eng.async_engine(), eng.generate_requests(turns, params)),
         (None, expected_turns(turns, params, stop_ids)),
     )
+    # 2c. ... unless the leader leads the rollout (the worker's generate phase): its turns then go one by one through
+    # SGLang's request API, and the other ranks have nothing to do.
+    if tp_rank == 0:
+        with eng.lead():
+            stream = eng.async_engine()
+
+            async def together():
+                return await asyncio.gather(*(stream.generate(r, params) for r in turns))
+
+            got = stream.event_loop.run_until_complete(together())
+        check("streamed", got, expected_turns(turns, params, stop_ids))
+    else:
+        check("streamed", eng.follow(), None)
     # 3. Sleep: no rank may return before the leader's release finished (the stand-in takes 0.3 s).
     eng.sleep(2)
     result["sleep_returned"] = time.time()
