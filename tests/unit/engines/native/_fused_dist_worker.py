@@ -74,7 +74,8 @@ def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
 def check_lockstep(engine, ref, group, rank: int, world: int) -> str:
     """Agent turns at TP 2: the leader's trajectories join its running batch one by one (tools of a few engine steps
     each, one long), the other rank replays the leader's schedule (`lead`/`follow`). Every turn's log-probs equal the
-    unsharded model's on its context, turns joined inside decode steps, and both ranks took the same steps."""
+    unsharded model's on its context, turns joined inside decode steps, and both ranks took the same steps; then a
+    leader failing inside `lead` fails the other rank's `follow` with its error."""
     import asyncio
 
     import torch
@@ -116,6 +117,21 @@ def check_lockstep(engine, ref, group, rank: int, world: int) -> str:
         return f"rank {rank}: the ranks' schedules differ (steps, row steps, joins, prefills, prefilled): {every}"
     if sched.step_joins == 0 or engine.has_work:
         return f"rank {rank}: no turn joined inside a step ({mine}), or work was left ({engine.has_work})"
+    # A leader that fails inside its phase fails the other rank's too, with its error, instead of leaving it waiting.
+    from hybridrl.errors import HybridRLError
+
+    try:
+        if rank == 0:
+            with engine.lead(group):
+                engine.async_engine(64)
+                raise RuntimeError("a tool took the worker down")
+        else:
+            engine.follow(group)
+    except (RuntimeError, HybridRLError) as e:
+        if "a tool took the worker down" not in str(e):
+            return f"rank {rank}: the leader's failure came through as {e!r}"
+    else:
+        return f"rank {rank}: the leader's failure did not end the phase with an error"
     return "ok"
 
 

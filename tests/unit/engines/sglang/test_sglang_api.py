@@ -35,7 +35,7 @@ def sglang_source(rel: str) -> Path:
     return Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / rel
 
 
-def _signature_from_ast(fn: ast.FunctionDef) -> inspect.Signature:
+def _signature_from_ast(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signature:
     """Names, kinds and which parameters have defaults; enough for `Signature.bind`."""
     a, P, params = fn.args, inspect.Parameter, []
     positional = a.posonlyargs + a.args
@@ -58,7 +58,7 @@ def engine_signatures(names: set[str]) -> tuple[dict[str, inspect.Signature], st
     except Exception:  # noqa: BLE001 -- CPU installs fail anywhere in its import chain
         tree = ast.parse(sglang_source("srt/entrypoints/engine.py").read_text())
         cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
-        methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+        methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         missing = names - set(methods)
         assert not missing, f"sglang.Engine (source) has no {sorted(missing)}"
         return {n: _signature_from_ast(methods[n]) for n in names}, "source"
