@@ -4,7 +4,7 @@
     python -m benchmarks.engine --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \\
         --vary engine.native.shared_prefix_tokens=512,0                                    # two settings side by side
     python -m benchmarks.engine --case multiturn --shape 0.5b --trajectories 512 --max-rows 256 --turns 4 \\
-        --turn-tokens 256 --tool-ms 50                                                    # the run's agent rollout
+        --turn-tokens 256 --tool-ms 50                                                     # the run's agent rollout
     python -m benchmarks.engine --case all --shape tiny --device cpu --new-tokens 8 --skip-hf   # a smoke check
 
 The engine is the one `python -m hybridrl` builds for the same config: `build_components` builds the actor from the
@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
         "--new-tokens",
         type=int,
         default=256,
-        help="most new tokens per sample (multiturn: per trajectory, over all its turns)",
+        help="single, grpo: most new tokens per sample (multiturn takes --turn-tokens)",
     )
     ap.add_argument("--batch", type=int, default=64, help="single: prompts, one sample each")
     ap.add_argument("--prompts", type=int, default=32, help="grpo: distinct prompts")
