@@ -41,13 +41,12 @@ class _StoppingEngine:
 
 async def _run(
     loop: AgentLoop,
-    engine: object,
+    gen: object,
     requests: Sequence[GenerationRequest],
     groups: Sequence[object],
     need: int,
     params: SamplingParams,
 ) -> list[Trajectory]:
-    gen = as_async_engine(engine)
     stopping = _StoppingEngine(gen)
     countdown = GroupCountdown(groups, need)
     stopping.stopped = countdown.done
@@ -101,5 +100,10 @@ def generate_agent_partial(
 ) -> list[Trajectory]:
     """One trajectory per request, in order, stopping new turns once `need` groups are complete (module docstring).
     An unfinished one has finish_reason 'partial' and `turns` 1 where it had started (its tokens were dropped), 0
-    where it had not. `params.seed` is the step seed; each request's `prompt_index` its global index."""
-    return asyncio.run(_run(loop, engine, requests, groups, need, params))
+    where it had not. `params.seed` is the step seed; each request's `prompt_index` its global index. The turns are
+    served as `AgentLoop.generate_sync` serves them: the engine's continuous batching where it offers it (on the event
+    loop its request stream names), else one batch per turn."""
+    gen = as_async_engine(engine, loop.cfg.max_total_tokens)
+    event_loop = getattr(gen, "event_loop", None)
+    run = _run(loop, gen, requests, groups, need, params)
+    return asyncio.run(run) if event_loop is None else event_loop.run_until_complete(run)
