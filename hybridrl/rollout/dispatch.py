@@ -16,6 +16,7 @@ from typing import Any
 
 from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.phases import Phase
+from hybridrl.rollout.generation import ReplicaShare
 from hybridrl.workers.group import WorkerGroup
 
 
@@ -65,7 +66,7 @@ def generate_partial(
     for rank in range(topo.world_size):
         r = topo.of_rank(rank).engine_dp_rank
         reqs, grps = [requests[i] for i in mine[r]], [groups[i] for i in mine[r]]
-        args.append((reqs, grps, share[r], local_waits[r], step, params))
+        args.append((ReplicaShare(reqs, grps, share[r], local_waits[r]), step, params))
     results = group.run(Phase.GENERATE_PARTIAL, args)
     out: list[Any] = [None] * len(requests)
     for r, leader in enumerate(leaders):

@@ -1,6 +1,6 @@
 """A worker's part of a partial rollout: its engine replica's requests, stopped once its quota of groups is complete.
 
-    outs = generate_partial_on(roles, requests, groups, need, wait_for, params)   # HybridWorker.generate_partial
+    outs = generate_partial_on(roles, ReplicaShare(requests, groups, need, wait_for), params)   # the worker's phase
 
 Single-turn: the engine's `generate_partial`; an engine that cannot stop early (`stops_early` False) runs every
 request to its end, which the log says once: the step then over-samples (the groups it does not train stay complete
@@ -10,8 +10,8 @@ for the next step) but waits for its longest response as a synchronous step does
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from hybridrl.engines.base import GenerationRequest, SamplingParams
@@ -21,16 +21,24 @@ log = logging.getLogger("hybridrl")
 _warned: set[str] = set()
 
 
-def generate_partial_on(
-    roles,
-    requests: Sequence[GenerationRequest],
-    groups: Sequence[int],
-    need: int,
-    wait_for: Sequence[int],
-    params: SamplingParams,
-) -> list[Any]:
-    """Completions (trajectories with rollout=agent) of `requests` on this worker's engine, in order."""
+@dataclasses.dataclass
+class ReplicaShare:
+    """One engine replica's part of a partial rollout: what `HybridWorker.generate_partial` runs."""
+
+    requests: list[GenerationRequest]
+    """The replica's requests (a carried sample's context is its prompt plus its tokens so far)."""
+    groups: list[int]
+    """Each request's group."""
+    need: int
+    """How many of these groups must be complete before the engine may stop."""
+    wait_for: list[int] = dataclasses.field(default_factory=list)
+    """Requests (indices into `requests`) that must finish before the engine may stop."""
+
+
+def generate_partial_on(roles, share: ReplicaShare, params: SamplingParams) -> list[Any]:
+    """Completions (trajectories with rollout=agent) of `share.requests` on this worker's engine, in order."""
     engine = roles.rollout.engine
+    requests, groups, need = share.requests, share.groups, share.need
     if roles.agent_loop is not None:  # agent trajectories are never carried: there is nothing to wait for
         return generate_agent_partial(roles.agent_loop, engine, requests, groups, need, params)
     name = type(engine).__name__
@@ -42,4 +50,4 @@ def generate_partial_on(
             "stops early",
             name,
         )
-    return engine.generate_partial(list(requests), params, list(groups), need, list(wait_for))
+    return engine.generate_partial(requests, params, groups, need, share.wait_for)

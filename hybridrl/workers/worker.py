@@ -19,11 +19,11 @@ from hybridrl.agent.loop import Trajectory
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.cpu_threads import configure_threads
-from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.plan import estimate_report
 from hybridrl.rewards.base import RewardScores
-from hybridrl.rollout.generation import generate_partial_on
+from hybridrl.rollout.generation import ReplicaShare, generate_partial_on
 from hybridrl.workers.build import build_components
 from hybridrl.workers.device_room import DeviceRoom
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
@@ -117,18 +117,12 @@ class HybridWorker:
         return out
 
     def generate_partial(
-        self,
-        requests: Sequence[GenerationRequest],
-        groups: Sequence[int],
-        need: int,
-        wait_for: Sequence[int],
-        step: int,
-        params: SamplingParams,
+        self, share: ReplicaShare, step: int, params: SamplingParams
     ) -> list[Completion] | list[Trajectory]:
-        """A partial rollout's requests for this worker's engine replica, stopped once `need` of their groups are
-        complete and the requests `wait_for` finished (rollout.partial; hybridrl/rollout/generation.py)."""
+        """Completions (trajectories with rollout=agent) of this engine replica's share of a partial rollout, stopped
+        once its groups are complete (rollout.partial; hybridrl/rollout/generation.py)."""
         params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=0)
-        out = generate_partial_on(self.roles, requests, groups, need, wait_for, params)
+        out = generate_partial_on(self.roles, share, params)
         self._record("generate")
         return out
 

@@ -49,7 +49,8 @@ class ClockGroup:
     def run_all(self, phase, *args, **kwargs):
         return self.run(phase, [args] * self.topology.world_size, **kwargs)
 
-    def _replica(self, requests, groups, need, wait_for, step, params):
+    def _replica(self, share, step, params):
+        requests, groups, need, wait_for = share.requests, share.groups, share.need, share.wait_for
         self.calls.append(
             {"step": step, "need": need, "wait_for": list(wait_for), "requests": list(requests), "groups": list(groups)}
         )
