@@ -10,8 +10,9 @@ Two places state them, with one grammar for a figure:
       | `python -m hybridrl` | `reward/correct` | first 0.10, last 0.80 | ±0.05 |
 
 A figure is one or more of: `first V` / `last V` (the metric's mean over the first / last 20% of the steps that log
-it, as plots.png and the run's summary give them), `step N V` (its value at step N), `all < V` (every step below V,
-no tolerance); the tolerance is `±T` (absolute). The metric `wall_s` is the run's wall time in seconds, start-up
+it, as plots.png and the run's summary give them), `step N V` (its value at step N), `all < V` (every step below V);
+the tolerance is `±T` (absolute). Where runs of other seeds spread wider than a useful tolerance, a figure states a
+bound instead, which needs no tolerance: `last > V`, `first < V`, `step N > V` (the values every seed tried reached). The metric `wall_s` is the run's wall time in seconds, start-up
 included, with the tiny model already made, and takes a factor instead: `wall_s 40 x2` (between 20 and 80 s); it is
 checked only on an idle machine. A recipe that cannot run here says `# expect: none (why)`.
 """
@@ -31,11 +32,13 @@ TABLE_START, TABLE_END = "<!-- expected-figures -->", "<!-- /expected-figures --
 
 @dataclass(frozen=True)
 class Check:
-    """One figure: `kind` first | last | step | all_below | wall, at step `step` (kind step), expected `value`."""
+    """One figure: `kind` first | last | step | all_below | wall, at step `step` (kind step), expected `value`; `op`
+    "=" (within the tolerance), ">" or "<" (a bound)."""
 
     kind: str
     value: float
     step: int | None = None
+    op: str = "="
 
 
 @dataclass
@@ -64,34 +67,40 @@ def parse_figure(body: str, source: str, overrides: tuple[str, ...]) -> Expectat
     if len(words) < 3:
         raise ValueError(f"{source}: expected '<metric> <figure>... <tolerance>', got {body!r}")
     metric, *rest = words
-    tol_word = rest.pop()
     exp = Expectation(source, overrides, metric, text=body)
     if metric == "wall_s":
+        tol_word = rest.pop() if rest else ""
         if not tol_word.startswith(("x", "×")) or len(rest) != 1:
             raise ValueError(f"{source}: wall_s takes one value and a factor, e.g. 'wall_s 40 x2', got {body!r}")
         exp.tolerance = float(tol_word[1:])
         exp.checks.append(Check("wall", float(rest[0])))
         return exp
-    if tol_word.startswith(("±", "+-")):
-        exp.tolerance = float(tol_word.lstrip("±+-"))
-    elif rest[-2:] == ["all", "<"]:  # a bound needs no tolerance
-        rest.append(tol_word)
+    if rest and rest[-1].startswith(("±", "+-")):
+        exp.tolerance = float(rest.pop().lstrip("±+-"))
+        has_tolerance = True
     else:
-        raise ValueError(f"{source}: the tolerance comes last as ±T, got {tol_word!r} in {body!r}")
+        has_tolerance = False
     i = 0
-    while i < len(rest):
-        word = rest[i]
-        if word in ("first", "last"):
-            exp.checks.append(Check(word, float(rest[i + 1])))
-            i += 2
-        elif word == "step":
-            exp.checks.append(Check("step", float(rest[i + 2]), int(rest[i + 1])))
-            i += 3
-        elif word == "all" and rest[i + 1] == "<":
-            exp.checks.append(Check("all_below", float(rest[i + 2])))
-            i += 3
-        else:
-            raise ValueError(f"{source}: unknown figure {word!r} in {body!r} (first, last, step N, all <)")
+    try:
+        while i < len(rest):
+            word = rest[i]
+            if word not in ("first", "last", "step", "all"):
+                raise ValueError(f"{source}: unknown figure {word!r} in {body!r} (first, last, step N, all <)")
+            step = None
+            if word == "step":
+                step = int(rest[i + 1])
+                i += 1
+            op = rest[i + 1] if rest[i + 1] in ("<", ">") else "="
+            if word == "all" and op != "<":
+                raise ValueError(f"{source}: 'all' takes '< V', got {body!r}")
+            value = float(rest[i + 2] if op != "=" else rest[i + 1])
+            kind = "all_below" if word == "all" else word
+            exp.checks.append(Check(kind, value, step, "<" if kind == "all_below" else op))
+            i += 3 if op != "=" else 2
+    except IndexError:
+        raise ValueError(f"{source}: a figure lacks its value in {body!r}") from None
+    if any(c.op == "=" for c in exp.checks) and not has_tolerance:
+        raise ValueError(f"{source}: the tolerance comes last as ±T (or state a bound: last > V) in {body!r}")
     if not exp.checks:
         raise ValueError(f"{source}: no figure in {body!r}")
     return exp
@@ -160,9 +169,11 @@ def measure(check: Check, rows: list[dict], metric: str, wall_s: float | None = 
 
 
 def holds(check: Check, measured: float, tolerance: float) -> bool:
-    """Whether `measured` agrees with the figure within its tolerance."""
+    """Whether `measured` agrees with the figure: within its tolerance, or on the right side of its bound."""
     if check.kind == "wall":
         return check.value / tolerance <= measured <= check.value * tolerance
-    if check.kind == "all_below":
+    if check.op == "<":
         return measured < check.value
+    if check.op == ">":
+        return measured > check.value
     return abs(measured - check.value) <= tolerance + 1e-9

@@ -41,10 +41,23 @@ def test_the_grammar():
     assert e.checks == [Check("first", 0.10), Check("last", 0.80)] and e.tolerance == 0.05
     e = parse_figure("val/accuracy step 100 0.09, step 150 0.86 ±0.10", "x", ())
     assert e.checks == [Check("step", 0.09, 100), Check("step", 0.86, 150)]
-    assert parse_figure("mismatch/logp_abs_max all < 1e-4", "x", ()).checks == [Check("all_below", 1e-4)]
+    assert parse_figure("mismatch/logp_abs_max all < 1e-4", "x", ()).checks == [Check("all_below", 1e-4, op="<")]
+    bounds = parse_figure("critic/explained_var first -0.47 last > 0.10 ±0.05", "x", ())
+    assert bounds.checks == [Check("first", -0.47), Check("last", 0.10, op=">")] and bounds.tolerance == 0.05
+    e = parse_figure("val/accuracy step 150 > 0.5, first < 0.1", "x", ())
+    assert e.checks == [Check("step", 0.5, 150, ">"), Check("first", 0.1, op="<")]
     wall = parse_figure("wall_s 40 x2", "x", ())
     assert wall.checks == [Check("wall", 40.0)] and wall.tolerance == 2.0
-    for bad in ("reward/mean 0.5 ±0.1", "reward/mean first 0.5", "wall_s 40 ±2", "reward/mean"):
+    bad_lines = (
+        "reward/mean 0.5 ±0.1",
+        "reward/mean first 0.5",
+        "reward/mean last > 0.5 first 0.1",
+        "reward/mean last >",
+        "reward/mean all > 0.5",
+        "wall_s 40 ±2",
+        "reward/mean",
+    )
+    for bad in bad_lines:
         with pytest.raises(ValueError):
             parse_figure(bad, "x", ())
 
@@ -56,8 +69,10 @@ def test_a_figure_moved_past_its_tolerance_fails():
     assert measure(Check("step", 0, 5), rows, "r") == pytest.approx(0.5)
     assert holds(Check("last", 0.90), 0.95, 0.05) and not holds(Check("last", 0.89), 0.95, 0.05)
     assert holds(Check("step", 0.5, 5), 0.5, 0.0)
-    assert holds(Check("all_below", 1.01), measure(Check("all_below", 1.01), rows, "r"), 0)
-    assert not holds(Check("all_below", 0.9), measure(Check("all_below", 0.9), rows, "r"), 0)
+    assert holds(Check("all_below", 1.01, op="<"), measure(Check("all_below", 1.01), rows, "r"), 0)
+    assert not holds(Check("all_below", 0.9, op="<"), measure(Check("all_below", 0.9), rows, "r"), 0)
+    assert holds(Check("last", 0.9, op=">"), 0.95, 0) and not holds(Check("last", 0.96, op=">"), 0.95, 0)
+    assert holds(Check("first", 0.2, op="<"), 0.15, 0) and not holds(Check("first", 0.1, op="<"), 0.15, 0)
     assert (
         holds(Check("wall", 40), 79, 2) and not holds(Check("wall", 40), 81, 2) and not holds(Check("wall", 40), 19, 2)
     )
