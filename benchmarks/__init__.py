@@ -7,6 +7,7 @@
     python -m benchmarks.lora       LoRA against full fine-tuning: peak memory, step time, reshard with the merge
     python -m benchmarks.reshard    the reshard phase against a plain state_dict copy, on one or several devices
     python -m benchmarks.kernels    launch sweeps of the native engine's Triton decode kernels (GPU only)
+    python -m benchmarks.partial_demo   the CPU demo's learning, synchronous against rollout=partial, on several seeds
 
 `--help` on each says what it measures and what its JSON holds; `benchmarks/gpu.sh` runs them on a GPU by group.
 """

@@ -20,6 +20,8 @@
 #   step          benchmarks.step 1.5B: a GRPO step with trainer.offload=params,optimizer (lazy, then eager) and none
 #                 ($STEP_OFFLOADS overrides the list); fixed device addresses on and off
 #   step_large    benchmarks.step 1.5B at 64 prompts × 8 × 1024 new tokens
+#   partial       benchmarks.step 1.5B --partial: 32 prompts × 8 on the heavy-tailed mix (90% 64–512 tokens, 10% at
+#                 4,096), synchronous steps then rollout.partial (carry, oversample 0.75, max_staleness 1)
 #   lifecycle     benchmarks.lifecycle 1.5B: sleep/wake/offload/onload/reshard seconds, GB/s, bytes freed
 #   ppo           benchmarks.step 1.5B with algorithm=ppo (a 1.5B critic) and two 1.5B reward models
 #   lora          benchmarks.lora 7B: a GRPO step with LoRA rank 64 against full fine-tuning (estimated where it does
@@ -105,6 +107,10 @@ for group in "$@"; do
     step_large)
       bench step_1.5b_p64_n1024 420 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --prompts 64 \
         --new-tokens 1024 --steps 2 ;;
+    partial)
+      bench step_1.5b_partial_heavy_n4096 600 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --prompts 32 \
+        --group 8 --new-tokens 4096 --lengths heavy --partial --oversample 0.75 --max-staleness 1 --warmup 2 \
+        --steps 3 ;;
     lifecycle)
       bench lifecycle_1.5b 200 lifecycle --device cuda --shape 1.5b --model-dir $MODELS/1.5b ;;
     ppo)

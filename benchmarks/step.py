@@ -4,6 +4,7 @@
     python -m benchmarks.step --shape 1.5b --workers 2 --tp 2                     # cluster=local, one process per GPU
     python -m benchmarks.step --shape 1.5b --algorithm ppo --reward-models 2      # + a critic and two reward models
     python -m benchmarks.step --shape tiny --device cpu --new-tokens 16 --prompts 4   # a quick check
+    python -m benchmarks.step --shape 1.5b --new-tokens 4096 --lengths heavy --partial   # sync, then partial rollouts
 
 The step is `Controller.train_step` on random prompts, exactly as `python -m hybridrl` runs it: wake (the trainer
 roles' offload, then the engine's wake) → generate → sleep → logprob (parameters back first) → reward → advantages →
@@ -25,6 +26,13 @@ NVML), and `trainer_throughput`: the actor's update on --throughput-batch × --t
 FSDP2 step (fully_shard per layer + root, bf16 mixed precision, the model's own loss) on the same tokens in this
 process: tokens/s, MFU (6·N·tokens/s over the dense bf16 peak) and their ratio. Times are the device's named in
 `gpu` (or the CPU's).
+
+With --partial the same controller runs --warmup + --steps synchronous steps, then as many with partial rollouts
+(rollout.partial, carry: --oversample groups over data.train_batch_size, at most --max-staleness versions behind),
+both training --prompts × --group samples per step; the JSON then holds `sync` and `partial` (each the figures below,
+the partial one with its staleness, carried and dropped samples), `speedup` (the sync step's median over the partial
+one's) and each side's engine idle share (`perf/engine_rows_idle`: rows the rollout could have kept busy that sat
+idle). The engine's rows are raised to hold every over-sampled request at once.
 
 JSON: the labels (`shape`, `device`, `gpu`, versions, `workers`, `engine_tp`, `algorithm`, `trainer_offload`,
 `overrides`, `rollout`: the batch shape), `step_s_median`, `phases_s_median` ({time/<phase>: s}), the switching
@@ -65,6 +73,7 @@ from benchmarks.lengths import LENGTHS, cap_engine_lengths
 from benchmarks.trainer import plain_fsdp_tok_s, throughput_batch
 from hybridrl.data.prompts import Prompt
 from hybridrl.phases import Phase
+from hybridrl.rollout.config import PartialConfig
 from hybridrl.training.config import TrainerConfig
 
 # Seconds of the step spent moving memory between the roles rather than computing.
@@ -75,7 +84,7 @@ SWITCH_INSIDE = ("offload/actor/onload_params_s", "offload/actor/onload_optim_wa
 EXTRA_SWITCH = re.compile(r"^offload/(critic|reward_model/[^/]+)/[a-z_]*_s$")
 CRITIC_WAITS = ("offload/critic/onload_params_wait_s", "offload/critic/onload_optim_wait_s")
 REWARD_MODEL_MOVES = re.compile(r"^offload/reward_model/[^/]+/(onload|offload)_s$")
-PER_STEP_METRICS = ("time/", "offload/", "reshard/", "mismatch/", "engine/")
+PER_STEP_METRICS = ("time/", "offload/", "reshard/", "mismatch/", "engine/", "rollout/", "perf/engine_rows", "batch/")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -131,6 +140,19 @@ def parser() -> argparse.ArgumentParser:
         "rollout, the log-probs and the update all see the mix; one worker, native fused engine",
     )
     ap.add_argument("--max-tokens", type=int, default=0, help="trainer.max_tokens_per_micro_batch (0: rows)")
+    ap.add_argument(
+        "--partial",
+        action="store_true",
+        help="run the synchronous steps, then as many with partial rollouts, side by side (one worker)",
+    )
+    ap.add_argument(
+        "--oversample",
+        type=float,
+        default=0.75,
+        help="--partial: rollout.partial.oversample; about the share of groups holding a tail response (the heavy mix "
+        "with groups of 8: 1 - 0.9^8 = 0.57) or more",
+    )
+    ap.add_argument("--max-staleness", type=int, default=1, help="--partial: rollout.partial.max_staleness")
     add_run_args(ap)
     return ap
 
@@ -172,13 +194,24 @@ def step_overrides(args, path: str, offload: str) -> list[str]:
         cluster = ["cluster.name=inline"]
     else:
         cluster = ["cluster.name=local", f"cluster.workers_per_node={args.workers}"]
+    partial = []
+    rows = args.prompts * args.group
+    if args.partial:
+        partial = [
+            "rollout.partial.enabled=true",
+            "rollout.partial.mode=carry",
+            f"rollout.partial.oversample={args.oversample}",
+            f"rollout.partial.max_staleness={args.max_staleness}",
+        ]
+        rows = (args.prompts + PartialConfig(oversample=args.oversample).extra_groups(args.prompts)) * args.group
     return [
         *cluster,
         f"engine.tp_size={args.tp}",
         f"data.train_batch_size={args.prompts}",
         f"algorithm.group_size={args.group}",
         f"engine.max_new_tokens={args.new_tokens}",
-        f"engine.native.max_batch_size={max(256, args.prompts * args.group)}",
+        f"engine.native.max_batch_size={max(256, rows)}",
+        *partial,
         f"trainer.micro_batch_size={args.micro}",
         f"trainer.max_tokens_per_micro_batch={args.max_tokens}",
         f"trainer.offload={offload}",
@@ -219,13 +252,13 @@ def tag_phases(worker, monitor: DeviceMonitor, timing: dict) -> None:
         setattr(worker, phase.value, tagged)
 
 
-def run_steps(controller, args, timing: dict) -> list[dict]:
-    """The warm-up steps, then the timed ones; the timed steps' metrics."""
+def run_steps(controller, args, timing: dict, first: int = 1, label: str = "") -> list[dict]:
+    """The warm-up steps, then the timed ones, numbered from `first`; the timed steps' metrics."""
     timed_steps = []
-    for step in range(1, args.warmup + args.steps + 1):
-        timing["on"] = step > args.warmup
+    for step in range(first, first + args.warmup + args.steps):
+        timing["on"] = step >= first + args.warmup
         metrics = controller.train_step(step)
-        note(f"step {step}: {metrics['time/step']:.2f} s{'' if timing['on'] else ' (warm-up)'}")
+        note(f"{label}step {step}: {metrics['time/step']:.2f} s{'' if timing['on'] else ' (warm-up)'}")
         if timing["on"]:
             timed_steps.append(metrics)
     timing["on"] = False
@@ -321,6 +354,44 @@ def step_figures(steps: list[dict], args, path: str, gpu: bool) -> dict:
     }
 
 
+def partial_figures(steps: list[dict]) -> dict:
+    """What a partial rollout did over the timed steps: medians of the staleness and of the samples carried, dropped
+    and over-sampled, and the smallest share of trained tokens at most one version behind."""
+    keys = ("staleness_mean", "staleness_max", "carried", "dropped", "oversampled_groups", "pending_groups")
+    out = {k: median_of(steps, lambda m, k=k: m[f"rollout/{k}"]) for k in keys}
+    out["staleness_le1_frac_min"] = min(m["rollout/staleness_le1_frac"] for m in steps)
+    return out
+
+
+def side(steps: list[dict], args, path: str, gpu: bool) -> dict:
+    """One side of the comparison: the step figures, the trained samples per step and the engine's idle share."""
+    return {
+        **step_figures(steps, args, path, gpu),
+        "trained_samples_per_step": median_of(steps, lambda m: m["batch/samples"]),
+        "response_length_mean": median_of(steps, lambda m: m["response/length_mean"]),
+        "engine_rows_mean": median_of(steps, lambda m: m.get("perf/engine_rows_mean", 0.0)),
+        "engine_rows_idle": median_of(steps, lambda m: m.get("perf/engine_rows_idle", 0.0)),
+    }
+
+
+def sync_and_partial(controller, args, timing: dict, path: str, gpu: bool) -> dict:
+    """The synchronous steps (the controller's partial rollouts switched off), then the partial ones, numbered on."""
+    partial, controller.partial = controller.partial, None
+    sync_steps = run_steps(controller, args, timing, label="sync ")
+    controller.partial = partial
+    partial_steps = run_steps(controller, args, timing, first=1 + args.warmup + args.steps, label="partial ")
+    sync_side, partial_side = side(sync_steps, args, path, gpu), side(partial_steps, args, path, gpu)
+    partial_side["rollout"] = partial_figures(partial_steps)
+    return {
+        "sync": sync_side,
+        "partial": partial_side,
+        "speedup": sync_side["step_s_median"] / partial_side["step_s_median"],
+        "rollout_speedup": sync_side["phases_s_median"]["time/generate"]
+        / partial_side["phases_s_median"]["time/generate"],
+        "partial_config": {"oversample": args.oversample, "max_staleness": args.max_staleness, "mode": "carry"},
+    }
+
+
 def trainer_throughput(controller, args, path: str, device: torch.device) -> dict:
     """The actor's update on `throughput_batch × throughput_seq` tokens against plain FSDP2 on the same tokens (inline
     worker). The engine sleeps and the trainer roles go to host first, to give the baseline the device."""
@@ -364,7 +435,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.lengths != "fixed" and args.workers != 1:
         ap.error("--lengths caps the engine of this process: use --workers 1")
-    cap_engine_lengths(args.lengths)
+    if args.partial and args.workers != 1:
+        ap.error("--partial switches the controller's rollouts between the two runs in this process: use --workers 1")
+    # With --partial a length belongs to the sample (carried samples continue as new requests), on both sides.
+    cap_engine_lengths(args.lengths, args.prompt_len if args.partial else None)
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)
     offload = args.offload if device.type == "cuda" else "none"
@@ -373,6 +447,23 @@ def main() -> None:
     monitor, timing = DeviceMonitor(device).start(), {"on": False}
     if args.workers == 1:  # the inline worker lives in this process: its phases can be tagged
         tag_phases(controller.group.worker, monitor, timing)
+    if args.partial:
+        compared = sync_and_partial(controller, args, timing, path, device.type == "cuda")
+        monitor.stop()
+        result = {
+            "shape": args.shape,
+            **device_info(device),
+            "lengths": args.lengths,
+            "rollout": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len},
+            "new_tokens": args.new_tokens,
+            "steps_timed": args.steps,
+            "overrides": args.set,
+            **compared,
+            "device_state_per_phase": monitor.summary(),
+        }
+        controller.cleanup()
+        emit(result, args.out)
+        exit_now()
     steps = run_steps(controller, args, timing)
     monitor.stop()
     result = {

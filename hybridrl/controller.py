@@ -5,6 +5,8 @@ One iteration, as issued to the WorkerGroup (`hybridrl.phases.Phase`)::
     wake → generate → sleep → logprob → [values] → reward → advantages (here) → [update_critic] → update → reshard
 
 The bracketed phases run with a critic (algorithm=ppo); during `critic.warmup_steps` the actor's update is skipped.
+With rollout.partial on, generate → sleep is `PartialRollout.rollout` (hybridrl/rollout/partial.py): it over-samples,
+stops once the step's groups are complete and carries the unfinished samples to the next step (checkpoints hold them).
 
 A checkpoint is written only after a step that passed every check: the learners' divergence guard (in the update,
 before the weights reach the engine) and the engine's log-probs being finite (after generation). An error escaping a
@@ -39,7 +41,14 @@ from hybridrl.phases import TIMED_PHASES, Phase
 from hybridrl.resume_policy import enforce_resume_policy
 from hybridrl.rewards.base import RewardScores
 from hybridrl.rewards.scoring import merge_scores
-from hybridrl.rollout_scoring import completions_to_batch, correct_flags, generate_and_score, rollout_batch
+from hybridrl.rollout.partial import PartialRollout
+from hybridrl.rollout_scoring import (
+    completions_to_batch,
+    correct_flags,
+    generate_and_score,
+    rollout_batch,
+    score_batch_on_workers,
+)
 from hybridrl.tracking.console import LearningSignalWatch, validation_line
 from hybridrl.tracking.samples import pick_samples, sample_rows
 from hybridrl.tracking.summary import run_summary
@@ -121,6 +130,13 @@ class Controller:
             cfg.engine.tp_size,
         )
         self.group = build_worker_group(cfg)
+        self.partial = (
+            PartialRollout(
+                cfg, self.loader, self.train_prompts, self.group, self.timed, self._rollout_batch, self._score
+            )
+            if cfg.rollout.partial.enabled
+            else None
+        )
         self.start_step = 0
         self.checkpoints = CheckpointDir(self.run_dir, cfg.trainer.keep_last)
         self._resume(self.checkpoints.resolve(cfg.trainer.resume))
@@ -156,6 +172,8 @@ class Controller:
         self.group.run_all(Phase.LOAD_CHECKPOINT, str(path))
         self.group.run_all(Phase.RESHARD)  # the engine must generate from the restored weights
         self.loader.load_state_dict(meta["loader"])
+        if self.partial is not None:
+            self.partial.load(path)  # the groups in flight: they come first, as they would have
         self.start_step, self.model_at, self.finished = step, path, step == steps
         self.tracker.resume_at(self.start_step)
         log.info("resumed from %s at step %d", path, self.start_step)
@@ -168,6 +186,8 @@ class Controller:
             tmp = self.checkpoints.staging(step)
             try:
                 self.group.run_all(Phase.SAVE_CHECKPOINT, str(tmp))
+                if self.partial is not None:
+                    self.partial.save(tmp)
                 meta = {"loader": self.loader.state_dict(), "config": self.full_config}
                 path = self.checkpoints.publish(tmp, step, meta)
             except BaseException:
@@ -230,7 +250,11 @@ class Controller:
         t_step = time.perf_counter()
         with self.timed(Phase.WAKE):
             metrics = mean_over_ranks([s or {} for s in group.run_all(Phase.WAKE)])
-        if self.cfg.algorithm.filter_groups:
+        scores = None
+        if self.partial is not None:  # over-sampled, partial rollouts (hybridrl/rollout/partial.py)
+            batch, scores, extras, rollout_metrics = self.partial.rollout(step, self.sampling)
+            metrics.update(rollout_metrics)
+        elif self.cfg.algorithm.filter_groups:
             batch, scores, extras, filtered = self._filtered_rollout(step)
             metrics.update(filtered)
         else:
@@ -248,7 +272,7 @@ class Controller:
         if self.cfg.algorithm.needs_critic:
             with self.timed(Phase.VALUES):
                 batch["values"] = torch.cat([p["values"] for p in group.run_data_parallel(Phase.VALUES, batch)])
-        if not self.cfg.algorithm.filter_groups:
+        if scores is None:  # not scored during the rollout (dynamic sampling scores as it generates)
             with self.timed(Phase.REWARD):
                 scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
         with self.timed("advantages"):
@@ -266,7 +290,7 @@ class Controller:
         with self.timed(Phase.RESHARD):
             metrics.update(mean_over_ranks(group.run_all(Phase.RESHARD)))
         step_time = time.perf_counter() - t_step
-        metrics.update(self._step_metrics(batch, step_time))
+        metrics.update(self._step_metrics(batch, step_time, metrics.get("rollout/generated_tokens")))
         return metrics
 
     def _actor_trains(self, step: int, metrics: dict[str, Any]) -> bool:
@@ -339,7 +363,15 @@ class Controller:
         self.reward_errors += merged.errors
         return merged.scores, merged.extras
 
-    def _step_metrics(self, batch: Batch, step_time: float) -> dict[str, Any]:
+    def _score(self, batch: Batch) -> tuple[list[float], dict[str, list[float]]]:
+        """The reward phase over any number of rows (padded to the ranks); errors counted for `reward/errors`."""
+        merged = score_batch_on_workers(self.group, batch)
+        self.reward_errors += merged.errors
+        return merged.scores, merged.extras
+
+    def _step_metrics(self, batch: Batch, step_time: float, generated: float | None = None) -> dict[str, Any]:
+        """Time, size and rate figures of the step; `generated`: the tokens its rollout sampled where they are not the
+        batch's responses (partial rollouts sample some of a step's responses in earlier steps)."""
         lengths = batch["response_mask"].sum(-1)
         prompt_tokens = sum(len(p) for p in batch.prompts)
         response_tokens = lengths.sum().item()
@@ -355,7 +387,8 @@ class Controller:
         m["response/length_max"] = lengths.max().item()
         m["response/clip_frac"] = sum(r == "length" for r in batch.meta["finish_reason"]) / len(batch)
         m["perf/tokens_per_s"] = (prompt_tokens + response_tokens) / step_time
-        m["perf/rollout_tokens_per_s"] = response_tokens / max(self.times.get("generate", 0.0), 1e-9)
+        sampled = response_tokens if generated is None else generated
+        m["perf/rollout_tokens_per_s"] = sampled / max(self.times.get("generate", 0.0), 1e-9)
         for rank_mem in self.group.run_all(Phase.MEMORY_REPORT)[:1]:
             for phase, stats in rank_mem.items():
                 for k, v in stats.items():

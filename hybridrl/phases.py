@@ -17,6 +17,7 @@ class Phase(str, Enum):
 
     WAKE = "wake"
     GENERATE = "generate"
+    GENERATE_PARTIAL = "generate_partial"
     SLEEP = "sleep"
     LOGPROB = "logprob"
     VALUES = "values"

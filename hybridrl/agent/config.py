@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridrl.errors import ConfigError
+from hybridrl.rollout.config import PartialConfig
 
 ROLLOUT_NAMES = ("single", "agent")
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
@@ -35,6 +36,8 @@ class RolloutConfig:
 
     name: str = "single"
     """single (one generation per sample) or agent (multi-turn tool calling, configured by `agent.*`)."""
+    partial: PartialConfig = field(default_factory=PartialConfig)
+    """Over-sampled, partial rollouts: stop once enough groups are complete, carry the rest (hybridrl/rollout/)."""
 
     def __post_init__(self) -> None:
         if self.name not in ROLLOUT_NAMES:

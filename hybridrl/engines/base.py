@@ -63,6 +63,9 @@ class GenerationRequest:
     """Global index of the prompt this sample belongs to (a key of its random stream)."""
     sample_index: int = 0
     """Which of the prompt's samples this is (the other key of its random stream)."""
+    max_new_tokens: int | None = None
+    """This request's own token cap (a sample continued from an earlier rollout: the tokens it has left); None:
+    `SamplingParams.max_new_tokens`."""
 
 
 @dataclass
@@ -76,7 +79,48 @@ class Completion:
     logprobs: list[float]
     """Per generated token: log_softmax(logits / temperature)[token] (temperature 1 when greedy)."""
     finish_reason: str
-    """'stop' (EOS or a stop id) or 'length' (hit max_new_tokens)."""
+    """'stop' (EOS or a stop id), 'length' (hit max_new_tokens), or 'partial' (`generate_partial` stopped it first:
+    the tokens sampled so far)."""
+
+
+def cap_completion(c: Completion, max_new_tokens: int) -> Completion:
+    """`c` cut to `max_new_tokens` tokens (then finish_reason 'length'). Exact for engines whose token k depends only on
+    the context and the request's stream, as every engine here does: a longer cap only adds tokens after the ones the
+    shorter cap would have returned."""
+    if len(c.token_ids) <= max_new_tokens:
+        return c
+    return Completion(c.prompt_index, c.token_ids[:max_new_tokens], c.logprobs[:max_new_tokens], "length")
+
+
+class GroupCountdown:
+    """When to stop a partial rollout: `need` groups complete (a group is complete when every one of its requests has
+    finished) and every request of `wait_for` finished. `groups[i]` is request i's group (any hashable id)::
+
+        countdown = GroupCountdown(groups, need, wait_for)
+        for i in finished_request_indices: if countdown.finish(i): stop
+    """
+
+    def __init__(self, groups: Sequence[object], need: int, wait_for: Sequence[int] = ()) -> None:
+        self.groups, self.need = list(groups), need
+        self._left: dict[object, int] = {}
+        for g in self.groups:
+            self._left[g] = self._left.get(g, 0) + 1
+        self.complete = 0
+        self._waiting = set(wait_for)
+
+    @property
+    def done(self) -> bool:
+        """Whether `need` groups are complete and no request of `wait_for` is still running."""
+        return self.complete >= self.need and not self._waiting
+
+    def finish(self, request: int) -> bool:
+        """Request `request` finished; whether the rollout may stop now."""
+        group = self.groups[request]
+        self._left[group] -= 1
+        if self._left[group] == 0:
+            self.complete += 1
+        self._waiting.discard(request)
+        return self.done
 
 
 class RolloutEngine(abc.ABC):
@@ -103,10 +147,35 @@ class RolloutEngine(abc.ABC):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample `params.n` completions per prompt; returns len(prompts) * n items, prompt-major."""
 
+    #: True for an engine whose `generate_partial` stops as soon as enough groups are complete; False: it runs every
+    #: request to its end (partial rollouts then only over-sample).
+    stops_early: bool = False
+
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         """One completion per request, in order (`params.n` is ignored); the request form of `generate`, used by
         agent loops and continuous batching."""
         raise NotImplementedError(f"{type(self).__name__} does not generate from requests")
+
+    def generate_partial(
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        groups: Sequence[object],
+        need: int,
+        wait_for: Sequence[int] = (),
+    ) -> list[Completion]:
+        """One completion per request, in order, stopping as soon as `need` groups are complete (`groups[i]` is
+        request i's group; a group is complete when all its requests have finished) and the requests `wait_for`
+        (indices) have finished: every request still running then comes back with the tokens and log-probs sampled
+        so far and finish_reason 'partial' (none sampled yet: an empty one). Each request's own `max_new_tokens`
+        caps it.
+
+        This default cannot stop early (`stops_early` False): it runs every request to its end through
+        `generate_requests` and cuts each to its own cap."""
+        outs = self.generate_requests(requests, params)
+        return [
+            cap_completion(c, r.max_new_tokens) if r.max_new_tokens is not None else c for r, c in zip(requests, outs)
+        ]
 
     @abc.abstractmethod
     def sleep(self, level: int = 1) -> None:

@@ -23,6 +23,7 @@ from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.plan import estimate_report
 from hybridrl.rewards.base import RewardScores
+from hybridrl.rollout.generation import ReplicaShare, generate_partial_on
 from hybridrl.workers.build import build_components
 from hybridrl.workers.device_room import DeviceRoom
 from hybridrl.workers.dist import init_process_group, memory_snapshot, pick_device
@@ -112,6 +113,16 @@ class HybridWorker:
             out = self._trajectories(prompts, params)
         else:
             out = self.roles.rollout.generate(prompts, params)
+        self._record("generate")
+        return out
+
+    def generate_partial(
+        self, share: ReplicaShare, step: int, params: SamplingParams
+    ) -> list[Completion] | list[Trajectory]:
+        """Completions (trajectories with rollout=agent) of this engine replica's share of a partial rollout, stopped
+        once its groups are complete (rollout.partial; hybridrl/rollout/generation.py)."""
+        params = dataclasses.replace(params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=0)
+        out = generate_partial_on(self.roles, share, params)
         self._record("generate")
         return out
 

@@ -12,9 +12,10 @@ Two places state them, with one grammar for a figure:
 A figure is one or more of: `first V` / `last V` (the metric's mean over the first / last 20% of the steps that log
 it, as plots.png and the run's summary give them), `step N V` (its value at step N), `all < V` (every step below V);
 the tolerance is `±T` (absolute). Where runs of other seeds spread wider than a useful tolerance, a figure states a
-bound instead, which needs no tolerance: `last > V`, `first < V`, `step N > V` (the values every seed tried reached). The metric `wall_s` is the run's wall time in seconds, start-up
-included, with the tiny model already made, and takes a factor instead: `wall_s 40 x2` (between 20 and 80 s); it is
-checked only on an idle machine. A recipe that cannot run here says `# expect: none (why)`.
+bound instead, which needs no tolerance: `last > V`, `first < V`, `step N > V` (the values every seed tried
+reached). The metric `wall_s` is the run's wall time in seconds, start-up included, with the tiny model already
+made, and takes a factor instead: `wall_s 40 x2` (between 20 and 80 s); it is checked only on an idle machine. A
+recipe that cannot run here says `# expect: none (why)`.
 """
 
 from __future__ import annotations

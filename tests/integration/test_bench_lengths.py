@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from benchmarks.lengths import LENGTHS, cap_engine_lengths, draw_lengths, request_length
+from benchmarks.lengths import LENGTHS, cap_engine_lengths, draw_lengths, request_length, sample_length
 
 
 def test_the_mixes_have_the_shapes_they_are_named_for():
@@ -22,7 +22,11 @@ def test_the_mixes_have_the_shapes_they_are_named_for():
     truncated = draw_lengths("truncated", limit, n)
     assert sum(x == limit for x in truncated) / n == pytest.approx(0.3, abs=0.03)
     assert all(32 <= x <= limit for x in truncated)
-    assert set(LENGTHS) == {"fixed", "uniform", "lognormal", "truncated"}
+    heavy = draw_lengths("heavy", 4096, n)
+    assert sum(x == 4096 for x in heavy) / n == pytest.approx(0.1, abs=0.02)
+    assert all(64 <= x <= 512 for x in heavy if x != 4096)
+    assert statistics.mean(x for x in heavy if x != 4096) == pytest.approx((64 + 512) / 2, rel=0.03)
+    assert set(LENGTHS) == {"fixed", "uniform", "lognormal", "truncated", "heavy"}
 
 
 def test_the_engine_stops_each_request_at_its_drawn_length(tiny_path, tokenizer, monkeypatch):
@@ -48,3 +52,21 @@ def test_the_engine_stops_each_request_at_its_drawn_length(tiny_path, tokenizer,
     for c, want in zip(out, drawn):
         assert len(c.token_ids) <= want
         assert c.finish_reason == "stop" or len(c.token_ids) == want
+
+
+def test_a_carried_sample_stops_where_it_would_have_uninterrupted(monkeypatch):
+    """With the prompt length given, a request's length belongs to its sample: a request continuing k tokens of it
+    (its context the prompt and those tokens) is capped at the sample's length less k."""
+    from hybridrl.engines.base import GenerationRequest, SamplingParams
+    from hybridrl.engines.native import scheduler
+
+    monkeypatch.setattr(scheduler.Scheduler, "_sequence", scheduler.Scheduler._sequence)  # restored afterwards
+    cap_engine_lengths("heavy", prompt_len=3)
+    sched = scheduler.Scheduler(backend=None, max_rows=4, eos_token_ids=[0])
+    params = SamplingParams(max_new_tokens=256, seed=5)
+    prompt = [7, 8, 9]
+    total = sample_length("heavy", 256, prompt, 1)
+    assert sched._sequence(GenerationRequest(prompt, 0, 1), params).max_new == total
+    carried = GenerationRequest(prompt + [1] * (total - 2), 9, 1, max_new_tokens=256 - (total - 2))
+    assert sched._sequence(carried, params).max_new == 2
+    assert len({sample_length("heavy", 256, prompt, j) for j in range(40)}) > 5  # each sample its own length

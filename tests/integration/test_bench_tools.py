@@ -21,7 +21,7 @@ from tests.paths import REPO
 
 SMALL = ["--shape", "tiny", "--device", "cpu"]
 STEP = ["--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4", "--steps", "2", "--warmup", "1"]
-BENCHMARKS = ("engine", "step", "trainer", "lifecycle", "lora", "reshard", "kernels")
+BENCHMARKS = ("engine", "step", "trainer", "lifecycle", "lora", "reshard", "kernels", "partial_demo")
 
 
 def assert_tokens(fig: dict, budget: int, stopped: int) -> None:
@@ -94,6 +94,18 @@ def check_step(out: dict) -> None:
     assert out["trainer_throughput"]["ratio"] > 0 and out["trainer_throughput"]["ours_mfu"] is None
 
 
+def check_step_partial(out: dict) -> None:
+    """Sync and partial side by side, the same samples trained per step, the partial side's rollout figures."""
+    for name in ("sync", "partial"):
+        side = out[name]
+        assert side["trained_samples_per_step"] == 2 * 2 and len(side["per_step"]) == 2, name
+        assert 0 <= side["engine_rows_idle"] < 1 and side["engine_rows_mean"] > 0, name
+    assert out["speedup"] == pytest.approx(out["sync"]["step_s_median"] / out["partial"]["step_s_median"])
+    rollout = out["partial"]["rollout"]
+    assert rollout["staleness_max"] <= 1 and rollout["oversampled_groups"] == 2  # 2 prompts, oversample 0.75: 2
+    assert out["partial_config"] == {"oversample": 0.75, "max_staleness": 1, "mode": "carry"}
+
+
 def check_step_ppo(out: dict) -> None:
     assert {"time/values", "time/update_critic"} <= set(out["phases_s_median"])  # the critic's phases ran
     assert out["algorithm"] == "ppo" and out["reward_models"] == 2
@@ -147,6 +159,7 @@ CASES: dict[str, tuple[list[str], Callable[[dict], None]]] = {
     "engine:multiturn": (["--case", "multiturn", "--prompt-len", "8", *MULTITURN, *JOINS], check_engine_multiturn),
     "step": (STEP, check_step),
     "step:ppo": ([*STEP, "--algorithm", "ppo", "--reward-models", "2"], check_step_ppo),
+    "step:partial": ([*STEP, "--new-tokens", "32", "--lengths", "heavy", "--partial"], check_step_partial),
     "trainer": ([*TRAINER, "--variants", "default,chunk", "--warmup", "1", "--iters", "2"], check_trainer),
     "lifecycle": (["--batch", "2", "--new-tokens", "4"], check_lifecycle),
     "lora": (["--rank", "4", "--alpha", "8", *STEP], check_lora),

@@ -37,6 +37,7 @@ from hybridrl.engines.native.frozen_heap import frozen_heap
 from hybridrl.engines.native.kernels import pdl
 from hybridrl.engines.native.kv_cache import BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.native.model import FusedDecoder
+from hybridrl.engines.native.partial import PartialGeneration
 from hybridrl.engines.native.prompts import PromptPath
 from hybridrl.engines.native.runner import DecodeRunner
 from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
@@ -46,7 +47,7 @@ from hybridrl.errors import HybridRLError
 log = logging.getLogger(__name__)
 
 
-class FusedEngine(PromptPath, NativeEngineBase):
+class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
     """The built-in engine over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
 
     weight_layout_style = "fused"
@@ -371,9 +372,11 @@ class FusedEngine(PromptPath, NativeEngineBase):
         return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
     def take_stats(self) -> dict[str, float]:
-        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call."""
+        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call, and the decode
+        steps' occupancy (`Scheduler.take_occupancy`)."""
         n, seconds = self.runner.take_capture_stats()
-        return {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        stats = {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        return {**stats, **self.scheduler.take_occupancy()}  # perf/engine_rows_mean, perf/engine_rows_idle
 
     def mapped_bytes(self) -> int:
         """The fixed-address weights and KV cache mapped on this device now (`fixed_memory`; 0 off CUDA)."""

@@ -140,6 +140,8 @@ class Scheduler:
         self.prefilled_tokens = 0  # prompt tokens run through prefill (tests check prompts run once per group)
         self.steps = self.prefills = self.row_steps = 0  # steps taken, admissions (prefill calls), rows × steps
         self.step_joins = 0  # admissions that joined inside a step (no prefill call)
+        self.submitted = 0  # requests queued (the rows a rollout could have filled: `take_occupancy`)
+        self._occupancy_seen = (0, 0, 0)  # (steps, row_steps, submitted) at the last `take_occupancy`
         self._mixed: PackedTokens | None = None  # prompt tokens computed inside the next launch
         self._mixed_blocks: list[tuple[list[BlockKey], list[int]]] = []  # their full blocks, final once it is queued
         self._room_since: int | None = None  # the step since which a waiting request has had a free row
@@ -163,6 +165,7 @@ class Scheduler:
             seq.handle = self._next_handle + i
         self._next_handle += len(seqs)
         self.waiting.extend(seqs)
+        self.submitted += len(seqs)
         return [s.handle for s in seqs]
 
     def _sequence(self, request: GenerationRequest, params: SamplingParams) -> SequenceState:
@@ -171,11 +174,17 @@ class Scheduler:
                 f"native engine: request (prompt {request.prompt_index}, sample "
                 f"{request.sample_index}) has an empty prompt"
             )
-        need = len(request.prompt_ids) + params.max_new_tokens
+        max_new = params.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+        if max_new < 1:
+            raise HybridRLError(
+                f"native engine: request (prompt {request.prompt_index}, sample {request.sample_index}) may generate "
+                f"{max_new} tokens; give it at least one"
+            )
+        need = len(request.prompt_ids) + max_new
         if self.max_model_len and need > self.max_model_len:
             raise HybridRLError(
                 f"native engine: a prompt of {len(request.prompt_ids)} tokens + max_new_tokens="
-                f"{params.max_new_tokens} needs {need} tokens, more than engine.native.max_model_len="
+                f"{max_new} needs {need} tokens, more than engine.native.max_model_len="
                 f"{self.max_model_len}"
             )
         seeded = params.seed is not None
@@ -183,7 +192,7 @@ class Scheduler:
             float(params.temperature), int(params.top_k), float(params.top_p), seeded, self.sampler_kernel
         )
         key = stream_key(params.seed, request.prompt_index, request.sample_index) if seeded else None
-        return SequenceState(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), params.max_new_tokens)
+        return SequenceState(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), max_new)
 
     def abort(self) -> None:
         """Forget every request (an error, or the engine going to sleep); their handles never complete."""
@@ -200,6 +209,33 @@ class Scheduler:
         self.mode = self._room_since = self._mixed = None
         self._mixed_blocks = []
         self._may_share = False
+
+    def stop(self) -> list[tuple[int, Completion]]:
+        """End every request now, for a partial rollout: outputs already launched are read first (a sequence they
+        finish comes back as usual), then every other sequence, running or waiting, comes back with the tokens sampled
+        so far and finish_reason 'partial', in handle order. Nothing is left held."""
+        done: list[tuple[int, Completion]] = []
+        ready, self.pending = self.pending, []
+        for seqs, copy in ready:
+            self._read(seqs, copy, done)
+        left = {s.handle: s for s in [*self.rows, *self.waiting] if s.finish is None}
+        for handle in sorted(left):
+            s = left[handle]
+            done.append((handle, Completion(s.request.prompt_index, s.tokens, s.logprobs, "partial")))
+        self.abort()
+        return done
+
+    def take_occupancy(self) -> dict[str, float]:
+        """Since the last call, where decode steps ran: `perf/engine_rows_mean`, the rows decoded per step on average,
+        and `perf/engine_rows_idle`, the share of the rows the rollout could have kept busy (min(max rows, requests
+        queued)) that sat idle: the tail in which a batch drains as its rows finish."""
+        now = (self.steps, self.row_steps, self.submitted)
+        steps, rows, queued = (a - b for a, b in zip(now, self._occupancy_seen))
+        self._occupancy_seen = now
+        if not steps:
+            return {}
+        available = min(self.max_rows, queued) if queued else self.max_rows
+        return {"perf/engine_rows_mean": rows / steps, "perf/engine_rows_idle": 1.0 - rows / steps / available}
 
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[int, Completion]]:

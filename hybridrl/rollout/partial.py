@@ -1,0 +1,287 @@
+"""One step's rollout with `rollout.partial` on: over-sample, stop once enough groups are complete, carry the rest.
+
+In place of the synchronous generate → sleep → batch, step s runs::
+
+    pool.expire(s, max_staleness)              # samples that would lag too far restart (rollout/dropped)
+    fill the pool from the data loader up to B + extra groups   (B = data.train_batch_size, extra = oversample·B)
+    generate every unfinished sample of those groups, its context prompt + its tokens so far, its cap what it has
+        left, until B groups are complete (every sample finished, kept ones counted) and every sample in its last
+        rollout within max_staleness has finished                     → dispatch.generate_partial
+    take B complete groups, in pool order: those this rollout completed, then kept ones → the training batch
+    sleep; mode=drop: the unfinished samples restart
+
+Waiting for the samples whose next rollout would take them past `max_staleness` bounds staleness without dropping
+the tail: a long sample is carried once (with max_staleness=1) and then finished. Complete groups the step did not
+need (several complete in the same decode step as the B-th; with equal lengths every over-sampled group does) are
+kept, and fill a later step's batch only where that step's own completions fall short: trained first, they would
+make a step's batch a version old for no time saved; past `max_staleness` they restart.
+
+The groups not taken stay in the pool, in order, and come first in the next step's rollout, so every prompt the
+loader gave is trained once, in order, and the loader's position plus the pool (saved in every checkpoint) is the
+whole of the data state. With DAPO's dynamic sampling (algorithm.filter_groups) a step runs rounds of this, each
+completing the groups still missing, scoring them and keeping those whose rewards differ, as the synchronous loop
+does with fresh batches.
+
+Random streams: every request of step s draws from the stream keyed by (the step's seed, its group's place in the
+step's rollout, its sample index), the synchronous rollout's keys; a carried sample continues in the stream of its
+new place. Continuing its old stream instead would need every engine to start a request's counter mid-stream, which
+vLLM and SGLang cannot; the new stream is as independent of the sample's earlier tokens as the old one's rest.
+
+Log-probs: each token keeps the engine's log-prob from the weights that sampled it (the behaviour policy), while the
+log-prob phase recomputes the whole sample under the current weights, so the rollout correction
+(algorithm.rollout_correction) and the mismatch metrics see every carried token for what it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridrl.agent.loop import Trajectory
+from hybridrl.algorithms import GroupRefill
+from hybridrl.batch import Batch
+from hybridrl.config import RunConfig
+from hybridrl.data.prompts import Prompt, PromptLoader
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.errors import HybridRLError
+from hybridrl.estimation import shaped_scores
+from hybridrl.phases import Phase
+from hybridrl.rollout.dispatch import generate_partial
+from hybridrl.rollout.pool import PoolGroup, PoolSample, RolloutPool, load_pool, save_pool
+from hybridrl.workers.group import WorkerGroup
+
+log = logging.getLogger("hybridrl")
+
+#: Trajectory fields the pool keeps apart from the tokens and log-probs (the rest of `Trajectory`'s fields).
+_TRAJECTORY_OWN = ("prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs")
+
+Scored = tuple[list[float], dict[str, list[float]]]
+
+
+@dataclass
+class _Counts:
+    """What one step's rollout did besides training."""
+
+    dropped: int = 0
+    oversampled: int = 0
+    generated: int = 0
+    surplus: int = 0
+
+
+def staleness_metrics(versions: list[list[int]], step: int) -> dict[str, float]:
+    """`rollout/staleness_mean`, `_max` and `rollout/staleness_le1_frac` (weight versions a trained token lags the
+    policy being updated at `step`) over the trained samples' model tokens (`versions[i]`: sample i's), and
+    `rollout/carried`, the samples holding tokens from an earlier step."""
+    lags = torch.tensor([step - v for vs in versions for v in vs], dtype=torch.float64)
+    if not lags.numel():
+        lags = torch.zeros(1, dtype=torch.float64)
+    return {
+        "rollout/carried": float(sum(1 for vs in versions if vs and min(vs) < step)),
+        "rollout/staleness_mean": lags.mean().item(),
+        "rollout/staleness_max": lags.max().item(),
+        "rollout/staleness_le1_frac": (lags <= 1).double().mean().item(),
+    }
+
+
+class PartialRollout:
+    """The pool of groups in flight and one step's rollout over it (module docstring); the controller owns one."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        loader: PromptLoader,
+        prompts: list[Prompt],
+        group: WorkerGroup,
+        timed: Callable[[Phase], AbstractContextManager],
+        to_batch: Callable[[list[Prompt], list], tuple[Batch, dict[str, float]]],
+        score: Callable[[Batch], Scored],
+    ) -> None:
+        """`timed(phase)` times a phase as the controller's loop does; `to_batch(prompts, outs)` makes the training
+        batch of completions (trajectories with rollout=agent) and checks their log-probs; `score(batch)` is the
+        reward phase (dynamic sampling scores while it generates)."""
+        self.run, self.cfg = cfg, cfg.rollout.partial
+        self.loader, self.prompts, self.group = loader, prompts, group
+        self.timed, self.to_batch, self.score = timed, to_batch, score
+        self.batch_size, self.group_size = cfg.data.train_batch_size, cfg.algorithm.group_size
+        self.extra = self.cfg.extra_groups(self.batch_size)
+        self.max_new = cfg.engine.max_new_tokens
+        self.agent = cfg.rollout.name == "agent"
+        self.pool = RolloutPool(self.group_size)
+        self._index = {id(p): i for i, p in enumerate(prompts)}
+        if self.cfg.max_staleness and cfg.algorithm.rollout_correction == "none":
+            log.info(
+                "rollout.partial trains tokens up to %d weight version(s) old (rollout.partial.max_staleness) with "
+                "algorithm.rollout_correction=none; algorithm.rollout_correction=token_mis (or tis) weights or masks "
+                "them by how far the policy moved since it sampled them",
+                self.cfg.max_staleness,
+            )
+
+    # -- checkpoint ---------------------------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> None:
+        """The pool into the checkpoint folder being staged."""
+        save_pool(self.pool, folder)
+
+    def load(self, folder: str | Path) -> None:
+        """The pool of a checkpoint (empty where it holds none: a checkpoint of a run without partial rollouts)."""
+        if load_pool(self.pool, folder):
+            held = sum(1 for g in self.pool.groups for s in g.samples if s.tokens)
+            log.info("rollout.partial: %d groups in flight resumed, %d samples holding tokens", len(self.pool), held)
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def rollout(
+        self, step: int, sampling: SamplingParams
+    ) -> tuple[Batch, list[float] | None, dict[str, list[float]] | None, dict[str, float]]:
+        """Step `step`'s training batch, its scores where dynamic sampling scored it already (else None: the reward
+        phase is still to run), and the rollout's metrics. The engine is asleep afterwards."""
+        counts = _Counts(dropped=self.pool.expire(step, self.cfg.max_staleness))
+        scores = extras = None
+        if self.run.algorithm.filter_groups:
+            batch, scores, extras, trained, metrics = self._dynamic_sampling(step, sampling, counts)
+        else:
+            trained = self._round(step, sampling, self.batch_size, 0, counts)
+            with self.timed(Phase.SLEEP):
+                self.group.run_all(Phase.SLEEP)
+            batch, metrics = self._batch(trained)
+        counts.surplus = sum(g.complete for g in self.pool.groups)
+        if self.cfg.mode == "drop":
+            counts.dropped += self.pool.reset_unfinished()
+        metrics.update(staleness_metrics([self._model_versions(s) for g in trained for s in g.samples], step))
+        metrics["rollout/dropped"] = float(counts.dropped)
+        metrics["rollout/oversampled_groups"] = float(counts.oversampled)
+        metrics["rollout/surplus_groups"] = float(counts.surplus)
+        metrics["rollout/pending_groups"] = float(len(self.pool))
+        metrics["rollout/generated_tokens"] = float(counts.generated)
+        return batch, scores, extras, metrics
+
+    def _fill(self, groups: int) -> None:
+        """Groups from the data loader at the end of the pool until it holds `groups`."""
+        while len(self.pool) < groups:
+            for p in self.loader.next_batch():
+                self.pool.add(self._index[id(p)])
+
+    def _round(self, step: int, sampling: SamplingParams, need: int, first: int, counts: _Counts) -> list[PoolGroup]:
+        """Generate the first need + extra groups of the pool until `need` are complete; take those. `first`: the
+        place of this round's first group in the step's random streams (later rounds of a step come after)."""
+        size = need + self.extra
+        self._fill(size)
+        window = self.pool.groups[:size]
+        todo = need - sum(g.complete for g in self.pool.groups)  # an earlier round's wider window may hold some
+        if todo > 0:
+            requests, groups, slots, due = [], [], [], []
+            for place, g in enumerate(window):
+                prompt = self.prompts[g.prompt].token_ids
+                for j, s in enumerate(g.samples):
+                    if s.finished:
+                        continue
+                    if s.versions and step - s.versions[0] >= self.cfg.max_staleness:
+                        due.append(len(requests))  # its last rollout within the bound: it finishes in this one
+                    left = None if self.agent else self.max_new - len(s.tokens)
+                    requests.append(GenerationRequest(list(prompt) + s.tokens, first + place, j, left))
+                    groups.append(place)
+                    slots.append(s)
+            with self.timed(Phase.GENERATE):
+                outs = generate_partial(self.group, requests, groups, todo, due, step, sampling)
+            for s, out in zip(slots, outs, strict=True):
+                counts.generated += len(out.response_ids if isinstance(out, Trajectory) else out.token_ids)
+                counts.dropped += self._apply(s, out, step)
+        counts.oversampled += len(window) - need
+        taken = self.pool.take_complete(need, step)
+        if len(taken) < need:
+            raise HybridRLError(
+                f"rollout.partial: the engines completed {len(taken)} groups of the {need} asked for; an engine's "
+                "generate_partial stopped too soon"
+            )
+        return taken
+
+    def _apply(self, s: PoolSample, out: Completion | Trajectory, step: int) -> int:
+        """Add one request's output to its sample; 1 where tokens were sampled and dropped (an unfinished agent
+        trajectory, which restarts), else 0."""
+        if isinstance(out, Trajectory):
+            if out.finish_reason == "partial":
+                return int(out.turns > 0)
+            fields = dataclasses.asdict(out)
+            s.extend(out.response_ids, [float(x) for x in out.logprobs], step)
+            s.finish(out.finish_reason, step)
+            s.trajectory = {k: v for k, v in fields.items() if k not in _TRAJECTORY_OWN}
+            return 0
+        tokens, logprobs, finish = out.token_ids, [float(x) for x in out.logprobs], out.finish_reason
+        room = self.max_new - len(s.tokens)
+        if len(tokens) >= room and finish == "partial" or len(tokens) > room:
+            tokens, logprobs, finish = tokens[:room], logprobs[:room], "length"  # an engine that ignores caps
+        s.extend(tokens, logprobs, step)
+        if finish != "partial":
+            s.finish(finish, step)
+        return 0
+
+    def _batch(self, groups: list[PoolGroup]) -> tuple[Batch, dict[str, float]]:
+        """The training batch of complete groups (group-major, each group's samples together)."""
+        prompts = [self.prompts[g.prompt] for g in groups]
+        outs: list[Any] = []
+        for i, g in enumerate(groups):
+            for j, s in enumerate(g.samples):
+                if self.agent:
+                    outs.append(
+                        Trajectory(
+                            i, j, list(prompts[i].token_ids), list(s.tokens), logprobs=list(s.logprobs), **s.trajectory
+                        )
+                    )
+                else:
+                    outs.append(Completion(i, list(s.tokens), list(s.logprobs), s.finish_reason))
+        return self.to_batch(prompts, outs)
+
+    def _model_versions(self, s: PoolSample) -> list[int]:
+        """The weight versions of the sample's model tokens (with rollout=agent not its tool tokens)."""
+        if s.trajectory is None:
+            return s.versions
+        return [v for v, m in zip(s.versions, s.trajectory["response_mask"]) if m]
+
+    def _dynamic_sampling(
+        self, step: int, sampling: SamplingParams, counts: _Counts
+    ) -> tuple[Batch, list[float], dict[str, list[float]], list[PoolGroup], dict[str, float]]:
+        """DAPO's dynamic sampling over partial rounds: each round completes the groups still missing, scores them,
+        and keeps those whose rewards differ (`GroupRefill`); a round's unfinished samples continue in the next."""
+        algo = self.run.algorithm
+        refill = GroupRefill(self.batch_size, self.group_size, algo.max_resample_rounds)
+        rounds: list[tuple[list[PoolGroup], Batch, list[float], dict[str, list[float]]]] = []
+        first = 0
+        while refill.needs_more:
+            need = self.batch_size - refill.kept
+            first_next = first + need + self.extra
+            taken = self._round(step, sampling, need, first, counts)
+            first = first_next
+            batch, _ = self._batch(taken)
+            with self.timed(Phase.REWARD):
+                scores, extras = self.score(batch)
+            raw = torch.tensor(scores, dtype=torch.float32)
+            refill.add(shaped_scores(algo, raw, batch["response_mask"], self.max_new))
+            rounds.append((taken, batch, scores, extras))
+        with self.timed(Phase.SLEEP):
+            self.group.run_all(Phase.SLEEP)
+        plan = refill.finish()
+        if plan.filled_groups:
+            log.warning(
+                "step %d: dynamic sampling kept %d of %d groups after %d rounds (algorithm.max_resample_rounds=%d); "
+                "%d groups with equal rewards fill the batch",
+                step,
+                plan.kept_groups,
+                self.batch_size,
+                plan.rounds,
+                algo.max_resample_rounds,
+                plan.filled_groups,
+            )
+        n = self.group_size
+        chosen = [(r, rows.tolist()) for r, rows in zip(rounds, plan.rows)]
+        batch = Batch.concat([b.select(rows) for (_, b, _, _), rows in chosen])
+        scores = [sc[i] for (_, _, sc, _), rows in chosen for i in rows]
+        extras = {k: [ex[k][i] for (_, _, _, ex), rows in chosen for i in rows] for k in rounds[0][3]}
+        trained = [taken[i // n] for (taken, _, _, _), rows in chosen for i in rows[::n]]
+        generated = [s for _, _, sc, _ in rounds for s in sc]
+        metrics = {**plan.metrics(), "reward/generated_mean": sum(generated) / len(generated)}
+        return batch, scores, extras, trained, metrics
