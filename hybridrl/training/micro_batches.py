@@ -103,7 +103,9 @@ class MicroBatch:
     """A group of a rank's rows, with its model inputs made once on the device and read by every model that scores
     the rows (the actor, then the reference)."""
 
-    def __init__(self, batch: Batch, rows: list[int], batching: Batching, device: torch.device, pad_id: int) -> None:
+    def __init__(
+        self, batch: Batch, rows: list[int], batching: Batching, device: torch.device, pad_id: int, vision=None
+    ) -> None:
         self.rows, self.device, self.pad_id = rows, device, pad_id
         self.batch = batch.select(rows)
         responses, mask = self.batch["responses"], self.batch["response_mask"]
@@ -113,6 +115,8 @@ class MicroBatch:
         self.responses: torch.Tensor | None = None  # [rows, R] on the device, for the padded layout only
         if batching.padding_free:
             self.packed = pack_rows(self.batch.prompts, responses, mask, lengths, pad_id, batching.max_tokens)
+            if vision is not None:  # a vision-language policy: images and mrope positions (training/vision.py)
+                self.packed = vision.pack(self.packed, self.batch, lengths, pad_id)
             self.packed = self.packed.to(device)
             self.computed_tokens = self.packed.computed_tokens
         else:
@@ -126,10 +130,13 @@ class MicroBatch:
         return self.computed_tokens - self.real_tokens
 
 
-def make_micro_batches(batch: Batch, batching: Batching, device: torch.device, pad_id: int) -> list[MicroBatch]:
-    """`batch` as the micro-batches `batching` asks for (collective under a token budget)."""
+def make_micro_batches(
+    batch: Batch, batching: Batching, device: torch.device, pad_id: int, vision=None
+) -> list[MicroBatch]:
+    """`batch` as the micro-batches `batching` asks for (collective under a token budget); `vision`, a
+    `training.vision.VisionPacker`, adds a vision-language policy's images to each."""
     groups = split_rows(sequence_lengths(batch), batching, device)
-    return [MicroBatch(batch, rows, batching, device, pad_id) for rows in groups]
+    return [MicroBatch(batch, rows, batching, device, pad_id, vision) for rows in groups]
 
 
 def scatter_rows(parts: list[torch.Tensor], micro: list[MicroBatch], n_rows: int) -> torch.Tensor:

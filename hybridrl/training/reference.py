@@ -21,6 +21,7 @@ from hybridrl.training.micro_batches import MicroBatch, scatter_rows
 from hybridrl.training.offload import HostOffloader, timed_moves
 from hybridrl.training.pass_meter import PassMeter
 from hybridrl.training.trainer import model_logprobs
+from hybridrl.training.vision import prepare_policy
 
 
 class Reference:
@@ -46,6 +47,7 @@ class Reference:
         model = load_causal_lm(model_path, model_cfg, precision.frozen_dtype, device).eval().requires_grad_(False)
         if cfg.padding_free:
             use_packed_attention(model, cfg.packed_attention, model_cfg.attn_implementation)
+        prepare_policy(model, model_cfg, trains=False)
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
         self.model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)

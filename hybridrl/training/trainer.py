@@ -35,6 +35,7 @@ from hybridrl.training.logprobs import packed_logprobs, response_logprobs
 from hybridrl.training.lora import check_target_modules, lora_memory_stats, wrap_with_lora
 from hybridrl.training.micro_batches import MicroBatch, make_micro_batches, scatter_rows
 from hybridrl.training.pass_meter import PassMeter
+from hybridrl.training.vision import prepare_policy, vision_packer
 
 
 def attention_mask(mb: Batch) -> torch.Tensor | None:
@@ -101,6 +102,9 @@ class Trainer(FSDPLearner):
         self.serves_reference = self.peft is not None and algo.uses_reference
         if cfg.padding_free:
             use_packed_attention(model, cfg.packed_attention, model_cfg.attn_implementation)
+        prepare_policy(model, model_cfg, trains=True)  # a vision-language model's tower (training/vision.py)
+        #: Adds images and mrope positions to a vision-language policy's micro-batches; None for a text model.
+        self.vision = vision_packer(model)
         if model_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
@@ -118,7 +122,7 @@ class Trainer(FSDPLearner):
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """This rank's log-prob micro-batches of `batch` (`trainer.logprob_batching`), packed on its device
         (collective under a token budget)."""
-        return make_micro_batches(batch, self.cfg.logprob_batching(), self.device, self.pad_token_id)
+        return make_micro_batches(batch, self.cfg.logprob_batching(), self.device, self.pad_token_id, self.vision)
 
     @torch.no_grad()
     def compute_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
@@ -170,7 +174,7 @@ class Trainer(FSDPLearner):
         t0, passes = time.perf_counter(), []
         for _epoch in range(cfg.ppo_epochs):
             for mb_batch in batch.chunks(mini):
-                micro = make_micro_batches(mb_batch, cfg.update_batching(), self.device, self.pad_token_id)
+                micro = make_micro_batches(mb_batch, cfg.update_batching(), self.device, self.pad_token_id, self.vision)
                 passes += micro
                 # Normalize by the whole mini-batch over all ranks, so accumulation over
                 # micro-batches and FSDP's gradient averaging over ranks equal one big batch.
