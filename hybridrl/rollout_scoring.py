@@ -34,7 +34,8 @@ def completions_to_batch(
     prompts: Sequence[Prompt], comps: Sequence[Completion], images: Sequence[ImageInputs | None] | None = None
 ) -> Batch:
     """Response-aligned tensors (responses, mask, engine log-probs) for every completion; with `images` (per
-    prompt), each row's in `meta["images"]` (the trainer's forward reads them)."""
+    prompt), each row's in `meta["images"]` (the trainer's forward reads them) and their names as the data row gives
+    them in `meta["image_names"]` (samples.jsonl)."""
     width = max(1, max(len(c.token_ids) for c in comps))
     resp = torch.zeros((len(comps), width), dtype=torch.long)
     mask = torch.zeros((len(comps), width), dtype=torch.float32)
@@ -52,6 +53,7 @@ def completions_to_batch(
     }
     if images is not None:
         meta["images"] = [images[c.prompt_index] for c in comps]  # a group's rows share one object
+        meta["image_names"] = [[s.name for s in p.images or ()] for p in src]  # samples.jsonl names them
     return Batch(
         prompts=[p.token_ids for p in src],
         tensors={"responses": resp, "response_mask": mask, "engine_logprobs": elp},

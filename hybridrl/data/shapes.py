@@ -1,17 +1,18 @@
-"""The built-in visual task: small pictures of coloured shapes, a question with a one-digit answer.
+"""The built-in visual task: small pictures of coloured shapes, and a question with a one-word answer.
 
 `data=synthetic_vl` (`data.synthetic.task=colour|count`) draws the pictures once, deterministically from the seed,
 into a folder under $HYBRIDRL_CACHE (PNG files and train/val JSONL files naming them by relative path), and reads that
 folder exactly as it reads a user's JSONL file with images (`data.image_key=images`), so samples.jsonl names each
 sample's picture by its file::
 
-    {"prompt": "<image>What colour is the shape? 1 red, 2 green, 3 blue, 4 yellow. Answer with the digit.",
-     "images": ["images/train-00017.png"], "answer": "3", "task": "colour"}
+    {"prompt": "<image>What colour is the shape?", "images": ["images/train-00017.png"], "answer": "blue",
+     "task": "colour"}
 
-colour: one shape; the answer is its colour's digit. count: one to four shapes of several colours; the question names a
-colour present in the picture and the answer is how many shapes have it. A picture is a 4×4 grid of 28-pixel cells
-(112 pixels a side: one image token of a Qwen2-VL model per cell), each shape inside one cell. The answer is one digit,
-so the `synthetic` reward (format and digit match) scores it; a policy guessing digits is right about 1 time in 4.
+colour: one shape; the answer is its colour (red, green, blue or yellow). count: one to four shapes of several colours;
+the question names a colour present in the picture and the answer is how many shapes have it (a digit). A picture is
+a 4×4 grid of 28-pixel cells (112 pixels a side: one image token of a Qwen2-VL model per merged cell), each shape
+inside one cell. The `shapes` reward (hybridrl/rewards/shapes.py) scores an answer: whether its first word is the
+answer, and its format (that word alone, ended by EOS).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ VISION_TASKS = ("colour", "count")
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 200, 30)}
 CELL, GRID = 28, 4
 SIDE = CELL * GRID
-SHAPES_FORMAT_VERSION = 1
+SHAPES_FORMAT_VERSION = 2
 
-COLOUR_QUESTION = "What colour is the shape? 1 red, 2 green, 3 blue, 4 yellow. Answer with the digit."
-COUNT_QUESTION = "How many {colour} shapes are in the picture? Answer with a digit."
+COLOUR_QUESTION = "What colour is the shape?"
+COUNT_QUESTION = "How many {colour} shapes?"
 
 
 def draw(shapes: list[tuple[int, str, str]], rng: random.Random):
@@ -55,7 +56,7 @@ def make_row(task: str, rng: random.Random) -> tuple[dict, list[tuple[int, str, 
     if task == "colour":
         colour = rng.choice(names)
         shapes = [(rng.randrange(GRID * GRID), colour, rng.choice(kinds))]
-        return {"prompt": "<image>" + COLOUR_QUESTION, "answer": str(names.index(colour) + 1)}, shapes
+        return {"prompt": "<image>" + COLOUR_QUESTION, "answer": colour}, shapes
     if task == "count":
         cells = rng.sample(range(GRID * GRID), rng.randint(1, 4))
         shapes = [(c, rng.choice(names), rng.choice(kinds)) for c in cells]

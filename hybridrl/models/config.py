@@ -61,13 +61,18 @@ class TinyVLOptions:
     seed: int = 0
     """Seed of the random initialization and of the pre-training (part of the cache key)."""
     pretrain_steps: int = 0
-    """Steps of pre-training when the model is first made (hybridrl/models/pretrain_vl.py); 0 = random init."""
+    """Steps of language-model pre-training on digit text when the model is first made (as model.tiny's); 0 = none.
+    Part of the cache key."""
+    caption_steps: int = 0
+    """Then steps on captioned pictures of shapes, every other one on digit text (hybridrl/models/pretrain_vl.py
+    says why a random vision tower needs them); 0 = none. Part of the cache key."""
 
     def __post_init__(self) -> None:
         if self.arch not in ("qwen2_vl", "qwen2_5_vl"):
             raise ConfigError(f"model.tiny_vl.arch must be qwen2_vl or qwen2_5_vl, got {self.arch!r}")
-        if self.pretrain_steps < 0:
-            raise ConfigError(f"model.tiny_vl.pretrain_steps must be >= 0, got {self.pretrain_steps}")
+        for key in ("pretrain_steps", "caption_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"model.tiny_vl.{key} must be >= 0, got {getattr(self, key)}")
         if self.image_size < 28 or self.image_size % 28:
             raise ConfigError(f"model.tiny_vl.image_size must be a multiple of 28 (>= 28), got {self.image_size}")
 

@@ -22,6 +22,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_model_path(cfg: ModelConfig) -> str:
     """The folder to load: the user's `model.path` (a folder or a Hub id), or the tiny model (made on first use)."""
     if cfg.path is None and cfg.name == "tiny_vl":
+        from hybridrl.models.pretrain_vl import CaptionSpec
         from hybridrl.models.tiny_vl import ensure_tiny_vl_model
 
         v = cfg.tiny_vl
@@ -39,6 +40,7 @@ def resolve_model_path(cfg: ModelConfig) -> str:
                 image_size=v.image_size,
                 seed=v.seed,
                 pretrain_spec=PretrainSpec(steps=v.pretrain_steps, seed=v.seed),
+                caption_spec=CaptionSpec(steps=v.caption_steps, seed=v.seed),
             )
         )
     if cfg.path is None:

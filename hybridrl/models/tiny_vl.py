@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from hybridrl.models.pretrain import PretrainSpec, pretrain
+from hybridrl.models.pretrain import PretrainSpec
+from hybridrl.models.pretrain_vl import CaptionSpec, pretrain_vl
 from hybridrl.models.quiet import no_progress_bars
 from hybridrl.models.tiny import build_tokenizer, default_cache_dir
 
@@ -174,43 +175,57 @@ def preprocessor_config(spec: dict) -> dict:
 
 
 def ensure_tiny_vl_model(
-    cache_dir: str | os.PathLike | None = None, pretrain_spec: PretrainSpec | None = None, **shape
+    cache_dir: str | os.PathLike | None = None,
+    pretrain_spec: PretrainSpec | None = None,
+    caption_spec: CaptionSpec | None = None,
+    **shape,
 ) -> Path:
-    """The folder of the tiny VL model with this shape (and pre-training), made on first use; written under a
+    """The folder of the tiny VL model with this shape (and pre-training: `pretrain_spec` on digit text, then
+    `caption_spec` on captioned pictures, `hybridrl.models.pretrain_vl`), made on first use; written under a
     temporary name and renamed when complete, so a run killed half-way leaves no folder that looks finished."""
+    from transformers import AutoImageProcessor
+
     from hybridrl.models.vision import model_class
 
     spec = tiny_vl_spec(**shape)
-    if pretrain_spec is not None and pretrain_spec.steps > 0:
+    pretrain_spec = pretrain_spec or PretrainSpec()
+    caption_spec = caption_spec or CaptionSpec()
+    if pretrain_spec.steps > 0:  # a random-init model keeps the key it always had
         spec["pretrain"] = pretrain_spec.key()
+    if caption_spec.steps > 0:
+        spec["captions"] = caption_spec.key()
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     target = root / f"tiny-{spec['arch'].replace('_', '')}-{key}"
     if (target / "config.json").exists():
         return target
-    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{target.name}-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
 
     tokenizer = build_vl_tokenizer()
+    tokenizer.save_pretrained(tmp)
+    (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(spec), indent=2) + "\n")
+    (tmp / "chat_template.json").write_text(json.dumps({"chat_template": VL_CHAT_TEMPLATE}) + "\n")
     config = tiny_vl_config(spec, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
         model = model_class(config).from_config(config, dtype=torch.float32)
-    if "pretrain" in spec:
+    if pretrain_spec.steps > 0 or caption_spec.steps > 0:
         log.info(
-            "making the tiny VL model: %d steps of pre-training on digit text, once (cached in %s)",
+            "making the tiny VL model: %d steps on digit text, %d on captioned pictures, once (cached in %s)",
             pretrain_spec.steps,
+            caption_spec.steps,
             target,
         )
-        losses = pretrain(model, tokenizer, pretrain_spec)
-        log.info("tiny VL model pre-trained: loss %.3f -> %.3f", losses[0], sum(losses[-50:]) / len(losses[-50:]))
+        processor = AutoImageProcessor.from_pretrained(tmp)  # the folder's own, as every later load
+        for stage, losses in pretrain_vl(model, tokenizer, processor, pretrain_spec, caption_spec).items():
+            if losses:
+                tail = losses[-20:]
+                log.info("tiny VL model, %s: loss %.3f -> %.3f", stage, losses[0], sum(tail) / len(tail))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     with no_progress_bars():
         model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(spec), indent=2) + "\n")
-    (tmp / "chat_template.json").write_text(json.dumps({"chat_template": VL_CHAT_TEMPLATE}) + "\n")
     try:
         os.replace(tmp, target)
     except OSError:  # another process finished first; its folder is equally good

@@ -42,11 +42,14 @@ def sample_rows(
     """Rows for `log_samples` from a rollout batch (hybridrl.batch.Batch) and its rewards.
 
     Each row: prompt (the rendered text the policy saw), response (decoded, special tokens dropped), answer
-    (the data row's reference, when it has one), reward, reward/<component> for each component, and
+    (the data row's reference, when it has one), images (a vision-language prompt's, as the data row names
+    them), reward, reward/<component> for each component, and
     finish_reason ("stop" or "length")."""
     rows = []
     for i in indices:
         row: dict[str, Any] = {"prompt": batch.meta["prompt_text"][i], "response": response_text(batch, i, tokenizer)}
+        if "image_names" in batch.meta:  # a vision-language prompt's images, as its data row names them
+            row["images"] = list(batch.meta["image_names"][i])
         sample = batch.meta["sample"][i]
         if isinstance(sample, dict) and "answer" in sample:
             row["answer"] = _plain(sample["answer"])
