@@ -3,7 +3,8 @@
     python -m benchmarks.engine --shape 0.5b --batch 64 --new-tokens 256                   # against HF generate
     python -m benchmarks.engine --case grpo --shape 1.5b --prompts 32 --samples 8 --new-tokens 512 \\
         --vary engine.native.shared_prefix_tokens=512,0                                    # two settings side by side
-    python -m benchmarks.engine --case multiturn --shape 0.5b --trajectories 256 --turns 4 --tool-ms 50
+    python -m benchmarks.engine --case multiturn --shape 0.5b --trajectories 512 --max-rows 256 --turns 4 \\
+        --turn-tokens 256 --tool-ms 50                                                     # the run's agent rollout
     python -m benchmarks.engine --case all --shape tiny --device cpu --new-tokens 8 --skip-hf   # a smoke check
 
 The engine is the one `python -m hybridrl` builds for the same config: `build_components` builds the actor from the
@@ -19,14 +20,14 @@ EOS, which random weights seldom draw: `tokens` counts what was produced, `stopp
   single     --batch prompts, one sample each; against transformers' `generate` on the same weights (`hf_generate`,
              `tokens_per_s_vs_hf_generate`; --skip-hf leaves it out).
   grpo       --prompts × --samples, each group's samples sharing their prompt, as a GRPO rollout.
-  multiturn  --trajectories × --turns through `AsyncEngine` over the builder's engine: each turn is one request,
-             submitted when the trajectory's previous turn and a simulated tool call of --tool-ms are done, its context
-             grown by the turn and --tool-tokens of tool result; it joins the running batch at the next step
-             (continuous batching). This is the engine's request path under tool latency: no tokenizer, parser or tool
-             runs. Two workloads: lockstep (equal turns: every trajectory calls its tool at the same step, so the
-             device idles through each call; `lockstep_bound_vs_single_turn` is the best any engine can do there)
-             and staggered (the same tokens cut at random points, as real turns fall); each against the same tokens
-             per trajectory in one `generate` (`vs_single_turn`).
+  multiturn  the run's agent rollout: a `HybridWorker` built from the run config with `rollout=agent` (per variant),
+             its generate phase (`worker.generate`, the agent loop over the worker's engine, as the controller calls it)
+             on --trajectories random prompts, with a tool that sleeps --tool-ms and returns --tool-tokens tokens
+             (`benchmarks.multiturn_workload.SleepTool`, named by import path in agent.tools). A random-weight model
+             writes no tool calls and no ends of turn: the loop reads every turn as a call (--turns turns each), and a
+             turn ends at a random stop id, about one token in --turn-tokens (turns cut at random points). Against the
+             same tokens single-turn: each trajectory's model tokens as one request, all at once through the same
+             engine request path (`vs_single_turn`). There is no engine-only mode: the figure is the run's.
 
 Figures per variant: `seconds_cold` (the first run, CUDA-graph capture included), `seconds_warm` (median of the warm
 runs, each from an empty prefix cache as a rollout after a weight update starts), `tokens_per_s` (warm),
@@ -38,7 +39,8 @@ measured step over that bound. Times are the device's named in `gpu` (or the CPU
 
 JSON: the labels (`shape`, `model_dir`, `device`, `gpu`, versions, `engine`, `dtype`, `prompt_len`, `new_tokens`,
 `overrides`, `variants`) and one object per case run with its workload and `variants` ({name: figures}); single adds
-`hf_generate`; a multiturn variant holds `single_turn`, `lockstep_bound_vs_single_turn`, `lockstep` and `staggered`.
+`hf_generate`; a multiturn variant holds `agent` (the generate phase's figures: tokens, turns, mean turn length,
+seconds, tokens/s, the scheduler's counts), `single_turn` and `vs_single_turn`.
 """
 
 from __future__ import annotations
@@ -61,13 +63,20 @@ from benchmarks.common import (
     emit,
     exit_now,
     make_model_dir,
+    model_vocab,
     note,
     pick_device,
     random_prompts,
     sync,
     timed,
 )
-from benchmarks.multiturn_workload import profile_trajectories, run_trajectories, turn_lengths
+from benchmarks.multiturn_workload import (
+    agent_overrides,
+    call_the_tool_every_turn,
+    profile_rollout,
+    time_agent_rollouts,
+    time_single_turn,
+)
 from benchmarks.rollout_figures import (
     fresh_prefix_cache,
     model_shape,
@@ -82,7 +91,6 @@ from hybridrl.engines import engine_dtype
 from hybridrl.engines.base import SamplingParams
 
 CASES = ("single", "grpo", "multiturn")
-SINGLE_TURN_FIGURES = ("tokens", "stopped_at_eos", "seconds_warm", "tokens_per_s", "decode_step_ms")
 PROFILE_TRAJECTORIES = 64  # a profile of every trajectory's events takes minutes to collect
 
 
@@ -98,15 +106,18 @@ def parser() -> argparse.ArgumentParser:
         "--new-tokens",
         type=int,
         default=256,
-        help="most new tokens per sample (multiturn: per trajectory, over all its turns)",
+        help="single, grpo: most new tokens per sample (multiturn takes --turn-tokens)",
     )
     ap.add_argument("--batch", type=int, default=64, help="single: prompts, one sample each")
     ap.add_argument("--prompts", type=int, default=32, help="grpo: distinct prompts")
     ap.add_argument("--samples", type=int, default=8, help="grpo: samples per prompt (algorithm.group_size)")
-    ap.add_argument("--trajectories", type=int, default=256, help="multiturn: trajectories in flight")
-    ap.add_argument("--turns", type=int, default=4, help="multiturn: turns per trajectory")
-    ap.add_argument("--tool-ms", type=float, default=50.0, help="multiturn: simulated tool latency between turns")
-    ap.add_argument("--tool-tokens", type=int, default=16, help="multiturn: tokens a tool result appends")
+    ap.add_argument("--trajectories", type=int, default=256, help="multiturn: trajectories (one per prompt)")
+    ap.add_argument("--turns", type=int, default=4, help="multiturn: turns per trajectory (agent.max_turns)")
+    ap.add_argument(
+        "--turn-tokens", type=int, default=256, help="multiturn: mean model tokens per turn (turns end at random)"
+    )
+    ap.add_argument("--tool-ms", type=float, default=50.0, help="multiturn: the tool's latency")
+    ap.add_argument("--tool-tokens", type=int, default=16, help="multiturn: tokens of text the tool returns")
     ap.add_argument(
         "--max-rows",
         type=int,
@@ -140,8 +151,8 @@ def parser() -> argparse.ArgumentParser:
         "--profile",
         metavar="FILE",
         help="a profiler table of one more run of the first variant to FILE (single, grpo: one generate; multiturn: "
-        f"the staggered turns of the first {PROFILE_TRAJECTORIES} trajectories); with --case all one file per case, "
-        "the case's name added to FILE's stem",
+        f"one generate phase over the first {PROFILE_TRAJECTORIES} prompts); with --case all one file per case, the "
+        "case's name added to FILE's stem",
     )
     return ap
 
@@ -177,15 +188,24 @@ def case_rows(case: str, args) -> int:
 def case_overrides(case: str, args, path: str, device: torch.device, user: list[str]) -> list[str]:
     """What the case sets in the run config (before the user's overrides, which win)."""
     rows = case_rows(case, args)
-    out = [f"engine.native.max_batch_size={rows}", f"engine.max_new_tokens={args.new_tokens}"]
+    out = [f"engine.native.max_batch_size={rows}"]
+    if case != "multiturn":
+        out.append(f"engine.max_new_tokens={args.new_tokens}")
     if case == "grpo":
         out.append(f"algorithm.group_size={args.samples}")
-    if case == "multiturn" and rows < args.trajectories:
-        # Room for every trajectory's whole context: a turn back from its tool finds its prefix still cached (sized by
-        # demand, the cache holds only the rows' sequences and evicts the waiting trajectories' prefixes).
+    if case == "multiturn":
         block = bench_config(path, device, [*out, *user]).engine.native.kv_block_size
-        context = args.prompt_len + args.new_tokens + args.turns * args.tool_tokens
-        out.append(f"engine.native.kv_blocks={1 + args.trajectories * -(-context // block)}")
+        out += agent_overrides(
+            model_vocab(path),
+            args.trajectories,
+            args.turns,
+            args.turn_tokens,
+            args.tool_ms,
+            args.tool_tokens,
+            args.prompt_len,
+            rows,
+            block,
+        )
     return out
 
 
@@ -304,52 +324,51 @@ def case_grpo(roles, configs, args, device: torch.device, path: str, profile: st
 
 
 def case_multiturn(roles, configs, args, device: torch.device, path: str, profile: str | None) -> dict:
-    """--trajectories × --turns with tool calls between turns, lockstep and staggered, against one-turn generation of
-    the same tokens, in every variant."""
-    t, turns = args.trajectories, args.turns
-    gen = torch.Generator().manual_seed(3)
-    vocab = roles.actor.model.config.vocab_size
-    prompts = torch.randint(300, vocab, (t, args.prompt_len), generator=gen).tolist()
-    tool_results = torch.randint(300, vocab, (t, turns, args.tool_tokens), generator=gen).tolist()
-    new = args.new_tokens // turns * turns
-    workloads = {
-        "lockstep": turn_lengths(t, turns, new, False, gen),
-        "staggered": turn_lengths(t, turns, new, True, gen),
-    }
-    tool_wait_s = (turns - 1) * args.tool_ms / 1e3
+    """The run's agent rollout of --trajectories prompts in every variant (a worker of its own each), against the same
+    tokens single-turn."""
+    prompts = random_prompts(args.trajectories, args.prompt_len, model_vocab(path), seed=3)
     res = {
-        "trajectories": t,
+        "trajectories": args.trajectories,
         "rows": case_rows("multiturn", args),
-        "turns": turns,
-        "new_tokens_per_trajectory": new,
+        "turns": args.turns,
+        "turn_tokens": args.turn_tokens,
         "tool_ms": args.tool_ms,
         "tool_tokens": args.tool_tokens,
-        "tool_wait_s_per_trajectory": tool_wait_s,
         "variants": {},
     }
     for i, (name, overrides, cfg) in enumerate(configs):
-        note(f"variant {name}: building the engine")
-        with engine_of(cfg, roles) as engine:
-            params = sampling(cfg, 1, new)
-            single, _ = time_generate(engine, prompts, params, device)
-            v = {
-                "overrides": overrides,
-                "single_turn": {k: single[k] for k in SINGLE_TURN_FIGURES},
-                # Lockstep: no engine decodes while every trajectory waits for its tool, so its ratio is at most this.
-                "lockstep_bound_vs_single_turn": single["seconds_warm"] / (single["seconds_warm"] + tool_wait_s),
-            }
-            for workload, lengths in workloads.items():
-                fig = run_trajectories(engine, prompts, tool_results, lengths, params, args.tool_ms, device)
-                fig["vs_single_turn"] = fig["tokens_per_s"] / single["tokens_per_s"]
-                v[workload] = fig
-                note(f"variant {name}, {workload}: {fig['tokens_per_s']:.0f} tokens/s")
-            if profile and i == 0:
-                k = min(t, PROFILE_TRAJECTORIES)
-                some = (prompts[:k], tool_results[:k], workloads["staggered"][:k])
-                profile_table(lambda: profile_trajectories(engine, *some, params, args.tool_ms), device, profile)
-        res["variants"][name] = v
-    with_ratios(res["variants"], tuple(workloads))
+        note(f"variant {name}: building the worker (rollout=agent)")
+        v = multiturn_variant(cfg, prompts, device, profile if i == 0 else None)
+        res["variants"][name] = {"overrides": overrides, **v}
+        note(f"variant {name}: {v['agent']['tokens_per_s']:.0f} tokens/s, {v['vs_single_turn']:.3f}x single-turn")
+    with_ratios(res["variants"], ("agent",))
     return res
+
+
+def multiturn_variant(cfg: RunConfig, prompts: list[list[int]], device: torch.device, profile: str | None) -> dict:
+    """One variant's figures: a `HybridWorker` for `cfg`, woken as the run's wake phase leaves it, its generate phase
+    timed, then the same tokens single-turn on its engine; the worker's roles released after."""
+    from hybridrl.workers.worker import HybridWorker
+
+    worker = HybridWorker(cfg)
+    try:
+        worker.wake()  # the engine's device memory, the actor's state on the host (per trainer.offload)
+        call_the_tool_every_turn(worker)
+        agent, lengths = time_agent_rollouts(worker, prompts, device)
+        single = time_single_turn(worker.roles.rollout.engine, prompts, lengths, cfg, device)
+        if profile:
+            some = prompts[:PROFILE_TRAJECTORIES]
+            profile_table(lambda: profile_rollout(worker, some), device, profile)
+        return {
+            "engine": type(worker.roles.rollout.engine).__name__,
+            "agent": agent,
+            "single_turn": single,
+            "vs_single_turn": agent["tokens_per_s"] / single["tokens_per_s"],
+        }
+    finally:
+        worker.roles.shutdown()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def hf_generate(path: str, dtype: torch.dtype, prompts: list[list[int]], new_tokens: int, device) -> dict:
@@ -386,8 +405,10 @@ def main() -> None:
     # Every case's and variant's config composed first: a bad key or value fails before any model loads.
     configs = {case: case_configs(case, args, path, device, variants) for case in cases}
     first = configs[cases[0]][0][2]
-    roles = bench_worker(first, device, with_engine=False)
-    roles.actor.offload()  # the device is the engine's, as after a run's wake phase
+    roles = None
+    if set(cases) - {"multiturn"}:  # the engine cases' shared actor (multiturn builds whole workers)
+        roles = bench_worker(configs[next(c for c in cases if c != "multiturn")][0][2], device, with_engine=False)
+        roles.actor.offload()  # the device is the engine's, as after a run's wake phase
     result = {
         "shape": args.shape,
         "model_dir": args.model_dir,

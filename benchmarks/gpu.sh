@@ -12,8 +12,9 @@
 #   engine_settings  benchmarks.engine, settings side by side in one process: decode attention reading a group's
 #                 shared prompt once or per row (512-token prompts, 1.5B and 0.5B); CUDA graphs on and off; PDL on and
 #                 off; the sampler kernel against the torch path; 256 rows (0.5B × 256 new, 1.5B × 1024 new)
-#   multiturn     benchmarks.engine --case multiturn, 0.5B: 256 trajectories × 4 turns with a 50 ms tool, then 512
-#                 trajectories on 256 rows; turns of 64 tokens, then 256; joins inside the decode step and apart
+#   multiturn     benchmarks.engine --case multiturn, 0.5B: the run's agent rollout (the worker's generate phase,
+#                 rollout=agent), 512 trajectories on 256 rows × 4 turns cut at random points, a 50 ms tool; turns of
+#                 256 tokens, then 64; each against the same tokens single-turn
 #   trainer       benchmarks.trainer 1.5B, batch 8 × 1024: the actor's update in several configurations against plain
 #                 FSDP2, with profiles ($TRAINER_VARIANTS overrides the list)
 #   step          benchmarks.step 1.5B: a GRPO step with trainer.offload=params,optimizer (lazy, then eager) and none
@@ -83,13 +84,10 @@ for group in "$@"; do
         --vary engine.native.pdl=on,off
       bench engine_0.5b_b256_n256 90 $E05 --batch 256 --new-tokens 256
       bench engine_1.5b_b256_n1024 120 $E15 --batch 256 --new-tokens 1024 ;;
-    multiturn)  # one row per trajectory, then 512 trajectories on 256 rows (more in flight than rows, as agent RL runs)
-      for n in 256 1024; do
-        M="engine --device cuda --case multiturn --shape 0.5b --model-dir $MODELS/0.5b --turns 4 --tool-ms 50"
-        M="$M --new-tokens $n"
-        bench engine_0.5b_multiturn_256x4_n$n 300 $M --trajectories 256 --vary engine.native.join_step_tokens=512,0
-        bench engine_0.5b_multiturn_512on256x4_n$n 300 $M --trajectories 512 --max-rows 256 \
-          --vary engine.native.join_step_tokens=512,0
+    multiturn)  # 512 trajectories on 256 rows (more in flight than rows, as agent RL runs), 4 turns, a 50 ms tool
+      for n in 256 64; do
+        bench engine_0.5b_multiturn_512on256x4_t$n 420 engine --device cuda --case multiturn --shape 0.5b \
+          --model-dir $MODELS/0.5b --trajectories 512 --max-rows 256 --turns 4 --turn-tokens $n --tool-ms 50
       done ;;
     trainer)
       bench trainer_1.5b 420 trainer --device cuda --shape 1.5b --model-dir $MODELS/1.5b --profile "$OUT" \

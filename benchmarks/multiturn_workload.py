@@ -1,13 +1,22 @@
-"""The multi-turn workload of `benchmarks.engine --case multiturn`: trajectories that generate a turn, wait for a
-simulated tool, append its result to the context and generate the next turn, many in flight at once.
+"""The multi-turn workload of `benchmarks.engine --case multiturn`, run through the run's own generate phase: a
+`HybridWorker` built from a run config with `rollout=agent`, its agent loop driving its engine, a tool of fixed latency.
 
-    lengths = turn_lengths(trajectories, turns, new_tokens, staggered=True, gen=gen)
-    figures = run_trajectories(engine, prompts, tool_results, lengths, sampling, tool_ms, device)
+    overrides = agent_overrides(vocab, trajectories, turns, turn_tokens, tool_ms, tool_tokens, prompt_len)
+    worker = HybridWorker(bench_config(model_dir, device, overrides)); worker.wake()
+    call_the_tool_every_turn(worker)
+    figures = time_agent_rollouts(worker, prompts, device)          # worker.generate, as the controller calls it
+    twin = time_single_turn(worker.roles.rollout.engine, prompts, figures["model_tokens"], cfg, device)
 
-The trajectories drive the engine through `AsyncEngine` (`hybridrl.engines.native.async_engine`): each turn is one
-request, submitted when the previous turn and its tool call are done, and joins the running batch at the next decode
-step (continuous batching). It measures the engine's request path under tool latency; tokenizing, parsing tool calls
-and running tools (the run's agent loop) are not in it.
+A random-weight model writes neither tool calls nor ends of turn, so the workload gives it both, and nothing else:
+the loop reads every turn as one call to `SleepTool` (registered by import path in `agent.tools`, as a user's tool
+is), so each trajectory runs `agent.max_turns` turns; and a turn ends where the model samples one of `stop_ids`,
+about one token in `turn_tokens` of the vocabulary (`engine.stop_token_ids`): turns cut at random points,
+`turn_tokens` long on average, different for every trajectory, as real turns fall. The loop, the tool runner, the
+chat template between turns and the engine's request path are the run's.
+
+The single-turn twin generates the same tokens without turns or tools: each trajectory's model tokens as one request,
+all submitted at once through the same engine request path (`as_async_engine`), so the ratio between the two is
+what turns and tool latency cost.
 """
 
 from __future__ import annotations
@@ -15,103 +24,196 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import statistics
+import time
 
 import torch
 
 from benchmarks.common import timed
 from benchmarks.rollout_figures import counter_deltas, fresh_prefix_cache, scheduler_counters
+from hybridrl.agent import ParsedTurn, Tool, ToolCall, as_async_engine
 from hybridrl.engines.base import GenerationRequest, RolloutEngine, SamplingParams
-from hybridrl.engines.native.async_engine import AsyncEngine
+from hybridrl.engines.native.kv_cache import blocks_for
 
 WARM_RUNS = 3
 """Warm runs per workload; their median is reported."""
+TOOL = "benchmarks.multiturn_workload:SleepTool"
+"""The tool's import path, as `agent.tools` names it."""
+TURN_CAP = 4
+"""A turn's token cap (engine.max_new_tokens) in mean turn lengths: about 2% of turns reach it (e^-4) and end their
+trajectory there, as a turn cut by its cap does in a run."""
+TOOL_TURN_MARKUP = 96
+"""Room for the chat template's tokens around a tool result (the byte-level tokenizer's are about 50)."""
+FIRST_STOP_ID = 300
+"""Stop ids start here, past every special token of the benchmarks' tokenizer."""
 
 
-def turn_lengths(t: int, turns: int, new: int, staggered: bool, gen: torch.Generator) -> list[list[int]]:
-    """Each trajectory's new tokens per turn, summing to `new`: equal turns (lockstep: every trajectory reaches its
-    tool call at the same step), or cut at random points (staggered: as real turns fall, different trajectories call
-    their tools at different steps)."""
-    if not staggered:
-        return [[new // turns] * turns for _ in range(t)]
-    out = []
-    for _ in range(t):
-        cuts = sorted(torch.randperm(new - 1, generator=gen)[: turns - 1].add(1).tolist())
-        out.append([b - a for a, b in zip([0, *cuts], [*cuts, new])])
+class SleepTool(Tool):
+    """Sleeps `ms` milliseconds (asynchronously, as an I/O-bound tool waits) and returns `tokens` characters of text
+    (one token each with the benchmarks' byte-level tokenizer)."""
+
+    name = "sleep"
+    description = "Waits a while and answers."
+
+    def __init__(self, ms: float = 50.0, tokens: int = 16) -> None:
+        self.ms, self.tokens = float(ms), int(tokens)
+
+    async def acall(self, arguments: dict) -> str:
+        await asyncio.sleep(self.ms / 1e3)
+        return "x" * self.tokens
+
+
+def stop_ids(vocab: int, turn_tokens: int) -> list[int]:
+    """About one id in `turn_tokens` of a `vocab`-token vocabulary: a random-weight model samples one of them about
+    once every `turn_tokens` tokens."""
+    count = max(1, round((vocab - FIRST_STOP_ID) / turn_tokens))
+    return list(range(FIRST_STOP_ID, FIRST_STOP_ID + count))
+
+
+def agent_overrides(
+    vocab: int,
+    trajectories: int,
+    turns: int,
+    turn_tokens: int,
+    tool_ms: float,
+    tool_tokens: int,
+    prompt_len: int,
+    rows: int,
+    block_size: int,
+) -> list[str]:
+    """The run config of the workload: rollout=agent with `SleepTool`, `turns` turns of `turn_tokens` on average, every
+    trajectory's tool calls at once, and (with fewer rows than trajectories) a KV cache that holds every trajectory's
+    context twice over, so a turn back from its tool finds its prefix still cached, as a run's pool sized by
+    engine.native.kv_memory_fraction would."""
+    cap = TURN_CAP * turn_tokens
+    tool_turn = tool_tokens + TOOL_TURN_MARKUP
+    out = [
+        "rollout.name=agent",
+        f"agent.tools=[{TOOL}]",
+        f"agent.tool_options.SleepTool.ms={tool_ms}",
+        f"agent.tool_options.SleepTool.tokens={tool_tokens}",
+        f"agent.max_turns={turns}",
+        f"agent.max_total_tokens={prompt_len + turns * (cap + tool_turn)}",
+        f"agent.max_concurrent_tools={trajectories}",
+        f"agent.tool_timeout_s={max(10.0, 100 * tool_ms / 1e3)}",
+        f"engine.max_new_tokens={cap}",
+        f"engine.stop_token_ids=[{','.join(map(str, stop_ids(vocab, turn_tokens)))}]",
+    ]
+    if rows < trajectories:
+        context = prompt_len + turns * (turn_tokens + tool_turn)
+        out.append(f"engine.native.kv_blocks={1 + trajectories * blocks_for(2 * context, block_size)}")
     return out
 
 
-async def _all_trajectories(
-    engine: RolloutEngine,
-    prompts: list[list[int]],
-    tool_results: list[list[list[int]]],
-    lengths: list[list[int]],
-    sampling: SamplingParams,
-    tool_ms: float,
-) -> tuple[int, int]:
-    """Every trajectory at once; the tokens they produced and the turns that stopped at EOS."""
-    agent = AsyncEngine(engine)
-
-    async def trajectory(i: int) -> tuple[int, int]:
-        context, produced, stopped = list(prompts[i]), 0, 0
-        for k, length in enumerate(lengths[i]):
-            params = dataclasses.replace(sampling, n=1, max_new_tokens=length)
-            out = await agent.generate(GenerationRequest(context, i, k), params)
-            produced += len(out.token_ids)
-            stopped += out.finish_reason == "stop"
-            if k < len(lengths[i]) - 1:
-                await asyncio.sleep(tool_ms / 1e3)  # the tool call
-                context = context + out.token_ids + tool_results[i][k]
-        return produced, stopped
-
-    done = await asyncio.gather(*(trajectory(i) for i in range(len(prompts))))
-    return sum(p for p, _ in done), sum(s for _, s in done)
+def call_the_tool_every_turn(worker) -> None:
+    """The worker's agent loop reads every turn as one call to the tool (a random-weight model writes none)."""
+    worker.roles.agent_loop.parse = lambda text: ParsedTurn(text, [ToolCall(SleepTool.name, {})])
 
 
-def run_trajectories(
-    engine: RolloutEngine,
-    prompts: list[list[int]],
-    tool_results: list[list[list[int]]],
-    lengths: list[list[int]],
-    sampling: SamplingParams,
-    tool_ms: float,
-    device: torch.device,
-) -> dict:
-    """A cold run and `WARM_RUNS` warm runs (median) of every trajectory's turns, each warm run from an empty prefix
-    cache; the scheduler's counts over the last warm run (native engine)."""
+def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) -> tuple[dict, list[int]]:
+    """A cold and `WARM_RUNS` warm runs (median) of the worker's generate phase over `prompts` (one trajectory each),
+    each from an empty prefix cache as a rollout after a weight update starts; the figures and each trajectory's model
+    tokens (of the last warm run; every run draws the same)."""
+    engine = worker.roles.rollout.engine
+    params = sampling(worker.cfg, 1)
 
-    def run() -> tuple[float, tuple[int, int]]:
-        return timed(
-            lambda: asyncio.run(_all_trajectories(engine, prompts, tool_results, lengths, sampling, tool_ms)), device
-        )
-
-    cold, _ = run()
-    warm, produced, stopped, counters = [], 0, 0, {}
-    for _ in range(WARM_RUNS):
-        fresh_prefix_cache(engine)  # each run finds only the prefixes of its own earlier turns
+    def run():
+        fresh_prefix_cache(engine)
         before = scheduler_counters(engine)
-        seconds, (produced, stopped) = run()
-        warm.append(seconds)
-        counters = counter_deltas(before, scheduler_counters(engine))
-    seconds = statistics.median(warm)
+        seconds, trajs = timed(lambda: worker.generate(prompts, 0, params), device)
+        return seconds, trajs, counter_deltas(before, scheduler_counters(engine))
+
+    cold, _, _ = run()
+    warm = [run() for _ in range(WARM_RUNS)]
+    seconds = statistics.median(s for s, _, _ in warm)
+    _, trajs, counters = warm[-1]
+    tokens = sum(t.model_tokens for t in trajs)
+    turns = sum(t.turns for t in trajs)
     out = {
-        "tokens": produced,
-        "turns_stopped_at_eos": stopped,
+        "trajectories": len(trajs),
+        "tokens": tokens,
+        "turns_mean": turns / len(trajs),
+        "turn_tokens_mean": tokens / max(1, turns),
+        "tool_calls": sum(t.tool_calls for t in trajs),
+        "tool_errors": sum(t.tool_errors for t in trajs),
+        "cut_by_turn_cap": sum(t.end_reason == "max_new_tokens" for t in trajs),
         "seconds_cold": cold,
         "seconds_warm": seconds,
-        "seconds_warm_runs": warm,
-        "tokens_per_s": produced / seconds,
+        "seconds_warm_runs": [s for s, _, _ in warm],
+        "tokens_per_s": tokens / seconds,
         "scheduler": counters,
     }
     if counters:
         out["mean_rows_per_step"] = counters["row_steps"] / max(1, counters["steps"])
         out["ms_per_engine_step"] = seconds / max(1, counters["steps"]) * 1e3
-    return out
+    return out, [t.model_tokens for t in trajs]
 
 
-def profile_trajectories(engine, prompts, tool_results, lengths, sampling, tool_ms: float) -> None:
-    """One more run of the trajectories (for a profiler around it)."""
-    fresh_prefix_cache(engine)
-    asyncio.run(_all_trajectories(engine, prompts, tool_results, lengths, sampling, tool_ms))
+def time_single_turn(
+    engine: RolloutEngine, prompts: list[list[int]], lengths: list[int], cfg, device: torch.device
+) -> dict:
+    """The same tokens in one turn each, no tools: request i continues prompt i for exactly `lengths[i]` tokens (no
+    stop ids), all at once through the engine's request path (`as_async_engine`, as the loop takes it); a cold and
+    `WARM_RUNS` warm runs (median)."""
+    params = dataclasses.replace(sampling(cfg, 1), stop_token_ids=[], seed=0)
+    longest = max(len(p) for p in prompts) + max(lengths)
+    requests = [GenerationRequest(list(p), i, 0) for i, p in enumerate(prompts)]
+
+    async def all_at_once():
+        stream = as_async_engine(engine, longest)
+        return await asyncio.gather(
+            *(stream.generate(r, dataclasses.replace(params, max_new_tokens=n)) for r, n in zip(requests, lengths))
+        )
+
+    def run():
+        fresh_prefix_cache(engine)
+        return timed(lambda: asyncio.run(all_at_once()), device)
+
+    cold, _ = run()
+    warm = [run() for _ in range(WARM_RUNS)]
+    seconds = statistics.median(s for s, _ in warm)
+    completions = warm[-1][1]
+    tokens = sum(len(c.token_ids) for c in completions)
+    return {
+        "tokens": tokens,
+        "stopped_at_eos": sum(c.finish_reason == "stop" for c in completions),
+        "seconds_cold": cold,
+        "seconds_warm": seconds,
+        "seconds_warm_runs": [s for s, _ in warm],
+        "tokens_per_s": tokens / seconds,
+    }
 
 
-__all__ = ["WARM_RUNS", "profile_trajectories", "run_trajectories", "turn_lengths"]
+def sampling(cfg, n: int) -> SamplingParams:
+    """The run's sampling settings (engine.*): what the controller passes to the generate phase."""
+    e = cfg.engine
+    return SamplingParams(
+        n=n,
+        temperature=e.temperature,
+        top_p=e.top_p,
+        top_k=e.top_k,
+        max_new_tokens=e.max_new_tokens,
+        stop_token_ids=list(e.stop_token_ids),
+        seed=0,
+    )
+
+
+def profile_rollout(worker, prompts: list[list[int]]) -> float:
+    """One more generate phase over `prompts` (for a profiler around it); its wall seconds."""
+    fresh_prefix_cache(worker.roles.rollout.engine)
+    t0 = time.perf_counter()
+    worker.generate(prompts, 0, sampling(worker.cfg, 1))
+    return time.perf_counter() - t0
+
+
+__all__ = [
+    "TOOL",
+    "WARM_RUNS",
+    "SleepTool",
+    "agent_overrides",
+    "call_the_tool_every_turn",
+    "profile_rollout",
+    "sampling",
+    "stop_ids",
+    "time_agent_rollouts",
+    "time_single_turn",
+]

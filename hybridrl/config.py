@@ -26,6 +26,7 @@ from hybridrl.topology import Topology
 from hybridrl.tracking.config import LoggerConfig
 from hybridrl.training.config import ReferenceConfig, TrainerConfig
 from hybridrl.training.critic_config import CriticConfig
+from hybridrl.training.ulysses import check_heads, model_heads
 from hybridrl.workers.config import ClusterConfig
 
 
@@ -77,6 +78,7 @@ class RunConfig:
                 f"{self.data.max_prompt_tokens}: a trajectory needs room to answer after its prompt"
             )
         self._check_critic()
+        self._check_sequence_parallel()
         if algo.overlong_buffer:
             algo.overlong_buffer_tokens(self.engine.max_new_tokens)  # a buffer longer than the responses fails here
 
@@ -92,16 +94,28 @@ class RunConfig:
             return
         mini = self.critic.batching(self.trainer)[0]
         rows = self.data.train_batch_size * self.algorithm.group_size
-        world = self.topology().world_size
-        if mini and (rows % mini or mini % world):
+        dp = self.topology().dp_size
+        if mini and (rows % mini or mini % dp):
             key = "critic.mini_batch_size" if self.critic.mini_batch_size is not None else "trainer.mini_batch_size"
-            raise ConfigError(
-                f"{key}={mini} must divide the {rows} samples per step and be a multiple of the {world} workers"
-            )
+            ranks = f"{dp} workers" if dp == self.topology().world_size else f"{dp} data-parallel ranks"
+            raise ConfigError(f"{key}={mini} must divide the {rows} samples per step and be a multiple of the {ranks}")
+
+    def _check_sequence_parallel(self) -> None:
+        """With trainer.sequence_parallel_size, the heads of every sequence-parallel model must split over it; read
+        from config.json (or the tiny model's options) before any weights load."""
+        degree = self.trainer.sequence_parallel_size
+        if degree == 1:
+            return
+        policy = f"model.path={self.model.path}" if self.model.path else "the tiny model (model.tiny.num_heads)"
+        models = {policy: model_heads(self.model)}
+        if self.algorithm.needs_critic and self.critic.model.path:
+            models[f"critic.model.path={self.critic.model.path}"] = model_heads(self.model, self.critic.model.path)
+        for where, (heads, kv_heads) in models.items():
+            check_heads(degree, heads, kv_heads, where)
 
     def topology(self, rank: int = 0) -> Topology:
         """The process layout this config asks for, seen from `rank`."""
-        return Topology(self.cluster.world_size, self.engine.tp_size, rank)
+        return Topology(self.cluster.world_size, self.engine.tp_size, rank, self.trainer.sequence_parallel_size)
 
 
 def register_configs() -> None:

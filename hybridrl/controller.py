@@ -253,12 +253,12 @@ class Controller:
             batch, rollout_metrics = self._rollout_batch(prompts, comps, images)
             metrics.update(rollout_metrics)
         with self.timed(Phase.LOGPROB):
-            parts = group.run_scattered(Phase.LOGPROB, batch)
+            parts = group.run_data_parallel(Phase.LOGPROB, batch)
             for key in parts[0]:
                 batch[key] = torch.cat([p[key] for p in parts])
         if self.cfg.algorithm.needs_critic:
             with self.timed(Phase.VALUES):
-                batch["values"] = torch.cat([p["values"] for p in group.run_scattered(Phase.VALUES, batch)])
+                batch["values"] = torch.cat([p["values"] for p in group.run_data_parallel(Phase.VALUES, batch)])
         if not self.cfg.algorithm.filter_groups:
             with self.timed(Phase.REWARD):
                 scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
@@ -270,10 +270,10 @@ class Controller:
             self.tracker.log_samples(step, sample_rows(batch, rows, self.tokenizer, scores, extras))
         if self.cfg.algorithm.needs_critic:
             with self.timed(Phase.UPDATE_CRITIC):
-                metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE_CRITIC, batch)))
+                metrics.update(mean_over_ranks(group.run_data_parallel(Phase.UPDATE_CRITIC, batch)))
         if self._actor_trains(step, metrics):
             with self.timed(Phase.UPDATE):
-                metrics.update(mean_over_ranks(group.run_scattered(Phase.UPDATE, batch)))
+                metrics.update(mean_over_ranks(group.run_data_parallel(Phase.UPDATE, batch)))
         with self.timed(Phase.RESHARD):
             metrics.update(mean_over_ranks(group.run_all(Phase.RESHARD)))
         step_time = time.perf_counter() - t_step

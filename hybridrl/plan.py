@@ -129,15 +129,17 @@ def longest_sequence(cfg: RunConfig) -> int:
 
 
 def micro_batch_tokens(cfg: RunConfig, budget: int, rows: int) -> int:
-    """Tokens of the largest micro-batch one rank runs: the budget (never less than one sequence), or `rows`
-    sequences at the longest; never more than the rank's share of a mini-batch."""
+    """Tokens of the largest micro-batch one data-parallel rank runs: the budget (per device: times the
+    sequence-parallel degree, whose ranks share the micro-batch; never less than one sequence), or `rows` sequences
+    at the longest; never more than the rank's share of a mini-batch."""
     longest = longest_sequence(cfg)
-    world = cfg.cluster.world_size
-    per_rank = cfg.data.train_batch_size * cfg.algorithm.group_size // world
+    sp = cfg.trainer.sequence_parallel_size
+    dp = cfg.cluster.world_size // sp
+    per_rank = cfg.data.train_batch_size * cfg.algorithm.group_size // dp
     if cfg.trainer.mini_batch_size:
-        per_rank = max(1, cfg.trainer.mini_batch_size // world)
+        per_rank = max(1, cfg.trainer.mini_batch_size // dp)
     most = per_rank * longest
-    return min(most, max(budget, longest)) if budget else min(most, rows * longest)
+    return min(most, max(budget * sp, longest)) if budget else min(most, rows * longest)
 
 
 def engine_memory(cfg: RunConfig, dims: ModelDims, gpu: bool, device_bytes: float | None) -> EngineMemory:
@@ -207,6 +209,7 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
         critic_offload=frozenset(critic_offload) if gpu else frozenset(),
         critic_tokens=micro_batch_tokens(cfg, critic_budget, critic_rows),
         engine_awake_in_training=cfg.engine.sleep_level == 0,
+        sequence_parallel=t.sequence_parallel_size,
     )
 
 

@@ -46,6 +46,11 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("trainer.logprob_max_tokens_per_micro_batch", APPLY, "speed and memory only"),
     ("trainer.padding_free", APPLY, "input layout only: the same log-probs and gradients"),
     ("trainer.packed_attention", APPLY, "kernel choice"),
+    (
+        "trainer.sequence_parallel_size",
+        APPLY,
+        "how each sequence is split over ranks: the same log-probs and gradients",
+    ),
     ("trainer.check_fit", APPLY, "a check before any weights load"),
     ("trainer.device_memory_gb", APPLY, "the fit check's device size"),
     ("critic.max_tokens_per_micro_batch", APPLY, "gradient accumulation split only"),

@@ -10,9 +10,22 @@ other module derives a TP rank, a DP rank or a prompt slice. For 4 workers and `
     prompts (16)       0-7    0-7    8-15   8-15     each replica its consecutive share; its TP ranks all see it
     rows (128)         0-31   32-63  64-95  96-127   training: FSDP over every rank, equal consecutive shards
 
-Process groups are made on first use and kept: the FSDP mesh over all ranks, and an engine TP group only for
-engines that run their own collectives (the native fused engine, SGLang's CPU leader group); vLLM builds its own.
-cluster=torchrun's control plane adds a gloo group of two between rank 0 and each other rank.
+With `trainer.sequence_parallel_size=2` (Ulysses) the trainer's data-parallel ranks are the sequence-parallel (SP)
+groups of consecutive ranks, a 2-D mesh dp × sp; every rank of an SP group gets the same rows and computes a slice
+of each packed sequence. FSDP still shards over every rank (parameters, gradients and Adam state split 4 ways, not
+2: long sequences are what SP is for, and the memory they need is the device's). Reward scoring is not sequence
+parallel: it keeps the per-rank shards above::
+
+    rank               0      1      2      3
+    SP group           [0, 1]        [2, 3]           consecutive ranks
+    SP rank            0      1      0      1        which slice of each packed row
+    DP rank            0      0      1      1
+    trainer rows (128) 0-63   0-63   64-127 64-127   each DP rank its consecutive share; its SP ranks all see it
+
+Process groups are made on first use and kept: the FSDP mesh over all ranks, the dp × sp mesh with sequence
+parallelism, and an engine TP group only for engines that run their own collectives (the native fused engine,
+SGLang's CPU leader group); vLLM builds its own. cluster=torchrun's control plane adds a gloo group of two between
+rank 0 and each other rank.
 Creating a group is collective over the default group: every rank asks for the same groups in the same order.
 """
 
@@ -34,6 +47,8 @@ class Topology:
     """Ranks per engine replica (`engine.tp_size`)."""
     rank: int = 0
     """This process's rank (0 on the controller, which plans for every rank)."""
+    sequence_parallel_size: int = 1
+    """Ranks each packed sequence is split over in the trainer's passes (`trainer.sequence_parallel_size`)."""
     _groups: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -45,11 +60,17 @@ class Topology:
             )
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside a world of {self.world_size}")
+        sp = self.sequence_parallel_size
+        if sp < 1 or self.world_size % sp:
+            raise ConfigError(
+                f"trainer.sequence_parallel_size={sp} must be >= 1 and divide the number of workers "
+                f"({self.world_size}, cluster.workers_per_node x cluster.nnodes)"
+            )
 
     # -- the layout (pure) ------------------------------------------------------------------
     def of_rank(self, rank: int) -> Topology:
         """The same layout seen from `rank`."""
-        return Topology(self.world_size, self.engine_tp_size, rank)
+        return Topology(self.world_size, self.engine_tp_size, rank, self.sequence_parallel_size)
 
     @property
     def engine_dp_size(self) -> int:
@@ -92,8 +113,42 @@ class Topology:
         """This rank's prompts: its replica's share."""
         return self.prompt_slices(n_prompts)[self.engine_dp_rank]
 
+    @property
+    def dp_size(self) -> int:
+        """The trainer's data-parallel ranks: SP groups (every rank without sequence parallelism)."""
+        return self.world_size // self.sequence_parallel_size
+
+    @property
+    def dp_rank(self) -> int:
+        """Which SP group (data-parallel rank) this rank belongs to."""
+        return self.rank // self.sequence_parallel_size
+
+    @property
+    def sp_rank(self) -> int:
+        """This rank's place inside its SP group: which slice of each packed sequence it computes."""
+        return self.rank % self.sequence_parallel_size
+
+    @property
+    def sp_ranks(self) -> list[int]:
+        """Global ranks of this rank's SP group, SP rank order."""
+        first = self.dp_rank * self.sequence_parallel_size
+        return list(range(first, first + self.sequence_parallel_size))
+
+    def dp_leaders(self) -> list[int]:
+        """The first rank of each SP group, in DP order: whose trainer results stand for its group's rows."""
+        return [dp * self.sequence_parallel_size for dp in range(self.dp_size)]
+
+    def dp_row_slices(self, n_rows: int) -> list[slice]:
+        """Each data-parallel rank's equal consecutive share of `n_rows` rows for the trainer's passes (log-probs,
+        values, updates); every rank of an SP group gets its group's share."""
+        if n_rows % self.dp_size:
+            raise ValueError(f"cannot split {n_rows} rows into {self.dp_size} equal shards")
+        share = n_rows // self.dp_size
+        return [slice(d * share, (d + 1) * share) for d in range(self.dp_size)]
+
     def row_slices(self, n_rows: int) -> list[slice]:
-        """Each rank's equal consecutive share of `n_rows` training rows (they must divide evenly)."""
+        """Each rank's equal consecutive share of `n_rows` rows (they must divide evenly): what a pass that is not
+        sequence parallel (reward scoring) gives each rank; the trainer's passes use `dp_row_slices`."""
         if n_rows % self.world_size:
             raise ValueError(f"cannot split {n_rows} rows into {self.world_size} equal shards")
         share = n_rows // self.world_size
@@ -115,11 +170,17 @@ class Topology:
             raise ConfigError(
                 f"data.train_batch_size={prompts_per_step} must divide over the {self.engine_dp_size} engine groups"
             )
-        if mini_batch_size and (rows % mini_batch_size or mini_batch_size % self.world_size):
+        if mini_batch_size and (rows % mini_batch_size or mini_batch_size % self.dp_size):
             raise ConfigError(
                 f"trainer.mini_batch_size={mini_batch_size} must divide the {rows} samples per step "
-                f"and be a multiple of the {self.world_size} workers"
+                f"and be a multiple of the {self._dp_words()}"
             )
+
+    def _dp_words(self) -> str:
+        """How an error names the ranks a mini-batch splits over: workers, or SP groups under SP."""
+        if self.sequence_parallel_size == 1:
+            return f"{self.world_size} workers"
+        return f"{self.dp_size} data-parallel ranks (workers / trainer.sequence_parallel_size)"
 
     # -- process groups (collective; made once) -------------------------------------------------
     def fsdp_mesh(self, device_type: str):
@@ -130,6 +191,19 @@ class Topology:
 
             self._groups[key] = init_device_mesh(device_type, (self.world_size,), mesh_dim_names=("fsdp",))
         return self._groups[key]
+
+    def sequence_parallel_group(self, device_type: str):
+        """This rank's SP process group (None without sequence parallelism), from the 2-D mesh ("dp", "sp") over
+        every rank. Collective the first time: every rank calls it at the same point."""
+        if self.sequence_parallel_size == 1:
+            return None
+        key = ("dp_sp", device_type)
+        if key not in self._groups:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            shape = (self.dp_size, self.sequence_parallel_size)
+            self._groups[key] = init_device_mesh(device_type, shape, mesh_dim_names=("dp", "sp"))
+        return self._groups[key].get_group("sp")
 
     def engine_tp_group(self, backend: str | None = None):
         """This rank's engine TP group (None for a TP group of one). Every rank must call this at the same point,

@@ -9,7 +9,14 @@ metrics = agent_metrics(trajs)                              # agent/turns_mean, 
 
 from hybridrl.agent.batch import trajectories_to_batch
 from hybridrl.agent.config import AgentConfig, RolloutConfig
-from hybridrl.agent.engine import AsyncGenerator, LaneAware, RequestEngine, TurnBatchingAdapter, as_async_engine
+from hybridrl.agent.engine import (
+    AsyncGenerator,
+    ContinuousEngine,
+    LaneAware,
+    RequestEngine,
+    TurnBatchingAdapter,
+    as_async_engine,
+)
 from hybridrl.agent.loop import AgentLoop, Trajectory, turn_seed
 from hybridrl.agent.metrics import agent_metrics
 from hybridrl.agent.parsers import ParsedTurn, ToolCall, get_parser
@@ -19,6 +26,7 @@ __all__ = [
     "AgentConfig",
     "AgentLoop",
     "AsyncGenerator",
+    "ContinuousEngine",
     "LaneAware",
     "ParsedTurn",
     "RequestEngine",

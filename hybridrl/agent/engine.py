@@ -4,12 +4,23 @@ The loop awaits one generation at a time per trajectory::
 
     completion = await engine.generate(GenerationRequest(context_ids, prompt_index, sample_index), params)
 
-An engine with continuous batching (the native `AsyncEngine`, vLLM's async engine) implements that directly:
-requests join the running batch as they arrive and leave when done, so a trajectory waiting on a tool never holds
-the others back. An engine with only the synchronous request API, `generate_requests(requests, params)`, gets
-`TurnBatchingAdapter`: the fallback. It collects the requests of all live trajectories and runs them as one batch
-once every live trajectory is waiting on the engine — a barrier per turn: trajectories that finish a turn early
-(no tool call, a quick tool) wait for the slowest tool of that turn before the next batch starts.
+`as_async_engine` picks what serves those awaits, in this order:
+
+1. an engine whose `generate` is itself a coroutine taking a request (an `AsyncGenerator`);
+2. the engine's own continuous batching, where `engine.async_engine(longest)` offers it (`ContinuousEngine`): the
+   native fused engine's `AsyncEngine`, vLLM's and SGLang's request streams. Requests join the running batch as
+   they arrive and leave when done, so a trajectory waiting on a tool, or generating a long turn, never holds the
+   others back;
+3. the fallback, `TurnBatchingAdapter`, for an engine with only the synchronous request API,
+   `generate_requests(requests, params)` (the native transformers path; an engine of TP size > 1 outside its
+   leader's `lead`, where each rank would add requests at its own moments). It collects the requests of all live
+   trajectories and runs them as one batch once every live trajectory is waiting on the engine: a barrier per turn,
+   so trajectories that finish a turn early (no tool call, a quick tool) wait for the slowest tool of that turn
+   before the next batch starts.
+
+With engine.tp_size > 1 the worker's generate phase runs the loop on the TP leader only, inside `engine.lead(group)`,
+while the other ranks `engine.follow(group)` (`hybridrl.engines.lockstep`): one schedule for the group, continuously
+batched, and each tool call made once per group.
 """
 
 from __future__ import annotations
@@ -39,6 +50,18 @@ class RequestEngine(Protocol):
 
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         """One completion per request, in order."""
+        ...
+
+
+@runtime_checkable
+class ContinuousEngine(Protocol):
+    """An engine that can serve the loop's requests one by one, joining its running batch (continuous batching)."""
+
+    def async_engine(self, longest: int | None = None) -> AsyncGenerator | None:
+        """An `AsyncGenerator` over this engine for one event loop (one generate phase), or None where the engine
+        cannot take requests one at a time here (it then gets `TurnBatchingAdapter`). `longest`: the most tokens any
+        request's context plus its new tokens will reach (`agent.max_total_tokens`), for engines that size their KV
+        cache up front. A stream that must be awaited on a particular event loop names it as its `event_loop`."""
         ...
 
 
@@ -122,15 +145,21 @@ class TurnBatchingAdapter:
                     fut.set_result(cap_completion(c, p.max_new_tokens))
 
 
-def as_async_engine(engine: object) -> AsyncGenerator:
-    """`engine` itself when its `generate` is a coroutine function taking a request; `TurnBatchingAdapter(engine)`
-    when it has `generate_requests`; otherwise a TypeError saying what is missing."""
+def as_async_engine(engine: object, longest: int | None = None) -> AsyncGenerator:
+    """What serves the loop's requests (see the module docstring): `engine` itself when its `generate` is a coroutine
+    function taking a request; its `async_engine(longest)` where it offers one; `TurnBatchingAdapter(engine)` when it
+    has `generate_requests`; otherwise a TypeError saying what is missing."""
     gen = getattr(engine, "generate", None)
     if gen is not None and inspect.iscoroutinefunction(gen):
         return engine  # type: ignore[return-value]
+    make = getattr(engine, "async_engine", None)
+    if callable(make):
+        continuous = make(longest)
+        if continuous is not None:
+            return continuous
     if callable(getattr(engine, "generate_requests", None)):
         return TurnBatchingAdapter(engine)  # type: ignore[arg-type]
     raise TypeError(
-        f"{type(engine).__name__} offers neither `async generate(request, params)` nor "
+        f"{type(engine).__name__} offers neither `async generate(request, params)`, `async_engine()` nor "
         "`generate_requests(requests, params)`; the agent loop needs one of them"
     )

@@ -116,8 +116,9 @@ class AgentLoop:
         """`params.n` trajectories per prompt, prompt-major (like `RolloutEngine.generate`), all in flight at once
         (or `agent.max_concurrent_trajectories` at a time). `params.seed` is the step seed; sample j of prompt i
         is request (params.prompt_offset + i, j). `messages[i]`: prompt i's conversation, copied into the
-        trajectories' transcripts. `engine`: an `AsyncGenerator` or a `RequestEngine` (wrapped in the fallback)."""
-        gen = as_async_engine(engine)
+        trajectories' transcripts. `engine`: a rollout engine, served as `as_async_engine` decides (its continuous
+        batching where it has one, else one batch per turn)."""
+        gen = as_async_engine(engine, self.cfg.max_total_tokens)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
         out: list[Trajectory | None] = [None] * len(jobs)
         queue = list(enumerate(jobs))[::-1]
@@ -148,8 +149,12 @@ class AgentLoop:
         params: SamplingParams,
         messages: Sequence[Sequence[dict[str, Any]]] | None = None,
     ) -> list[Trajectory]:
-        """`generate` from synchronous code (a worker's phase method): runs its own event loop."""
-        return asyncio.run(self.generate(engine, prompts, params, messages))
+        """`generate` from synchronous code (a worker's phase method), on an event loop of its own, or on the loop
+        the engine's request stream names as its `event_loop` (SGLang answers on the loop its engine was made on)."""
+        gen = as_async_engine(engine, self.cfg.max_total_tokens)
+        loop = getattr(gen, "event_loop", None)
+        run = self.generate(gen, prompts, params, messages)
+        return asyncio.run(run) if loop is None else loop.run_until_complete(run)
 
     # -- one trajectory ---------------------------------------------------------------------------------------
     async def run_trajectory(

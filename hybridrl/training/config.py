@@ -86,6 +86,13 @@ class TrainerConfig:
     kernel on GPU, one causal sdpa per sequence on CPU), model (model.attn_implementation on the packed
     position_ids: flash_attention_2 reads the boundaries, sdpa/eager build a [tokens, tokens] block mask), or auto
     (varlen for sdpa, the model's own otherwise)."""
+    sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism (verl's ulysses_sequence_parallel_size): each packed micro-batch of the actor,
+    reference and critic is split along its tokens over this many consecutive ranks, which exchange attention heads
+    for tokens around attention (all-to-all); the data-parallel ranks become workers / this. Token budgets stay per
+    device: a micro-batch holds up to this many times max_tokens_per_micro_batch. Needs padding_free and the varlen
+    packed attention, and num_attention_heads divisible by it (KV heads are repeated where they do not divide).
+    1 = off."""
     ppo_epochs: int = 1
     """Passes over the rollout batch per iteration."""
     param_dtype: str = "auto"
@@ -192,6 +199,7 @@ class TrainerConfig:
             raise ConfigError(
                 f"trainer.packed_attention must be one of {', '.join(PACKED_ATTENTION)}, got {self.packed_attention!r}"
             )
+        self._check_sequence_parallel()
         if self.device_memory_gb is not None and not self.device_memory_gb > 0:
             raise ConfigError(
                 f"trainer.device_memory_gb must be > 0 (or null: the device's own), got {self.device_memory_gb}"
@@ -222,6 +230,23 @@ class TrainerConfig:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         if self.keep_last < 1:
             raise ConfigError(f"trainer.keep_last must be >= 1, got {self.keep_last}")
+
+    def _check_sequence_parallel(self) -> None:
+        """Sequence parallelism splits packed rows and runs the varlen attention between its all-to-alls."""
+        sp = self.sequence_parallel_size
+        if sp < 1:
+            raise ConfigError(f"trainer.sequence_parallel_size must be >= 1, got {sp}")
+        if sp == 1:
+            return
+        if not self.padding_free:
+            raise ConfigError(
+                f"trainer.sequence_parallel_size={sp} splits packed micro-batches; it needs trainer.padding_free=true"
+            )
+        if self.packed_attention == "model":
+            raise ConfigError(
+                f"trainer.sequence_parallel_size={sp} runs the varlen attention between its all-to-alls; "
+                "set trainer.packed_attention=varlen (or auto)"
+            )
 
 
 @dataclass

@@ -27,7 +27,6 @@ from hybridrl.algorithms import AlgorithmConfig, aggregation_denominator, clippe
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.quiet import no_progress_bars
-from hybridrl.training.attention import use_packed_attention
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.critic_config import CriticConfig
 from hybridrl.training.fsdp import Precision, compile_layers, reshard_units, shard_model, use_compile
@@ -37,6 +36,8 @@ from hybridrl.training.micro_batches import MicroBatch, make_micro_batches, scat
 from hybridrl.training.offload import timed_moves
 from hybridrl.training.packing import PackedRows
 from hybridrl.training.pass_meter import PassMeter
+from hybridrl.training.sequence_parallel import SequenceParallel, SequenceShard
+from hybridrl.training.ulysses import use_training_attention
 
 log = logging.getLogger(__name__)
 # The value head's [B, L, 1] output reaches us as a view; we never modify it in place, which is what FSDP2 warns of.
@@ -104,9 +105,10 @@ def response_values(
     return torch.where(mask > 0, values, torch.zeros_like(values))
 
 
-def packed_values(model: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
-    """`response_values` of a packed micro-batch: the head's output at the position before each masked response
-    token (`PackedRows.kept`), response-aligned [rows, R] in float32, 0 elsewhere."""
+def packed_values(model: torch.nn.Module, packed: PackedRows | SequenceShard) -> torch.Tensor:
+    """`response_values` of a packed micro-batch (or a rank's sequence-parallel slice of one): the head's output at
+    the position before each masked response token (`PackedRows.kept`), response-aligned [rows, R] in float32, 0
+    elsewhere."""
     out = model(**packed.model_inputs(), use_cache=False).logits[0, :, 0].float()
     return packed.scatter(out[packed.kept])
 
@@ -135,15 +137,18 @@ class Critic(FSDPLearner):
         pad_token_id: int,
         total_optimizer_steps: int,
         head_seed: int = 0,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> None:
         self.cfg, self.algo, self.pad_token_id = cfg, algo, pad_token_id
         self.mini_batch_size, self.micro_batch_size, self.ppo_epochs = cfg.batching(trainer)
         self.micro_batching = cfg.micro_batching(trainer)
         self.world = mesh.size()
+        self.sequence_parallel = sequence_parallel  # the actor's SP group: its ranks hold the same rows
+        sp_size = sequence_parallel.size if sequence_parallel is not None else 1
+        self.dp_size = self.world // sp_size
         precision = Precision.for_device(trainer.param_dtype, device)
         model = load_value_model(model_path, model_cfg, torch.float32, device, head_seed)
-        if trainer.padding_free:
-            use_packed_attention(model, trainer.packed_attention, model_cfg.attn_implementation)
+        use_training_attention(model, trainer, model_cfg.attn_implementation, sp_size)
         if model_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if use_compile(trainer.compile, model_cfg.gradient_checkpointing, device):
@@ -189,7 +194,7 @@ class Critic(FSDPLearner):
     # -- values ---------------------------------------------------------------------------
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """The critic's micro-batches of `batch`, packed on its device (collective under a token budget)."""
-        return make_micro_batches(batch, self.micro_batching, self.device, self.pad_token_id)
+        return make_micro_batches(batch, self.micro_batching, self.device, self.pad_token_id, self.sequence_parallel)
 
     @torch.no_grad()
     def compute_values(self, micro: list[MicroBatch]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -211,7 +216,7 @@ class Critic(FSDPLearner):
         mode = self.algo.loss_agg_mode
         self._join_params()  # whatever happened since the values pass, the update must see the device copy
         self.model.train()
-        mini = len(batch) if self.mini_batch_size == 0 else max(1, self.mini_batch_size // self.world)
+        mini = len(batch) if self.mini_batch_size == 0 else max(1, self.mini_batch_size // self.dp_size)
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         tokens = torch.zeros(3)  # clipped tokens, sum of predictions, tokens
@@ -221,6 +226,7 @@ class Critic(FSDPLearner):
                 micro = self.micro_batches(mb_batch)
                 passes += micro
                 denom = aggregation_denominator(mb_batch["response_mask"], mode)
+                # Over all ranks / world: under sequence parallelism the sum over dp ranks / dp (as the actor's).
                 normalizer = self._global_sum(torch.as_tensor(denom)) / self.world
                 loss_sum = 0.0
                 for m in micro:

@@ -9,6 +9,7 @@ from hybridrl.training import logprob_kernel
 from hybridrl.training.chunked_logprobs import logprob_head
 from hybridrl.training.logprob_kernel import fused_token_logprobs
 from hybridrl.training.packing import PackedRows
+from hybridrl.training.sequence_parallel import SequenceShard
 
 
 def pad_sequences(prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int):
@@ -104,7 +105,7 @@ def response_logprobs(
 
 def packed_logprobs(
     model: torch.nn.Module,
-    packed: PackedRows,
+    packed: PackedRows | SequenceShard,
     temperature: float,
     with_entropy: bool = False,
     chunk_size: int = 0,
@@ -112,7 +113,8 @@ def packed_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` of a packed micro-batch (`training/packing.py`): the same values, response-aligned
     [rows, R] and 0 off the response mask, from one row of real tokens; logits only at the positions that predict
-    a masked response token."""
+    a masked response token. Given a rank's sequence-parallel slice (`training/sequence_parallel.py`), the slice's
+    forward and logits, and the whole micro-batch's log-probs on every rank of its group."""
     targets = packed.targets[None]
     inputs = packed.model_inputs()
     if chunk_size > 0:

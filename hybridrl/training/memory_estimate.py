@@ -8,7 +8,10 @@ trained, b bytes per compute element (2 for bf16):
     gradients    4P_t/W float32 shards, plus bP_t unsharded while the backward reduces them
     optimizer    AdamW's two moments, 8P_t/W
     activations  what autograd keeps per token and layer (`activation_bytes_per_token`) × the micro-batch's tokens
-    logits       the kept positions × vocabulary (`logits_bytes`): only response positions get logits when packed
+                 this device computes: all of them, or 1/sp with sequence parallelism (Ulysses: each rank runs its
+                 slice of the tokens; around attention it holds every token for 1/sp of the heads, the same bytes)
+    logits       the kept positions × vocabulary (`logits_bytes`): only response positions get logits when packed,
+                 and each sequence-parallel rank those of its slice
     engine       its weights, KV cache and sampling/prefill workspace (while it is awake)
 
 A phase holds what its roles need at once: the update holds the actor's whole training state and the activations of
@@ -130,6 +133,9 @@ class MemoryInputs:
     critic_tokens: int = 0
     engine_awake_in_training: bool = False
     """engine.sleep_level=0: the engine keeps its memory through the training phases."""
+    sequence_parallel: int = 1
+    """Ranks that split each micro-batch's tokens (`trainer.sequence_parallel_size`): the token counts above are
+    the micro-batch's, each of these ranks computes its share."""
 
     def with_(self, **changes) -> MemoryInputs:
         """A copy with some inputs changed (what-if estimates)."""
@@ -155,9 +161,11 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
     pc = d.critic_params
     critic_params, critic_optim = (4 * pc / w, 8 * pc / w) if inp.critic else (0.0, 0.0)
     engine_in_training = inp.engine.total if inp.engine_awake_in_training else 0.0
-    kept_lp = inp.logprob_tokens * inp.kept_fraction
-    kept_up = inp.update_tokens * inp.kept_fraction
-    activations = activation_bytes_per_token(d, b, inp.compiled, inp.checkpointing) * inp.update_tokens
+    sp = inp.sequence_parallel  # each rank of an SP group computes 1/sp of a micro-batch's tokens
+    kept_lp = inp.logprob_tokens * inp.kept_fraction / sp
+    kept_up = inp.update_tokens * inp.kept_fraction / sp
+    per_token = activation_bytes_per_token(d, b, inp.compiled, inp.checkpointing)
+    activations = per_token * inp.update_tokens / sp
     grads = 4 * trained / w + b * trained * inp.gathered_fraction
 
     phases: dict[str, dict[str, float]] = {}
@@ -172,7 +180,7 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
     phases["logprob"] = {
         "params": actor_params + gathered,
         "optimizer": actor_optim,
-        "activations": nograd_bytes_per_token(d, b) * inp.logprob_tokens,
+        "activations": nograd_bytes_per_token(d, b) * inp.logprob_tokens / sp,
         "logits": logits_bytes(kept_lp, d.vocab, b, inp.logits_path, False, inp.chunk),
         "engine": engine_in_training,
         "others": ref_params + (b * d.params * inp.gathered_fraction if inp.ref else 0.0) + critic_params,
@@ -192,7 +200,7 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
         phases["values"] = {
             "params": critic_params + gathered_c,
             "optimizer": critic_optim,
-            "activations": nograd_bytes_per_token(d, b) * inp.critic_tokens,
+            "activations": nograd_bytes_per_token(d, b) * inp.critic_tokens / sp,
             "engine": engine_in_training,
             "others": actor_resident,
         }
@@ -200,7 +208,7 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
             "params": critic_params + gathered_c,
             "grads": 4 * pc / w + b * pc * inp.gathered_fraction,
             "optimizer": critic_optim,
-            "activations": activation_bytes_per_token(d, b, inp.compiled, inp.checkpointing) * inp.critic_tokens,
+            "activations": per_token * inp.critic_tokens / sp,
             "engine": engine_in_training,
             "others": actor_resident,
         }

@@ -11,6 +11,9 @@ agree on k = the largest any of them needs, and each spreads its rows over that 
 
 The loss is unaffected by the split: the trainer normalizes every micro-batch's loss by the whole mini-batch's
 denominator (`algorithms/losses.py`), so the micro-batch gradients add up to the mini-batch's for every mode.
+
+Under sequence parallelism (`training/sequence_parallel.py`) the budget stays per device: a micro-batch holds up to
+sp × N tokens, packed into one row of a multiple of sp tokens, of which each rank of the SP group computes a slice.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.distributed as dist
 
 from hybridrl.batch import Batch
 from hybridrl.training.packing import PackedRows, pack_rows
+from hybridrl.training.sequence_parallel import SequenceParallel, SequenceShard
 
 
 @dataclass(frozen=True)
@@ -88,12 +92,13 @@ def agree_on_count(count: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def split_rows(lengths: list[int], batching: Batching, device: torch.device) -> list[list[int]]:
-    """Row groups of one pass (collective under a token budget: the ranks agree on their number)."""
+def split_rows(lengths: list[int], batching: Batching, device: torch.device, degree: int = 1) -> list[list[int]]:
+    """Row groups of one pass (collective under a token budget: the ranks agree on their number); `degree` ranks
+    share each micro-batch (sequence parallelism), so its budget is `degree` devices' worth."""
     n = len(lengths)
     if not batching.max_tokens:
         return [list(range(s, min(s + batching.rows, n))) for s in range(0, n, batching.rows)]
-    k = agree_on_count(micro_batch_count(lengths, batching.max_tokens), device)
+    k = agree_on_count(micro_batch_count(lengths, batching.max_tokens * degree), device)
     if k > n:  # another rank needs more micro-batches than this one has rows (uneven shards)
         raise ValueError(f"this rank has {n} rows, fewer than the {k} micro-batches another rank needs")
     return balanced_partition(lengths, k)
@@ -101,19 +106,33 @@ def split_rows(lengths: list[int], batching: Batching, device: torch.device) -> 
 
 class MicroBatch:
     """A group of a rank's rows, with its model inputs made once on the device and read by every model that scores
-    the rows (the actor, then the reference)."""
+    the rows (the actor, then the reference); under sequence parallelism, this rank's slice of them."""
 
     def __init__(
-        self, batch: Batch, rows: list[int], batching: Batching, device: torch.device, pad_id: int, vision=None
+        self,
+        batch: Batch,
+        rows: list[int],
+        batching: Batching,
+        device: torch.device,
+        pad_id: int,
+        sequence_parallel: SequenceParallel | None = None,
+        vision=None,
     ) -> None:
         self.rows, self.device, self.pad_id = rows, device, pad_id
         self.batch = batch.select(rows)
         responses, mask = self.batch["responses"], self.batch["response_mask"]
         lengths = response_lengths(self.batch)
         self.real_tokens = sum(len(p) for p in self.batch.prompts) + sum(lengths)
-        self.packed: PackedRows | None = None
+        self.packed: PackedRows | SequenceShard | None = None
         self.responses: torch.Tensor | None = None  # [rows, R] on the device, for the padded layout only
-        if batching.padding_free:
+        if sequence_parallel is not None:  # the whole row's positions first, then this rank's slice
+            degree = sequence_parallel.size
+            cap = batching.max_tokens * degree
+            packed = pack_rows(self.batch.prompts, responses, mask, lengths, pad_id, cap, multiple_of=degree)
+            self.packed = sequence_parallel.shard(packed).to(device)
+            # What this device computes (the pass meter's tokens per second are per device): its slice.
+            self.real_tokens, self.computed_tokens = self.packed.real_tokens, self.packed.computed_tokens
+        elif batching.padding_free:
             self.packed = pack_rows(self.batch.prompts, responses, mask, lengths, pad_id, batching.max_tokens)
             if vision is not None:  # a vision-language policy: images and mrope positions (training/vision.py)
                 self.packed = vision.pack(self.packed, self.batch, lengths, pad_id)
@@ -131,12 +150,19 @@ class MicroBatch:
 
 
 def make_micro_batches(
-    batch: Batch, batching: Batching, device: torch.device, pad_id: int, vision=None
+    batch: Batch,
+    batching: Batching,
+    device: torch.device,
+    pad_id: int,
+    sequence_parallel: SequenceParallel | None = None,
+    vision=None,
 ) -> list[MicroBatch]:
-    """`batch` as the micro-batches `batching` asks for (collective under a token budget); `vision`, a
-    `training.vision.VisionPacker`, adds a vision-language policy's images to each."""
-    groups = split_rows(sequence_lengths(batch), batching, device)
-    return [MicroBatch(batch, rows, batching, device, pad_id, vision) for rows in groups]
+    """`batch` as the micro-batches `batching` asks for (collective under a token budget); with
+    `sequence_parallel`, this rank's slice of each; `vision`, a `training.vision.VisionPacker`, adds a
+    vision-language policy's images to each."""
+    degree = sequence_parallel.size if sequence_parallel is not None else 1
+    groups = split_rows(sequence_lengths(batch), batching, device, degree)
+    return [MicroBatch(batch, rows, batching, device, pad_id, sequence_parallel, vision) for rows in groups]
 
 
 def scatter_rows(parts: list[torch.Tensor], micro: list[MicroBatch], n_rows: int) -> torch.Tensor:

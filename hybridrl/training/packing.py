@@ -118,9 +118,11 @@ def pack_rows(
     lengths: list[int],
     pad_id: int,
     cap: int = 0,
+    multiple_of: int = 1,
 ) -> PackedRows:
     """Pack rows on the host: row i is `prompts[i]` and its first `lengths[i]` response tokens; outputs are kept for
-    the response tokens where `response_mask` is set. `cap` bounds the tail (`padded_length`)."""
+    the response tokens where `response_mask` is set. `cap` bounds the tail (`padded_length`); the row's length is
+    then rounded up to a multiple of `multiple_of` (the sequence-parallel degree, so it splits into equal slices)."""
     responses, response_mask = responses.cpu(), response_mask.cpu()
     rows, width = responses.shape
     ids, starts, seq_lens, kept, flat = [], [], [], [], []
@@ -137,7 +139,7 @@ def pack_rows(
         seq_lens.append(len(prompt) + r)
         offset += len(prompt) + r
     real = offset
-    total = padded_length(real, cap)
+    total = -(-padded_length(real, cap) // multiple_of) * multiple_of
     tail = total - real
     if tail:
         ids.append(torch.full((tail,), pad_id, dtype=torch.long))

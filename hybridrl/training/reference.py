@@ -14,13 +14,13 @@ import torch
 
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.training.attention import use_packed_attention
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.fsdp import Precision, compile_layers, reshard_units, shard_model, use_compile
 from hybridrl.training.micro_batches import MicroBatch, scatter_rows
 from hybridrl.training.offload import HostOffloader, timed_moves
 from hybridrl.training.pass_meter import PassMeter
 from hybridrl.training.trainer import model_logprobs
+from hybridrl.training.ulysses import use_training_attention
 from hybridrl.training.vision import prepare_policy
 
 
@@ -40,13 +40,14 @@ class Reference:
         pad_token_id: int,
         temperature: float,
         offload: bool,
+        sequence_parallel_size: int = 1,
     ) -> None:
         self.cfg, self.device = cfg, device
         self.pad_token_id, self.temperature = pad_token_id, temperature
         precision = Precision.for_device(cfg.param_dtype, device)
         model = load_causal_lm(model_path, model_cfg, precision.frozen_dtype, device).eval().requires_grad_(False)
-        if cfg.padding_free:
-            use_packed_attention(model, cfg.packed_attention, model_cfg.attn_implementation)
+        # It scores the actor's micro-batches (sequence-parallel slices too): its attention must match.
+        use_training_attention(model, cfg, model_cfg.attn_implementation, sequence_parallel_size)
         prepare_policy(model, model_cfg, trains=False)
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)

@@ -27,7 +27,6 @@ from hybridrl.algorithms import (
 from hybridrl.batch import Batch
 from hybridrl.models.config import ModelConfig
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.training.attention import use_packed_attention
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.fsdp import Precision, compile_layers, shard_model, use_compile
 from hybridrl.training.learner import FSDPLearner
@@ -35,7 +34,9 @@ from hybridrl.training.logprobs import packed_logprobs, response_logprobs
 from hybridrl.training.lora import check_target_modules, lora_memory_stats, wrap_with_lora
 from hybridrl.training.micro_batches import MicroBatch, make_micro_batches, scatter_rows
 from hybridrl.training.pass_meter import PassMeter
-from hybridrl.training.vision import prepare_policy, vision_packer
+from hybridrl.training.sequence_parallel import SequenceParallel
+from hybridrl.training.ulysses import use_training_attention
+from hybridrl.training.vision import check_vision_training, prepare_policy, vision_packer
 
 
 def attention_mask(mb: Batch) -> torch.Tensor | None:
@@ -84,10 +85,14 @@ class Trainer(FSDPLearner):
         pad_token_id: int,
         temperature: float,
         total_optimizer_steps: int,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> None:
         self.cfg, self.algo = cfg, algo
         self.pad_token_id, self.temperature = pad_token_id, temperature
         self.world = mesh.size()
+        #: This rank's SP group (`training/sequence_parallel.py`); its ranks hold the same rows.
+        self.sequence_parallel = sequence_parallel
+        self.dp_size = self.world // (sequence_parallel.size if sequence_parallel is not None else 1)
         precision = Precision.for_device(cfg.param_dtype, device)
         self.peft = None
         if model_cfg.lora.enabled:
@@ -100,11 +105,13 @@ class Trainer(FSDPLearner):
             model = load_causal_lm(model_path, model_cfg, torch.float32, device)
         #: With LoRA and a KL term the actor scores the reference too: its base, adapters off (no second copy).
         self.serves_reference = self.peft is not None and algo.uses_reference
-        if cfg.padding_free:
-            use_packed_attention(model, cfg.packed_attention, model_cfg.attn_implementation)
+        sp_size = sequence_parallel.size if sequence_parallel is not None else 1
+        use_training_attention(model, cfg, model_cfg.attn_implementation, sp_size)
         prepare_policy(model, model_cfg, trains=True)  # a vision-language model's tower (training/vision.py)
         #: Adds images and mrope positions to a vision-language policy's micro-batches; None for a text model.
         self.vision = vision_packer(model)
+        if self.vision is not None:
+            check_vision_training(cfg.padding_free, sp_size)
         if model_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
@@ -122,7 +129,9 @@ class Trainer(FSDPLearner):
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """This rank's log-prob micro-batches of `batch` (`trainer.logprob_batching`), packed on its device
         (collective under a token budget)."""
-        return make_micro_batches(batch, self.cfg.logprob_batching(), self.device, self.pad_token_id, self.vision)
+        return make_micro_batches(
+            batch, self.cfg.logprob_batching(), self.device, self.pad_token_id, self.sequence_parallel, self.vision
+        )
 
     @torch.no_grad()
     def compute_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
@@ -166,7 +175,7 @@ class Trainer(FSDPLearner):
         cfg, algo = self.cfg, self.algo
         self.model.train()
         n_local = len(batch)
-        mini = n_local if cfg.mini_batch_size == 0 else max(1, cfg.mini_batch_size // self.world)
+        mini = n_local if cfg.mini_batch_size == 0 else max(1, cfg.mini_batch_size // self.dp_size)
         skipped_before = self.nonfinite_total
         sums: dict[str, float] = defaultdict(float)
         weighted: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # key -> [sum of value * tokens, tokens]
@@ -174,10 +183,14 @@ class Trainer(FSDPLearner):
         t0, passes = time.perf_counter(), []
         for _epoch in range(cfg.ppo_epochs):
             for mb_batch in batch.chunks(mini):
-                micro = make_micro_batches(mb_batch, cfg.update_batching(), self.device, self.pad_token_id, self.vision)
+                micro = make_micro_batches(
+                    mb_batch, cfg.update_batching(), self.device, self.pad_token_id, self.sequence_parallel, self.vision
+                )
                 passes += micro
-                # Normalize by the whole mini-batch over all ranks, so accumulation over
-                # micro-batches and FSDP's gradient averaging over ranks equal one big batch.
+                # Normalize by the whole mini-batch over all ranks, so accumulation over micro-batches and FSDP's
+                # gradient averaging over ranks equal one big batch. Under sequence parallelism every rank of a
+                # group adds its group's denominator: the sum over all ranks / world is the sum over dp ranks / dp
+                # (`training/sequence_parallel.py` says why the gradient comes out as at sp=1).
                 denom = aggregation_denominator(loss_mask(mb_batch), algo.loss_agg_mode)
                 normalizer = self._global_sum(torch.as_tensor(denom)) / self.world
                 for i, m in enumerate(micro):

@@ -178,10 +178,15 @@ class TowerOncePerImage:
         return output
 
 
-def check_vision_training(model_cfg: ModelConfig, padding_free: bool) -> None:
-    """What the trainer does not do with a vision-language policy yet, refused before any weight loads."""
+def check_vision_training(padding_free: bool, sequence_parallel_size: int = 1) -> None:
+    """What the trainer does not do with a vision-language policy yet, refused by the key to change."""
     if not padding_free:
         raise ConfigError(
             "trainer.padding_free=false: a vision-language policy trains on packed micro-batches only (images and "
             "mrope positions per sequence); leave trainer.padding_free=true"
+        )
+    if sequence_parallel_size > 1:
+        raise ConfigError(
+            f"trainer.sequence_parallel_size={sequence_parallel_size}: a vision-language policy's images and mrope "
+            "positions are not sliced over a sequence-parallel group; set trainer.sequence_parallel_size=1"
         )

@@ -36,6 +36,7 @@ from hybridrl.topology import Topology
 from hybridrl.training.critic import Critic
 from hybridrl.training.fsdp import Precision
 from hybridrl.training.reference import Reference
+from hybridrl.training.sequence_parallel import SequenceParallel
 from hybridrl.training.trainer import Trainer
 from hybridrl.workers.rollout import Rollout
 
@@ -113,9 +114,10 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device, w
     model_path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
     mesh = topology.fsdp_mesh(device.type)
+    sp = sequence_parallel(topology, device)
     pad, temperature = tokenizer.pad_token_id, cfg.engine.temperature
     actor = Trainer(
-        model_path, cfg.model, cfg.trainer, cfg.algorithm, device, mesh, pad, temperature, optimizer_steps(cfg)
+        model_path, cfg.model, cfg.trainer, cfg.algorithm, device, mesh, pad, temperature, optimizer_steps(cfg), sp
     )
     ref = None
     if cfg.algorithm.uses_reference and not actor.serves_reference:  # with LoRA the actor's base is the reference
@@ -128,8 +130,9 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device, w
             pad,
             temperature,
             offload=cfg.ref.resolve_offload(cfg.trainer),
+            sequence_parallel_size=topology.sequence_parallel_size,
         )
-    critic = build_critic(cfg, model_path, device, mesh, pad) if cfg.algorithm.needs_critic else None
+    critic = build_critic(cfg, model_path, device, mesh, pad, sp) if cfg.algorithm.needs_critic else None
     for role in (ref, critic):  # one meter counts the step's trainer passes, whichever role runs them
         if role is not None:
             role.meter = actor.meter
@@ -154,6 +157,14 @@ def build_components(cfg: RunConfig, topology: Topology, device: torch.device, w
     )
 
 
+def sequence_parallel(topology: Topology, device: torch.device) -> SequenceParallel | None:
+    """This rank's SP group for the trainer roles (None without `trainer.sequence_parallel_size`); collective."""
+    group = topology.sequence_parallel_group(device.type)
+    if group is None:
+        return None
+    return SequenceParallel(group, topology.sp_rank, topology.sequence_parallel_size)
+
+
 def memory_plan(cfg: RunConfig, device: torch.device) -> Plan | None:
     """The estimate logged beside the measured peaks; None (said once) where the model's skeleton cannot be built
     from its config alone: the estimate is a report here, the run's own check has already passed."""
@@ -171,7 +182,9 @@ def device_bytes(cfg: RunConfig, device: torch.device) -> float | None:
     return float(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else None
 
 
-def build_critic(cfg: RunConfig, policy_path: str, device: torch.device, mesh, pad_token_id: int) -> Critic:
+def build_critic(
+    cfg: RunConfig, policy_path: str, device: torch.device, mesh, pad_token_id: int, sp: SequenceParallel | None = None
+) -> Critic:
     """The value model: `critic.model.path` (default the policy's folder) with a scalar head, its own optimizer."""
     c = cfg.critic
     path = os.path.expanduser(c.model.path) if c.model.path else policy_path
@@ -189,6 +202,7 @@ def build_critic(cfg: RunConfig, policy_path: str, device: torch.device, mesh, p
         pad_token_id,
         optimizer_steps(cfg, mini, epochs),
         head_seed=cfg.trainer.seed,
+        sequence_parallel=sp,
     )
 
 

@@ -46,6 +46,14 @@ class WorkerGroup(abc.ABC):
         """Each rank its shard of `batch` (the topology's row slices) for `phase`."""
         return self.run(phase, [(batch.select(s),) for s in self.topology.row_slices(len(batch))], **kwargs)
 
+    def run_data_parallel(self, phase: Phase, batch: Batch, **kwargs: Any) -> list[Any]:
+        """A trainer phase: each data-parallel rank its shard of `batch`, the same for every rank of a
+        sequence-parallel group; one result per data-parallel rank (its group's first rank's), in row order."""
+        topo = self.topology
+        shards = [batch.select(s) for s in topo.dp_row_slices(len(batch))]
+        results = self.run(phase, [(shards[topo.of_rank(r).dp_rank],) for r in range(self.world_size)], **kwargs)
+        return [results[r] for r in topo.dp_leaders()]
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],

@@ -115,11 +115,26 @@ class HybridWorker:
             params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset
         )
         if self.roles.agent_loop is not None:  # trajectories: model tokens, tool results, masks
-            out = self.roles.agent_loop.generate_sync(self.roles.rollout.engine, prompts, params)
+            out = self._trajectories(prompts, params)
         else:
             out = self.roles.rollout.generate(prompts, params, images)
         self._record("generate")
         return out
+
+    def _trajectories(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Trajectory]:
+        """The agent loop over this rank's engine, its turns continuously batched where the engine can. With
+        engine.tp_size > 1 and an engine that keeps one schedule for its TP group (`lead`/`follow`,
+        engines/lockstep.py), the TP leader runs the loop (and the tools, once per group) and the other ranks replay
+        its engine steps and return no trajectories: the worker group takes the leader's."""
+        engine, loop, topology = self.roles.rollout.engine, self.roles.agent_loop, self.topology
+        if topology.engine_tp_size == 1 or not hasattr(engine, "follow"):
+            return loop.generate_sync(engine, prompts, params)
+        group = topology.engine_tp_group(backend="gloo")  # host messages: the device keeps running ahead
+        if topology.engine_tp_rank:
+            engine.follow(group)
+            return []
+        with engine.lead(group):
+            return loop.generate_sync(engine, prompts, params)
 
     def sleep(self) -> None:
         """Free the engine's memory for training (level per engine.sleep_level). Offloads the engine did not need

@@ -1,6 +1,6 @@
 """An asyncio face for a native engine: many coroutines await completions while one driver task runs the engine.
 
-    engine = AsyncEngine(fused_engine)
+    engine = AsyncEngine(fused_engine)                    # what FusedEngine.async_engine(longest) returns
     async def trajectory(...):
         out = await engine.generate(GenerationRequest(context, prompt_index, sample_index), params)
         ... run a tool (await), extend the context, generate again ...
@@ -10,9 +10,9 @@ With the fused engine (continuous batching) each `generate` submits its request 
 engine while anything runs, yielding to the event loop between steps, so a request joins the running batch at the
 next step and one trajectory's tool call never holds up the others. An engine without `submit`/`step` (the HF path)
 is served per batch: the requests that arrived since its last call go into one `generate_requests`.
-The driver runs the engine in the event loop's thread (a step blocks it for one decode step); with
-engine.tp_size > 1 requests cannot join a running batch (every rank must build the same batches) and the fused
-engine says so.
+The driver runs the engine in the event loop's thread (a step blocks it for one decode step). With
+engine.tp_size > 1 every rank must build the same batches: the TP leader's stream sends each step's new requests to
+the other ranks (`engines/lockstep.py`), which replay them (`replay`).
 """
 
 from __future__ import annotations
@@ -20,17 +20,21 @@ from __future__ import annotations
 import asyncio
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.lockstep import DONE, SIZE, STEP, Lockstep
 from hybridrl.engines.native.frozen_heap import frozen_heap
 
 
 class AsyncEngine:
     """`await generate(request, params)` from any number of coroutines of one event loop."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, engine, lockstep: Lockstep | None = None) -> None:
+        """`lockstep`: the TP group this engine leads (engine.tp_size > 1): each step's new requests go to the other
+        ranks before the step."""
+        self.engine, self.lockstep = engine, lockstep
         self.continuous = hasattr(engine, "submit") and hasattr(engine, "step")
         self._futures: dict[int, asyncio.Future] = {}
         self._queued: list[tuple[GenerationRequest, SamplingParams, asyncio.Future]] = []
+        self._added: list[tuple[GenerationRequest, SamplingParams]] = []  # submitted since the last step (lockstep)
         self._driver: asyncio.Task | None = None
 
     async def generate(self, request: GenerationRequest, params: SamplingParams) -> Completion:
@@ -39,6 +43,8 @@ class AsyncEngine:
         future = asyncio.get_running_loop().create_future()
         if self.continuous:
             self._futures[self.engine.submit(request, params)] = future
+            if self.lockstep is not None:
+                self._added.append((request, params))
         else:
             self._queued.append((request, params, future))
         if self._driver is None or self._driver.done():
@@ -56,6 +62,9 @@ class AsyncEngine:
                     if not self._busy():
                         return
                     if self.continuous:
+                        if self.lockstep is not None:
+                            self.lockstep.send(STEP, self._added)
+                            self._added = []
                         for handle, completion in self.engine.step():
                             future = self._futures.pop(handle)
                             if not future.done():
@@ -84,3 +93,22 @@ class AsyncEngine:
                 if not future.done():
                     future.set_result(out)
             start = end
+
+
+def replay(engine, lockstep: Lockstep) -> int:
+    """A TP follower's part of the leader's schedule (`engines/lockstep.py`): size the engine as the leader did, add
+    the requests the leader added before each of its steps and take the same step, until the leader's phase ends.
+    The completions are the leader's to use; returns the steps taken."""
+    steps = 0
+    with frozen_heap():
+        while True:
+            kind, payload = lockstep.receive()
+            if kind == DONE:
+                return steps
+            if kind == SIZE:
+                engine.size_for(payload)
+            elif kind == STEP:
+                for request, params in payload:
+                    engine.submit(request, params)
+                engine.step()
+                steps += 1

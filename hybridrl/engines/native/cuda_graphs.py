@@ -8,7 +8,8 @@
 A graph bakes in the address of every tensor its kernels read or write, so its owner drops them all whenever one of
 those moves (a sleep without fixed addresses, a larger KV cache or block table, new RoPE tables). The graphs share one
 memory pool: one runs at a time. A capture costs more host time than one eager run, so keys that most rollouts use
-once are captured only at a later use (`due`).
+once are captured only at a later use within one rollout (`due`; `forget_uses` at each sleep): a rollout that meets
+the shapes of an earlier one captures nothing, whether or not the graphs outlived the sleep between them.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class GraphCache:
         self.device, self.enabled = device, enabled
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self._uses: dict[tuple, int] = {}  # uses of keys captured at a later use, since the last `drop`
+        self._uses: dict[tuple, int] = {}  # uses of keys captured at a later use, since the last `drop` or sleep
         # Captures since `take_stats`: without fixed addresses each sleep drops the graphs, so a rollout after a
         # wake-up pays them again (host seconds: the warm-up's launches, the capture's, the instantiation).
         self.captures, self.capture_s = 0, 0.0
@@ -51,8 +52,14 @@ class GraphCache:
         self._uses = {}
         self.pool = None
 
+    def forget_uses(self) -> None:
+        """Count uses afresh, keeping the graphs (the engine sleeps with its graphs kept: fixed addresses). A key that
+        one rollout used once is not due at its first use in the next: it stays eager, as when the sleep drops the
+        graphs, and the next rollout of the same shapes captures none."""
+        self._uses = {}
+
     def due(self, key: tuple, use: int) -> bool:
-        """Count a use of `key`; whether its graph exists or is due (this is its `use`-th use since the last drop)."""
+        """Count a use of `key`; whether its graph exists or is due (its `use`-th use since the last drop or sleep)."""
         self._uses[key] = self._uses.get(key, 0) + 1
         return key in self.graphs or self._uses[key] >= use
 

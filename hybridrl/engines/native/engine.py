@@ -14,14 +14,16 @@ Triton kernels launch with programmatic dependent launch per `engine.native.pdl`
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.lockstep import SIZE, Lockstep, leading
+from hybridrl.engines.native.async_engine import AsyncEngine, replay
 from hybridrl.engines.native.base import NativeEngineBase, check_requests
 from hybridrl.engines.native.fixed_memory import (
     FixedMemory,
@@ -33,24 +35,18 @@ from hybridrl.engines.native.fixed_memory import (
 from hybridrl.engines.native.fixed_memory import mapped_bytes as device_mapped_bytes
 from hybridrl.engines.native.frozen_heap import frozen_heap
 from hybridrl.engines.native.kernels import pdl
-from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, BlockAllocator, PagedKVCache, blocks_for
+from hybridrl.engines.native.kv_cache import BlockAllocator, PagedKVCache, blocks_for
 from hybridrl.engines.native.model import FusedDecoder
+from hybridrl.engines.native.prompts import PromptPath
 from hybridrl.engines.native.runner import DecodeRunner
 from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
-from hybridrl.engines.native.step_io import PackedTokens, SamplerMode, to_device
 from hybridrl.engines.native.tensor_parallel import TensorParallel
-from hybridrl.engines.sampling import sample_tokens
 from hybridrl.errors import HybridRLError
 
 log = logging.getLogger(__name__)
 
-PACKED_PROMPT_MAX = 512
-"""Where the paged attention kernel runs (GPU), new prompts up to this many tokens run packed (`_extend_chunk`: the
-decode step's kernels, graphed, one launch); longer ones run the flash prefill, whose attention reads each key once
-per tile of queries rather than once per query."""
 
-
-class FusedEngine(NativeEngineBase):
+class FusedEngine(PromptPath, NativeEngineBase):
     """The built-in engine over `FusedDecoder`: fused, TP-sharded weights (`weight_layout_style = "fused"`)."""
 
     weight_layout_style = "fused"
@@ -82,6 +78,7 @@ class FusedEngine(NativeEngineBase):
         params = dict(self.model.named_parameters())  # no tied duplicates: a tied lm_head is the embedding itself
         self._init_weights(params, params, device, self._fixed_weights(params, device))
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._lockstep: Lockstep | None = None  # the TP group's schedule, inside `lead` or `follow`
         self.cache: PagedKVCache | None = None
         self._pool_blocks = 0  # the size to restore at wake-up (0: sized at the first generate)
         self.runner = DecodeRunner(
@@ -112,11 +109,11 @@ class FusedEngine(NativeEngineBase):
     def submit(self, request: GenerationRequest, params: SamplingParams) -> int:
         """Queue one request; its completion comes back from `step` under the returned handle."""
         self._check_awake("submit")
-        if self.tp.size > 1 and self.scheduler.has_work:
+        if self.tp.size > 1 and self.scheduler.has_work and self._lockstep is None:
             # Every rank of a TP group must make the same batches: requests joining a running batch could arrive at
-            # different steps on different ranks.
+            # different steps on different ranks, unless the group keeps the leader's schedule (`lead`, `follow`).
             raise HybridRLError(
-                "native engine: requests cannot join a running batch with engine.tp_size > 1; "
+                "native engine: requests cannot join a running batch with engine.tp_size > 1 outside lead/follow; "
                 "submit them together (generate_requests)"
             )
         return self.scheduler.submit(request, params)
@@ -139,9 +136,8 @@ class FusedEngine(NativeEngineBase):
         handles = self.scheduler.submit_all(requests, params)
         done: dict[int, Completion] = {}
         try:
-            if requests:  # a cache sized by demand is sized once for the whole call, by its longest sequence
-                longest = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1
-                self.kv_allocator(0, blocks_for(longest, self.block_size))
+            if requests:
+                self.size_for(max(len(r.prompt_ids) for r in requests) + params.max_new_tokens - 1)
             with frozen_heap(), self._launches():
                 while self.scheduler.has_work:
                     done.update(self.scheduler.step())
@@ -149,6 +145,52 @@ class FusedEngine(NativeEngineBase):
             self.scheduler.abort()  # nothing half-done is left for the next call
             raise
         return [done[h] for h in handles]
+
+    def async_engine(self, longest: int | None = None) -> AsyncEngine | None:
+        """Requests one at a time, each joining the running batch (`AsyncEngine`: agent turns); the KV cache, where it
+        is sized by demand, first sized for sequences of `longest` tokens, as `generate_requests` sizes it for its call
+        (a pool grows only while no sequence holds blocks). With engine.tp_size > 1 only inside `lead`, whose schedule
+        the group's other ranks replay (`follow`); else None."""
+        if self.tp.size > 1 and self._lockstep is None:
+            return None
+        if longest and not self.scheduler.has_work:
+            self._check_awake("async_engine")
+            self.size_for(longest)
+            if self._lockstep is not None:
+                self._lockstep.send(SIZE, longest)
+        return AsyncEngine(self, self._lockstep)
+
+    def size_for(self, longest: int) -> None:
+        """The KV cache (where it is sized by demand) and the block tables sized for sequences of `longest` tokens
+        before a call's first step: neither grows inside the call, so no graph the call captures is dropped before it
+        ends (and captured again by the next rollout)."""
+        blocks = blocks_for(longest, self.block_size)
+        self.kv_allocator(0, blocks)
+        self.reserve_width(blocks)
+
+    @contextmanager
+    def lead(self, group: torch.distributed.ProcessGroup) -> Iterator[None]:
+        """The TP leader's agent rollout at engine.tp_size > 1 (`engines/lockstep.py`; `group`: the TP group on a host
+        backend): inside, `async_engine`'s stream sends each step's new requests to the other ranks, which `follow`;
+        leaving the block ends their phase, or fails it with the block's error."""
+        try:
+            with leading(group) as self._lockstep:
+                yield
+        finally:
+            self._lockstep = None
+
+    def follow(self, group: torch.distributed.ProcessGroup) -> None:
+        """Another rank's part of the leader's agent rollout (`lead`): the leader's engine schedule replayed here until
+        its phase ends. The completions are the leader's; this rank runs no agent loop and no tool."""
+        self._check_awake("follow")
+        self._lockstep = Lockstep(group)
+        try:
+            replay(self, self._lockstep)
+        except BaseException:
+            self.scheduler.abort()  # nothing half-done is left for the next phase
+            raise
+        finally:
+            self._lockstep = None
 
     @torch.inference_mode()
     def last_logits(self, prompts: Sequence[Sequence[int]], cached: Sequence[int] | None = None) -> torch.Tensor:
@@ -213,135 +255,6 @@ class FusedEngine(NativeEngineBase):
             self.runner.grow_table(max(width, blocks))
         if self.model.ensure_positions(self.runner.width * self.block_size):
             self.runner.drop_graphs()
-
-    def prefill(self, groups: list[PromptGroup], mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self._prefill_logits(groups)
-        src, dst = [], []
-        for g in groups:
-            if len(g.prompt) % self.block_size:  # each sample writes its own copy of the partly filled block
-                last = len(g.prompt) // self.block_size
-                src += [g.seqs[0].blocks[last]] * (len(g.seqs) - 1)
-                dst += [s.blocks[last] for s in g.seqs[1:]]
-        if dst:
-            self.cache.copy_blocks(to_device(src, torch.long, self.device), to_device(dst, torch.long, self.device))
-        counts = [len(g.seqs) for g in groups]
-        if any(c > 1 for c in counts):
-            logits = logits[to_device([i for i, c in enumerate(counts) for _ in range(c)], torch.long, self.device)]
-        keys = None
-        if mode.seeded:
-            keys = to_device([s.key for g in groups for s in g.seqs], torch.long, self.device)
-        return sample_tokens(
-            logits[:, : self.vocab],
-            mode.temperature,
-            mode.top_k,
-            mode.top_p,
-            self.generator,
-            keys=keys,
-            step=0,
-            kernel=mode.kernel,
-        )
-
-    def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
-        """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
-        `shared` for a bare group); logits [groups, padded vocab]. One forward takes ≤ engine.native.prefill_tokens
-        new tokens (padded, for the flash prefill). Groups continuing a cached prefix (agent turns, shared prefixes)
-        run packed (`_extend_chunk`), and so do short new prompts where the paged attention kernel runs; other new
-        prompts run the flash prefill. Where the packed
-        path's attention gathers each token's context (the torch path), a chunk gathers ≤ 4× prefill_tokens
-        positions."""
-        out, start, budget = [], 0, self.options.prefill_tokens
-        gathers = not self.model.paged_attention_kernel(self.block_size)
-        packed = self._packed
-
-        def fits(chunk: list[PromptGroup]) -> bool:
-            if not packed(chunk[0]):
-                return len(chunk) * max(len(g.prompt) for g in chunk) <= budget
-            new = sum(len(g.prompt) - g.cached for g in chunk)
-            return new <= budget and (not gathers or new * max(len(g.prompt) for g in chunk) <= 4 * budget)
-
-        while start < len(groups):
-            end = start + 1
-            while end < len(groups) and packed(groups[end]) == packed(groups[start]) and fits(groups[start : end + 1]):
-                end += 1
-            chunk = groups[start:end]
-            out.append(self._extend_chunk(chunk) if packed(chunk[0]) else self._prefill_chunk(chunk))
-            start = end
-        return torch.cat(out) if len(out) > 1 else out[0]
-
-    def _packed(self, g: PromptGroup) -> bool:
-        """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step)."""
-        # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
-        # cheaper padded through SDPA; float32 CPU runs then also keep the golden run's numbers bit for bit.
-        return bool(g.cached) or (
-            self.model.paged_attention_kernel(self.block_size) and len(g.prompt) <= PACKED_PROMPT_MAX
-        )
-
-    def step_prefill_tokens(self, group: PromptGroup) -> int | None:
-        """The prompt tokens a single request computes inside a mixed step: past its cached prefix, but the last (the
-        row's input). None for a group of several samples (they share a copied partial block: a prefill does that) or
-        a prompt the packed path does not take."""
-        if len(group.seqs) != 1 or not self._packed(group):
-            return None
-        return len(group.prompt) - 1 - group.cached
-
-    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> PackedTokens:
-        """Place single-request groups as rows start.. whose first token the next step samples, their last prompt
-        token the row's input and the rest past the cached prefix computed inside that step (`PackedTokens`)."""
-        seqs = [g.seqs[0] for g in groups]
-        mixed = self._past_cache(groups, [s.blocks for s in seqs], start, last=False)
-        self.runner.place(
-            start,
-            [g.prompt[-1] for g in groups],
-            [len(g.prompt) - 1 for g in groups],
-            [s.key for s in seqs] if mode.seeded else None,
-            [s.blocks for s in seqs],
-            step=0,
-        )
-        return mixed
-
-    def _tables(self, groups: list[PromptGroup]) -> list[list[int]]:
-        return [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
-
-    def _prefill_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
-        """Prompts from position 0, right-padded into one [groups, longest] forward."""
-        bs, dev = self.block_size, self.device
-        tables = self._tables(groups)
-        width = max(len(g.prompt) for g in groups)
-        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
-        slots = []
-        for i, g in enumerate(groups):
-            ids[i, : len(g.prompt)] = torch.as_tensor(g.prompt, dtype=torch.long)
-            slots += self.cache.slots(tables[i], 0, len(g.prompt))
-            # Padding tokens write into the scratch block.
-            slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt), width)]
-        lengths = to_device([len(g.prompt) for g in groups], torch.long, dev)
-        slots = to_device(slots, torch.long, dev).view(len(groups), width)
-        ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids
-        return self.model.prefill(ids, lengths, slots, self.cache)
-
-    def _extend_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
-        """Prompts past their cached prefixes (0 for a new one), packed: each new token is a row of
-        `FusedDecoder.extend`, through `DecodeRunner.extend` (a CUDA graph per token bucket on GPU)."""
-        tables = self._tables(groups)
-        wide = max(blocks_for(len(g.prompt), self.block_size) for g in groups)
-        tokens = self._past_cache(groups, tables, 0, last=True)
-        last = [end - 1 for end in itertools.accumulate(len(g.prompt) - g.cached for g in groups)]  # each's last
-        tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
-        return self.runner.extend(tokens, tables, last)
-
-    def _past_cache(
-        self, groups: list[PromptGroup], tables: list[list[int]], first_row: int, last: bool
-    ) -> PackedTokens:
-        """Each group's prompt tokens past its cached prefix, with (`last`) or without its last token, packed: ids,
-        positions, cache slots in the group's table, and the row of that table (first_row + the group's index)."""
-        out = PackedTokens([], [], [], [])
-        for row, (g, table) in enumerate(zip(groups, tables), first_row):
-            end = len(g.prompt) - (0 if last else 1)
-            out.ids += g.prompt[g.cached : end]
-            out.pos += range(g.cached, end)
-            out.slots += self.cache.slots(table, g.cached, end)
-            out.rows += [row] * (end - g.cached)
-        return out
 
     def load_weights(self, named_tensors) -> None:
         super().load_weights(named_tensors)
@@ -430,7 +343,8 @@ class FusedEngine(NativeEngineBase):
             )
         self.scheduler.abort()
         if self.cache is not None and self.cache.release():
-            return  # its addresses stay reserved: the runner keeps its graphs and buffers for the next wake-up
+            self.runner.end_rollout()  # its addresses stay reserved: the runner keeps its graphs for the next wake-up
+            return
         self._drop_pool()
 
     def _drop_pool(self) -> None:

@@ -150,6 +150,11 @@ class DecodeRunner:
         """Forget every captured graph (they are captured again on first use; an extend bucket on its second)."""
         self.cuda_graphs.drop()
 
+    def end_rollout(self) -> None:
+        """The engine sleeps and keeps its graphs (fixed addresses): keys captured at a later use count their uses
+        afresh in the next rollout (`GraphCache.forget_uses`)."""
+        self.cuda_graphs.forget_uses()
+
     def take_capture_stats(self) -> tuple[int, float]:
         """Graphs captured and host seconds spent capturing them since the last call."""
         return self.cuda_graphs.take_stats()

@@ -42,16 +42,24 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hybridrl.engines.base import WAKE_TAGS, Completion, RolloutEngine, SamplingParams
+from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sglang import payload as wire
-from hybridrl.engines.sglang.requests import build_requests, params_key, parse_outputs
+from hybridrl.engines.sglang.requests import (
+    build_requests,
+    build_turn_requests,
+    params_key,
+    parse_outputs,
+    parse_turn_outputs,
+)
+from hybridrl.engines.sglang.stream import SglangRequestStream
 from hybridrl.engines.sglang.tp import TpGroup
 from hybridrl.errors import ConfigError, HybridRLError
 from hybridrl.topology import Topology
@@ -63,6 +71,10 @@ ALL_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants
 _GIB = 1 << 30
 _FUSED_NAMES = (".qkv_proj.", ".gate_up_proj.")
 _warned: set[str] = set()
+
+# One rank's generate call: its prompts, the sampling parameters, and in the request form each request's
+# (prompt_index, sample_index) (None: `generate`'s params.n samples of each prompt).
+Part = tuple[list[list[int]], SamplingParams, list[tuple[int, int]] | None]
 
 
 class SglangEngine(RolloutEngine):
@@ -101,6 +113,7 @@ class SglangEngine(RolloutEngine):
         self._weights_stale = False  # released without a host copy: must be loaded before generating
         self._session_open = False  # between begin_weight_update and end_weight_update
         self._pushed = 0  # load_weights calls in the open session
+        self._leading = False  # inside `lead` (the TP leader's agent rollout)
         self._engine: Any = None
 
         opts = cfg.sglang
@@ -132,18 +145,55 @@ class SglangEngine(RolloutEngine):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Every rank passes its own prompts; the leader generates them all in one batch and returns each rank
         its own completions (prompt-major, `params.n` per prompt, prompt_index local to the rank)."""
+        return self._through_leader(([[int(t) for t in p] for p in prompts], params, None))
+
+    def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
+        """One completion per request (seeded from (seed, prompt_index, sample_index)), through the TP leader as
+        `generate` goes. Agent turns come here one batch per turn only outside `lead` at engine.tp_size > 1."""
+        ids = [[int(t) for t in r.prompt_ids] for r in requests]
+        return self._through_leader((ids, params, [(r.prompt_index, r.sample_index) for r in requests]))
+
+    def async_engine(self, longest: int | None = None) -> SglangRequestStream | None:
+        """Requests one at a time through SGLang's request API (`Engine.async_generate`, `sglang.stream`), each joining
+        its running batch as it arrives: the agent loop's turns. With engine.tp_size > 1 only inside `lead` (the
+        leader's engine runs every TP rank; the others `follow`, doing nothing meanwhile); else None, and the loop
+        batches per turn through the leader (`generate_requests`). SGLang sizes its own KV cache."""
+        if self.tp_size > 1 and not self._leading:
+            return None
+        self._check_can_generate()
+        return SglangRequestStream(self._engine, self.stop_ids)
+
+    @contextmanager
+    def lead(self, group=None) -> Iterator[None]:
+        """The TP leader's agent rollout at engine.tp_size > 1: inside, `async_engine` serves the loop's turns from
+        SGLang's own request API. The other ranks have nothing to replay: the leader's engine runs their GPUs."""
+        self._leading = True
+        try:
+            yield
+        finally:
+            self._leading = False
+
+    def follow(self, group=None) -> None:
+        """Another rank's part of the leader's agent rollout: nothing to do (its completions are the leader's); its
+        next collective waits for the leader."""
+
+    def _check_can_generate(self) -> None:
         self.finish_weight_update()
         if self._released:
             raise RuntimeError(f"generate while {sorted(self._released)} are released; call wake_up first")
         if self._weights_stale:
             raise RuntimeError("the engine's weights were released without a host copy; load_weights before generate")
-        if params.seed is not None and not self.cfg.sglang.enable_deterministic_inference:
+
+    def _through_leader(self, part: Part) -> list[Completion]:
+        """Gather every rank's part (prompts, params, and for requests their (prompt_index, sample_index)) on the
+        leader, generate the distinct ones in one engine call there, and hand each rank its completions."""
+        self._check_can_generate()
+        if part[1].seed is not None and not self.cfg.sglang.enable_deterministic_inference:
             _warn_once(
                 "seed",
                 "SGLang honours per-sample seeds only with engine.sglang.enable_deterministic_inference=true; "
                 "samples come from the engine's random_seed stream (not reproducible across layouts)",
             )
-        part = ([[int(t) for t in p] for p in prompts], params)
         parts = self.tp.gather(part)
         results: list[Any] | None = None
         if self.tp.is_leader:
@@ -159,15 +209,20 @@ class SglangEngine(RolloutEngine):
             raise HybridRLError(f"SGLang engine: generate failed on the TP leader (rank {self.tp.leader}): {mine}")
         return mine
 
-    def _generate_parts(self, parts: list[tuple[list[list[int]], SamplingParams]]) -> list[list[Completion]]:
+    def _generate_parts(
+        self, parts: list[tuple[list[list[int]], SamplingParams, list | None]]
+    ) -> list[list[Completion]]:
         """Leader: one engine call for the distinct parts; each rank's completions."""
         unique: dict[tuple, int] = {}
-        owner = [unique.setdefault(params_key(*part), len(unique)) for part in parts]
+        owner = [unique.setdefault(params_key(p, params, ix or ()), len(unique)) for p, params, ix in parts]
         firsts = [parts[owner.index(u)] for u in range(len(unique))]
         input_ids: list[list[int]] = []
         sampling: list[dict[str, Any]] = []
-        for prompts, params in firsts:
-            ids, sp = build_requests(prompts, params, self.stop_ids)
+        for prompts, params, indices in firsts:
+            if indices is None:
+                ids, sp = build_requests(prompts, params, self.stop_ids)
+            else:
+                ids, sp = build_turn_requests(_requests(prompts, indices), params, self.stop_ids)
             input_ids += ids
             sampling += sp
         outputs = []
@@ -176,9 +231,13 @@ class SglangEngine(RolloutEngine):
             if isinstance(outputs, dict):
                 outputs = [outputs]
         per_part, start = [], 0
-        for prompts, params in firsts:
-            count = len(prompts) * params.n
-            per_part.append(parse_outputs(outputs[start : start + count], params.n, len(prompts)))
+        for prompts, params, indices in firsts:
+            count = len(prompts) * (params.n if indices is None else 1)
+            chunk = outputs[start : start + count]
+            if indices is None:
+                per_part.append(parse_outputs(chunk, params.n, len(prompts)))
+            else:
+                per_part.append(parse_turn_outputs(chunk, _requests(prompts, indices)))
             start += count
         if start != len(outputs):
             raise RuntimeError(f"SGLang returned {len(outputs)} outputs for {start} requests")
@@ -334,6 +393,10 @@ class SglangEngine(RolloutEngine):
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
+
+
+def _requests(prompts: list[list[int]], indices: list) -> list[GenerationRequest]:
+    return [GenerationRequest(p, i, j) for p, (i, j) in zip(prompts, indices, strict=True)]
 
 
 def _sglang_engine_class() -> Callable[..., Any]:

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.sampling import stream_key
 
 _SEED_MASK = 2**63 - 1  # SGLang accepts int64 seeds; keep them non-negative
@@ -61,6 +61,30 @@ def build_requests(
     return input_ids, sampling
 
 
+def build_turn_requests(
+    requests: Sequence[GenerationRequest], params: SamplingParams, stop_ids: Sequence[int]
+) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Input ids and sampling dicts of requests (the request form: agent turns), one sample each, seeded from
+    (seed, request.prompt_index, request.sample_index) as every engine seeds a request."""
+    global_index = dataclasses.replace(params, prompt_offset=0)  # a request's prompt_index is global already
+    input_ids, sampling = [], []
+    for r in requests:
+        ids = [int(t) for t in r.prompt_ids]
+        if not ids:
+            raise ValueError(
+                f"request (prompt {r.prompt_index}, sample {r.sample_index}) is empty; SGLang needs a token"
+            )
+        input_ids.append(ids)
+        sampling.append(request_params(global_index, r.prompt_index, r.sample_index, stop_ids))
+    return input_ids, sampling
+
+
+def parse_turn_outputs(outputs: Any, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    """SGLang's outputs of `build_turn_requests`, each Completion under its request's prompt_index."""
+    out = parse_outputs(outputs, 1, len(requests))
+    return [dataclasses.replace(c, prompt_index=r.prompt_index) for c, r in zip(out, requests, strict=True)]
+
+
 def parse_outputs(outputs: Any, n: int, num_prompts: int) -> list[Completion]:
     """SGLang's per-request dicts (prompt-major, n per prompt) as Completions."""
     if isinstance(outputs, dict):  # a batch of one may come back unwrapped
@@ -96,9 +120,14 @@ def parse_outputs(outputs: Any, n: int, num_prompts: int) -> list[Completion]:
     return completions
 
 
-def params_key(prompts: Sequence[Sequence[int]], params: SamplingParams) -> tuple:
-    """Equality key of one rank's generate call, to generate identical calls of a TP group once."""
-    return tuple(tuple(int(t) for t in p) for p in prompts), tuple(sorted(_plain(dataclasses.asdict(params)).items()))
+def params_key(prompts: Sequence[Sequence[int]], params: SamplingParams, indices: Sequence[tuple] = ()) -> tuple:
+    """Equality key of one rank's generate call (`indices`: each request's (prompt_index, sample_index) in the request
+    form), to generate identical calls of a TP group once."""
+    return (
+        tuple(tuple(int(t) for t in p) for p in prompts),
+        tuple(tuple(i) for i in indices),
+        tuple(sorted(_plain(dataclasses.asdict(params)).items())),
+    )
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

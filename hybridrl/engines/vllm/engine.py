@@ -16,6 +16,9 @@ Construction and teardown are in `vllm.construction`, weight delivery in `vllm.w
   Against HF in float32 on CPU: max |Δ| 1.2e-6 at T=1 and T=0.7, also at TP=2 (tests assert 1e-4).
 - Per-request seeds: vLLM seeds the n samples of a request `seed + j`; we seed prompt i from its global index
   (`stream_key(seed, prompt_offset + i, 0)`, 30 bits), so samples do not depend on the split over engine groups.
+- Agent turns (`rollout=agent`) join vLLM's running batch one by one through `async_engine` (`vllm.stream`:
+  `LLMEngine.add_request` and `step`); with engine.tp_size > 1 the TP leader's schedule is replayed by the other
+  ranks (`lead`, `follow`).
 - TP on CPU uses shared memory named after VLLM_DIST_IDENT, which external_launcher fixes to "//" — two TP jobs
   on one host may collide (not checked); segments an exited worker left are removed first (`vllm.shm`).
 - Harmless noise, dropped at vLLM's loggers (`quiet.py`): "Chat template warmup failed" (no tokenizer),
@@ -34,13 +37,15 @@ import json
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
+from hybridrl.engines.lockstep import Lockstep, leading
 from hybridrl.engines.sampling import stream_key
 from hybridrl.engines.vllm.construction import (
     GIB,
@@ -52,6 +57,7 @@ from hybridrl.engines.vllm.construction import (
 )
 from hybridrl.engines.vllm.quiet import quiet_vllm_logs
 from hybridrl.engines.vllm.shm import remove_stale_cpu_shm
+from hybridrl.engines.vllm.stream import VllmRequestStream, replay
 from hybridrl.engines.vllm.weights import check_whole_modules, checkpoint_modules, load_in_place, repack_tied_lm_head
 from hybridrl.topology import Topology
 
@@ -86,6 +92,7 @@ class VllmEngine(RolloutEngine):
         self.model_path = str(model_path)
         self._sleeping: set[str] = set()
         self._weights_discarded = False
+        self._lockstep: Lockstep | None = None  # the TP group's schedule, inside `lead`
         hf_config = json.loads((Path(model_path) / "config.json").read_text())
         self.eos_token_ids = eos_ids(Path(model_path), hf_config)
         self._modules = checkpoint_modules(Path(model_path))
@@ -94,7 +101,7 @@ class VllmEngine(RolloutEngine):
             check_cpu_head_dim(hf_config)
 
         topology = topology or Topology(1)
-        tp_size = topology.engine_tp_size
+        tp_size = self.tp_size = topology.engine_tp_size
         self.owns_process_group = not (dist.is_available() and dist.is_initialized())
         if self.owns_process_group:
             if tp_size != 1:
@@ -154,24 +161,51 @@ class VllmEngine(RolloutEngine):
         return [c for i, out in enumerate(outputs) for c in self._completions(i, out, params.n)]
 
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
-        """One completion per request, all in one `LLM.generate` call (vLLM batches them continuously inside it).
-        The agent loop's turns arrive here batched per turn (`agent.engine.TurnBatchingAdapter`): the in-process
-        `LLM` has no async interface. Each request is seeded from (seed, prompt_index, sample_index)."""
+        """One completion per request, all in one `LLM.generate` call (vLLM batches them continuously inside it);
+        each request is seeded from (seed, prompt_index, sample_index). Agent turns come here one batch per turn
+        only outside `lead` at engine.tp_size > 1."""
         self._check_awake()
         if not requests:
             return []
-        sp = [
-            self._vllm_params(
-                params, 1, None if params.seed is None else stream_key(params.seed, r.prompt_index, r.sample_index)
-            )
-            for r in requests
-        ]
+        sp = [self._request_params(params, r) for r in requests]
         outputs = self._llm.generate([self._input(r.prompt_ids) for r in requests], sp, use_tqdm=False)
-        out = []
-        for r, o in zip(requests, outputs, strict=True):
-            (c,) = self._completions(r.prompt_index, o, 1)
-            out.append(c)
-        return out
+        return [self._completion(r.prompt_index, o) for r, o in zip(requests, outputs, strict=True)]
+
+    def async_engine(self, longest: int | None = None) -> VllmRequestStream | None:
+        """Requests one at a time, each joining vLLM's running batch at its next step (`vllm.stream`), for the agent
+        loop's turns. With engine.tp_size > 1 only inside `lead`: every rank must add the same requests before the
+        same steps, so the leader's stream sends them and the other ranks replay them (`follow`); else None. vLLM
+        sizes its own KV cache, so `longest` is not needed."""
+        if self.tp_size > 1 and self._lockstep is None:
+            return None
+        self._check_awake()
+        return VllmRequestStream(self._llm, self._request_params, self._completion, self._lockstep)
+
+    @contextmanager
+    def lead(self, group) -> Iterator[None]:
+        """The TP leader's agent rollout at engine.tp_size > 1 (`engines/lockstep.py`; `group`: the TP group on a host
+        backend): inside, `async_engine`'s stream sends each step's new requests to the other ranks, which `follow`;
+        leaving the block ends their phase, or fails it with the block's error."""
+        try:
+            with leading(group) as self._lockstep:
+                yield
+        finally:
+            self._lockstep = None
+
+    def follow(self, group) -> None:
+        """Another rank's part of the leader's agent rollout (`lead`): the leader's requests and steps replayed on this
+        rank's engine until its phase ends. The outputs are the leader's; this rank runs no agent loop and no tool."""
+        self._check_awake()
+        replay(self._llm, Lockstep(group))
+
+    def _request_params(self, params: SamplingParams, request: GenerationRequest):
+        """vLLM's SamplingParams of one request: one sample, seeded from its stream key."""
+        key = None if params.seed is None else stream_key(params.seed, request.prompt_index, request.sample_index)
+        return self._vllm_params(params, 1, key)
+
+    def _completion(self, index: int, out) -> Completion:
+        (c,) = self._completions(index, out, 1)
+        return c
 
     def _check_awake(self) -> None:
         if self._sleeping:

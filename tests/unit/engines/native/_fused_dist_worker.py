@@ -42,6 +42,8 @@ def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
     )
     sync = Resharder(ReshardConfig(verify=True), engine, model.config, tp_rank=rank % tp, tp_size=tp)
     sync.sync(model)
+    if case.get("lockstep"):
+        return check_lockstep(engine, ref, groups[tp], rank, world)
     rounds = 2 if case.get("sleep") else 1
     for round_ in range(rounds):
         if round_:  # level-2 round trip: weights dropped, reallocated, refilled by the resharder
@@ -66,6 +68,70 @@ def check(case: dict, rank: int, world: int, mesh, groups: dict) -> str:
         dist.all_gather_object(every, mine)
         if any(every[r] != mine for r in range(world)):  # same prompts everywhere: every engine agrees
             return f"rank {rank}: tokens differ across ranks: {every}"
+    return "ok"
+
+
+def check_lockstep(engine, ref, group, rank: int, world: int) -> str:
+    """Agent turns at TP 2: the leader's trajectories join its running batch one by one (tools of a few engine steps
+    each, one long), the other rank replays the leader's schedule (`lead`/`follow`). Every turn's log-probs equal the
+    unsharded model's on its context, turns joined inside decode steps, and both ranks took the same steps; then a
+    leader failing inside `lead` fails the other rank's `follow` with its error."""
+    import asyncio
+
+    import torch
+    import torch.distributed as dist
+
+    from hybridrl.engines.base import GenerationRequest, SamplingParams
+    from tests.tiny_models import PROMPTS, reference_logprobs
+
+    params = SamplingParams(max_new_tokens=5, seed=6, stop_token_ids=list(range(2, 12)))
+
+    async def trajectories(stream):
+        async def one(t: int):
+            context, turns = list(PROMPTS[t % 3]), []
+            for turn in range(3):
+                out = await stream.generate(GenerationRequest(list(context), t % 3, 10 * turn + t // 3), params)
+                turns.append((list(context), out))
+                for _ in range(40 if (t, turn) == (5, 0) else (t * 5 + turn * 3) % 7):  # the tool
+                    await asyncio.sleep(0)
+                context += out.token_ids + [50 + turn, 60 + t]
+            return turns
+
+        return await asyncio.gather(*(one(t) for t in range(6)))
+
+    if rank == 0:
+        with engine.lead(group):
+            results = asyncio.run(trajectories(engine.async_engine(64)))
+        for turns in results:
+            for context, out in turns:
+                diff = (torch.tensor(out.logprobs) - reference_logprobs(ref, context, out.token_ids)).abs().max().item()
+                if diff > TOL:
+                    return f"rank {rank}: a turn's log-probs differ from the unsharded model by {diff:.3g}"
+    else:
+        engine.follow(group)
+    sched = engine.scheduler
+    mine = (sched.steps, sched.row_steps, sched.step_joins, sched.prefills, sched.prefilled_tokens)
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    if len(set(every)) != 1:
+        return f"rank {rank}: the ranks' schedules differ (steps, row steps, joins, prefills, prefilled): {every}"
+    if sched.step_joins == 0 or engine.has_work:
+        return f"rank {rank}: no turn joined inside a step ({mine}), or work was left ({engine.has_work})"
+    # A leader that fails inside its phase fails the other rank's too, with its error, instead of leaving it waiting.
+    from hybridrl.errors import HybridRLError
+
+    try:
+        if rank == 0:
+            with engine.lead(group):
+                engine.async_engine(64)
+                raise RuntimeError("a tool took the worker down")
+        else:
+            engine.follow(group)
+    except (RuntimeError, HybridRLError) as e:
+        if "a tool took the worker down" not in str(e):
+            return f"rank {rank}: the leader's failure came through as {e!r}"
+    else:
+        return f"rank {rank}: the leader's failure did not end the phase with an error"
     return "ok"
 
 

@@ -7,6 +7,7 @@ Runs on CPU; HYBRIDRL_TEST_DEVICE=cuda runs the same tests on a GPU (plus the CU
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 import transformers
 
 import hybridrl.engines.native.engine as fused_engine_module
+import hybridrl.engines.native.prompts as prompts_module
 import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from hybridrl.engines import build_engine
 from hybridrl.engines.base import GenerationRequest, SamplingParams
@@ -71,7 +73,7 @@ def test_prefill_logits_match_transformers(model, path, monkeypatch):
     """New prompts, through the packed path (short ones where the paged attention kernel runs) and the flash prefill
     (long ones, and every one on the torch path)."""
     if path == "flash":
-        monkeypatch.setattr(fused_engine_module, "PACKED_PROMPT_MAX", 0)
+        monkeypatch.setattr(prompts_module, "PACKED_PROMPT_MAX", 0)
     engine = fused_engine(model)
     if path == "packed":  # the GPU's routing on any device: the packed path's torch attention is what it checks
         monkeypatch.setattr(engine.model, "paged_attention_kernel", lambda block_size: True)
@@ -128,29 +130,33 @@ def test_gpu_bucketing_gives_the_same_samples(model):
 
 
 class _Replay:
-    """Stands in for a captured CUDA graph on CPU: a replay runs the captured step body eagerly."""
+    """Stands in for a captured CUDA graph on CPU: a replay runs the captured body eagerly."""
 
-    def __init__(self, runner, batch, mixed, mode, prefix, splits) -> None:
-        self.runner, self.batch, self.mixed, self.mode, self.prefix, self.splits = (
-            runner,
-            batch,
-            mixed,
-            mode,
-            prefix,
-            splits,
-        )
-
-    def replay(self) -> None:
-        self.runner._graph_body(self.batch, self.mixed, self.mode, self.prefix, self.splits)
+    def __init__(self, body) -> None:
+        self.replay = body
 
 
 def _emulate_graphs(run) -> None:
-    """Steps through `_Replay` stand-ins, with the GPU's buckets and full-width attention."""
+    """Steps through `_Replay` stand-ins, with the GPU's buckets and full-width attention. Captures go through the
+    runner's `GraphCache` as on a GPU (what is due, the capture counts); `run.cuda_graphs.captured` lists their keys,
+    `run.cuda_graphs.used` the keys of every use counted towards a later capture."""
     run.on_gpu = run.use_graphs = True  # before the first bind: the static logits buffer is made
-    run._extend_buckets = []  # packed prompts run eagerly: their graphs are real captures (CUDA only)
-    run._capture = lambda key, b, eb, mode, prefix, splits: run.graphs.setdefault(
-        key, _Replay(run, b, eb, mode, prefix, splits)
-    )
+    run._extend_buckets = []  # packed prompts run eagerly: their graph bodies need the GPU's kernels
+    graphs = run.cuda_graphs
+    graphs.captured, graphs.used = [], []
+    due = graphs.due
+
+    def counted_due(key, use):
+        graphs.used.append(key)
+        return due(key, use)
+
+    def capture(key, body, state):
+        graphs.captures += 1
+        graphs.captured.append(key)
+        graphs.graphs[key] = _Replay(body)
+        return graphs.graphs[key]
+
+    graphs.due, graphs.capture = counted_due, capture
 
 
 @pytest.mark.parametrize("seed", [6, pytest.param(None, marks=pytest.mark.interpreted)])
@@ -313,44 +319,77 @@ class _FakeFixedMemory:
         self.mapped = True
 
 
+def _rollout(engine: FusedEngine) -> list[tuple[list[int], list[float]]]:
+    """One agent rollout as a run makes it: trajectories through the engine's `async_engine`, whose tools take a few
+    engine steps each (asyncio runs the driver's steps and the tools' waits in a fixed order: a clock of engine
+    steps), one long enough that its turn joins alone; so turns join the running batch inside its steps at several
+    batch sizes. Every completion's tokens and log-probs, in order."""
+    params = SamplingParams(max_new_tokens=6, seed=6, stop_token_ids=list(range(2, 12)))
+
+    async def trajectories():
+        agent = engine.async_engine(64)
+
+        async def trajectory(t: int):
+            context, done = list(PROMPTS[t % 3]), []
+            for turn in range(3):
+                out = await agent.generate(GenerationRequest(list(context), t % 3, 10 * turn + t // 3), params)
+                done.append(out)
+                for _ in range(200 if (t, turn) == (11, 1) else (t * 5 + turn * 3) % 7):  # the tool
+                    await asyncio.sleep(0)
+                context += out.token_ids + [50 + turn, 60 + t]
+            return done
+
+        return await asyncio.gather(*(trajectory(t) for t in range(12)))
+
+    return [(c.token_ids, c.logprobs) for done in asyncio.run(trajectories()) for c in done]
+
+
 @pytest.mark.parametrize("level", [1, 2])
 @pytest.mark.parametrize("fixed", [True, False])
 def test_fixed_addresses_keep_the_graphs_through_sleep(level, fixed, monkeypatch):
     """engine.native.fixed_addresses: a sleep gives the weights' and the KV cache's memory back but keeps their
-    addresses, so the (emulated) graphs stay and the next rollout captures none; the samples are those before the
-    sleep. Without it a sleep drops the graphs, as before."""
-    import hybridrl.engines.native.engine as fused_module
-
-    monkeypatch.setattr(fused_module, "fixed_memory", lambda n, device: _FakeFixedMemory(n, device))
+    addresses, so the (emulated) graphs stay. Agent rollouts as a run makes them (`_rollout`): the first captures each
+    of its graphs once (none is dropped before it ends: the block tables are sized for the call first); the next two
+    capture none, not even a key the first met once and left eager (it is due at its second use within one rollout);
+    the samples are the first rollout's. Without fixed addresses a sleep drops the graphs and the next rollout
+    captures them again."""
+    monkeypatch.setattr(fused_engine_module, "fixed_memory", lambda n, device: _FakeFixedMemory(n, device))
     model = tiny_model("qwen3").to(DEVICE)
-    params = SamplingParams(n=3, max_new_tokens=8, seed=6)
-    engine = fused_engine(model, max_batch_size=16, fixed_addresses=fixed)
-    _emulate_graphs(engine.runner)
-    before = engine.generate(PROMPTS, params)
-    graphs = dict(engine.runner.graphs)
-    assert graphs
-    cache, k_ptr = engine.cache, engine.cache.k.data_ptr()
-    w_ptrs = [p.data_ptr() for _, p in engine.named_weights()]
-    engine.sleep(level)
-    assert engine.memory_stats()["engine_kv_cache_gb"] == 0
-    with pytest.raises(HybridRLError, match="asleep"):
-        engine.generate(PROMPTS, params)
-    engine.wake_up(["weights"])
-    if level == 2:
-        Resharder(ReshardConfig(verify=True), engine, model.config).sync(model)
-    engine.wake_up(["kv_cache"])
-    if fixed:
-        assert engine.runner.graphs == graphs and engine.cache is cache and engine.cache.k.data_ptr() == k_ptr
-        assert [p.data_ptr() for _, p in engine.named_weights()] == w_ptrs
-        assert engine.cache.allocator.cached == 0  # what the pool held is gone, its prefix entries too
-    else:
-        assert not engine.runner.graphs
-    got = engine.generate(PROMPTS, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in before]
-    for o, w in zip(got, before):
-        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(w.logprobs), atol=TOL)
-    if fixed:
-        assert all(engine.runner.graphs[k] is g for k, g in graphs.items())  # replayed, not captured again
+    engine = fused_engine(model, max_batch_size=16, kv_block_size=4, fixed_addresses=fixed)
+    run = engine.runner
+    _emulate_graphs(run)
+    first = _rollout(engine)
+    captured, used = list(run.cuda_graphs.captured), run.cuda_graphs.used
+    assert captured and len(set(captured)) == len(captured), captured
+    assert any(used.count(k) == 1 and k not in run.graphs for k in used), "no key was met once and left eager"
+    graphs = dict(run.graphs)
+    run.take_capture_stats()
+    for _ in range(2 if fixed else 1):
+        cache, k_ptr = engine.cache, engine.cache.k.data_ptr()
+        w_ptrs = [p.data_ptr() for _, p in engine.named_weights()]
+        engine.sleep(level)
+        assert engine.memory_stats()["engine_kv_cache_gb"] == 0
+        with pytest.raises(HybridRLError, match="asleep"):
+            engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
+        engine.wake_up(["weights"])
+        if level == 2:
+            Resharder(ReshardConfig(verify=True), engine, model.config).sync(model)
+        engine.wake_up(["kv_cache"])
+        if fixed:
+            assert run.graphs == graphs and engine.cache is cache and engine.cache.k.data_ptr() == k_ptr
+            assert [p.data_ptr() for _, p in engine.named_weights()] == w_ptrs
+            assert engine.cache.allocator.cached == 0  # what the pool held is gone, its prefix entries too
+        else:
+            assert not run.graphs
+        got = _rollout(engine)
+        assert [ids for ids, _ in got] == [ids for ids, _ in first]
+        for (_, lp), (_, want) in zip(got, first):
+            assert torch.allclose(torch.tensor(lp), torch.tensor(want), atol=TOL)
+        captures, _ = run.take_capture_stats()
+        if fixed:
+            assert captures == 0 and all(run.graphs[k] is g for k, g in graphs.items())  # replayed, none captured
+        else:
+            assert captures == len(captured)
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA virtual memory needs a GPU")
@@ -405,6 +444,26 @@ def test_cuda_graphs_survive_sleep_at_fixed_addresses():
         engine.wake_up(["weights"])
         Resharder(ReshardConfig(), engine, model.config).sync(model)
         engine.wake_up(["kv_cache"])
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_cuda_graphs_survive_sleep_in_agent_rollouts():
+    """The real thing for agent rollouts (`_rollout`: turns joining inside decode steps, packed prompts, graphs due at
+    their second use): after the first rollout, the next two capture nothing and sample the first's tokens."""
+    model = tiny_model("qwen3").to(DEVICE)
+    engine = fused_engine(model, max_batch_size=16, kv_block_size=4, fixed_addresses=True)
+    first = _rollout(engine)
+    assert engine.runner.take_capture_stats()[0] > 0 and engine.scheduler.step_joins > 0
+    for _ in range(2):
+        engine.sleep(2)
+        engine.wake_up(["weights"])
+        Resharder(ReshardConfig(), engine, model.config).sync(model)
+        engine.wake_up(["kv_cache"])
+        got = _rollout(engine)
+        assert engine.runner.take_capture_stats()[0] == 0
+        assert [ids for ids, _ in got] == [ids for ids, _ in first]
+        for (_, lp), (_, want) in zip(got, first):
+            assert torch.allclose(torch.tensor(lp), torch.tensor(want), atol=TOL)
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")

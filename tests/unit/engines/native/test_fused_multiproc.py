@@ -1,5 +1,6 @@
 """FSDP2 over 2 and 4 gloo ranks feeding fused engines of TP 2 and 4 (kv heads replicated when tp > kv heads):
-the resharder's verify passes, and the sharded engine's logits and log-probs equal the unsharded model's.
+the resharder's verify passes, and the sharded engine's logits and log-probs equal the unsharded model's; at TP 2,
+agent turns joining the leader's running batch one by one, replayed on the other rank (`lead`/`follow`).
 
 Each world is started once (module fixture) and runs all its cases; each case is reported as its own test.
 Ranks fork from a forkserver with torch and transformers imported already (fresh interpreters cost ~10 s of
@@ -25,11 +26,13 @@ def _cases(world: int) -> list[dict]:
         cases = [dict(kind=k, tp=2) for k in KINDS]  # qwen2: its 1 kv head on both ranks
         cases += [dict(kind="qwen2", tp=1), dict(kind="qwen3", tp=2, sleep=True)]
         cases += [dict(kind="llama", tp=2, biases=True)]  # o/down biases added once, after the all-reduce
+        cases += [dict(kind="qwen3", tp=2, lockstep=True)]  # agent turns: the leader's schedule, replayed
     else:
         cases = [dict(kind=k, tp=4) for k in KINDS]  # llama/qwen3: 2 kv heads over 4 ranks
         cases += [dict(kind="llama", tp=2)]  # two engine groups of 2 beside one FSDP mesh of 4
     for c in cases:
         tags = ["sleep" if c.get("sleep") else "", "bias" if c.get("biases") else ""]
+        tags.append("lockstep" if c.get("lockstep") else "")
         c["id"] = "-".join([c["kind"], f"tp{c['tp']}", *filter(None, tags)])
     return cases
 

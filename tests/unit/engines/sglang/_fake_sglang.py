@@ -7,13 +7,14 @@ SGLang's allow-list unpickler when sglang is importable) and recorded per TP ran
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 from typing import Any
 
-from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.sglang import payload as wire
-from hybridrl.engines.sglang.requests import build_requests
+from hybridrl.engines.sglang.requests import build_requests, build_turn_requests
 
 FAIL_NAME = "fail.me.weight"  # a push containing this name is refused, like SGLang's (False, message)
 
@@ -42,6 +43,29 @@ def expected_completions(prompts: list[list[int]], params: SamplingParams, stop_
     return out
 
 
+def expected_turns(requests: list[GenerationRequest], params: SamplingParams, stop_ids: list[int]) -> list[Completion]:
+    """What a rank must get back for requests (the request form: one sample each, under its prompt_index)."""
+    ids, sps = build_turn_requests(requests, params, stop_ids)
+    out = []
+    for r, x, sp in zip(requests, ids, sps, strict=True):
+        toks, lps, finish = fake_sample(x, sp)
+        out.append(Completion(r.prompt_index, toks, lps, finish))
+    return out
+
+
+def _output(input_ids: list[int], sp: dict[str, Any]) -> dict[str, Any]:
+    toks, lps, finish = fake_sample(input_ids, sp)
+    meta = {
+        "finish_reason": {"type": finish, "matched": toks[-1]}
+        if finish == "stop"
+        else {"type": finish, "length": len(toks)},
+        "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, toks, strict=True)],
+        "prompt_tokens": len(input_ids),
+        "completion_tokens": len(toks),
+    }
+    return {"output_ids": toks, "meta_info": meta}
+
+
 class FakeSglangEngine:
     """Records `calls` as (method, arguments, start time, end time); `pushes` as per-push lists of
     per-TP-rank [(name, dtype, shape, first value)]."""
@@ -54,6 +78,8 @@ class FakeSglangEngine:
         self.released: set[str] = set()
         self.session = False
         self.delay = {"release_memory_occupation": 0.3}  # seconds; lets tests see who waits for whom
+        self.async_delay = 0.0
+        self.loop = asyncio.new_event_loop()  # as sglang.Engine: the loop its tokenizer manager serves requests on
         self._record("__init__", kwargs, time.time())
 
     def _record(self, name: str, args: dict[str, Any], t0: float) -> None:
@@ -72,22 +98,20 @@ class FakeSglangEngine:
     ):
         t0 = time.time()
         assert prompt is None and return_logprob and not stream
-        out = []
-        for x, sp in zip(input_ids, sampling_params, strict=True):
-            toks, lps, finish = fake_sample(x, sp)
-            meta = {
-                "finish_reason": {"type": finish, "matched": toks[-1]}
-                if finish == "stop"
-                else {"type": finish, "length": len(toks)},
-                "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, toks, strict=True)],
-                "prompt_tokens": len(x),
-                "completion_tokens": len(toks),
-            }
-            out.append({"output_ids": toks, "meta_info": meta})
+        out = [_output(x, sp) for x, sp in zip(input_ids, sampling_params, strict=True)]
         self._record(
             "generate", dict(input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob), t0
         )
         return out
+
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **kw):
+        """One request (flat input ids, one sampling dict), answered after `async_delay` seconds on `self.loop`."""
+        t0 = time.time()
+        assert prompt is None and return_logprob and not kw.get("stream")
+        assert asyncio.get_running_loop() is self.loop, "SGLang answers only on the loop its engine was made on"
+        await asyncio.sleep(self.async_delay)
+        self._record("async_generate", dict(input_ids=input_ids, sampling_params=sampling_params), t0)
+        return _output(input_ids, sampling_params)
 
     def release_memory_occupation(self, tags=None):
         t0 = time.time()
@@ -141,4 +165,5 @@ class FakeSglangEngine:
 
     def shutdown(self):
         t0 = time.time()
+        self.loop.close()
         self._record("shutdown", {}, t0)

@@ -8,6 +8,7 @@ Ends with os._exit (see shared/reference/PLATFORM_FACTS.md: interpreter exit aft
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -18,12 +19,17 @@ import traceback
 def scenario(rank: int, world: int, tp: int, model_dir: str, result: dict) -> None:
     import torch
 
-    from hybridrl.engines.base import SamplingParams
+    from hybridrl.engines.base import GenerationRequest, SamplingParams
     from hybridrl.engines.config import EngineConfig
     from hybridrl.engines.sglang.engine import SglangEngine
     from hybridrl.errors import HybridRLError
     from hybridrl.topology import Topology
-    from tests.unit.engines.sglang._fake_sglang import FAIL_NAME, FakeSglangEngine, expected_completions
+    from tests.unit.engines.sglang._fake_sglang import (
+        FAIL_NAME,
+        FakeSglangEngine,
+        expected_completions,
+        expected_turns,
+    )
 
     topology = Topology(world, tp, rank)
     tp_rank, leader = topology.engine_tp_rank, topology.engine_tp_ranks[0]
@@ -50,6 +56,28 @@ def scenario(rank: int, world: int, tp: int, model_dir: str, result: dict) -> No
     same = [[5, 6], [7]]
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=3, seed=11, prompt_offset=0)
     check("identical", eng.generate(same, params), expected_completions(same, params, stop_ids))
+    # 2b. Agent turns at TP > 1: no request stream (the ranks' tools finish apart); one batch per turn through the
+    # leader, each rank its own requests.
+    turns = [GenerationRequest([rank + 1, 2, 3, 4], 2 * rank, 1), GenerationRequest([9, rank], 2 * rank + 1, 0)]
+    params = SamplingParams(temperature=0.7, max_new_tokens=4, seed=11)
+    check(
+        "turns",
+        (eng.async_engine(), eng.generate_requests(turns, params)),
+        (None, expected_turns(turns, params, stop_ids)),
+    )
+    # 2c. ... unless the leader leads the rollout (the worker's generate phase): its turns then go one by one through
+    # SGLang's request API, and the other ranks have nothing to do.
+    if tp_rank == 0:
+        with eng.lead():
+            stream = eng.async_engine()
+
+            async def together():
+                return await asyncio.gather(*(stream.generate(r, params) for r in turns))
+
+            got = stream.event_loop.run_until_complete(together())
+        check("streamed", got, expected_turns(turns, params, stop_ids))
+    else:
+        check("streamed", eng.follow(), None)
     # 3. Sleep: no rank may return before the leader's release finished (the stand-in takes 0.3 s).
     eng.sleep(2)
     result["sleep_returned"] = time.time()

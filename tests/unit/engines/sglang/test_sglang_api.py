@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridrl.engines.base import SamplingParams
+from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig, SglangOptions
 from hybridrl.engines.sglang.engine import ALL_TAGS, SglangEngine
 from hybridrl.engines.sglang.requests import request_params
@@ -35,7 +35,7 @@ def sglang_source(rel: str) -> Path:
     return Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / rel
 
 
-def _signature_from_ast(fn: ast.FunctionDef) -> inspect.Signature:
+def _signature_from_ast(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signature:
     """Names, kinds and which parameters have defaults; enough for `Signature.bind`."""
     a, P, params = fn.args, inspect.Parameter, []
     positional = a.posonlyargs + a.args
@@ -58,7 +58,7 @@ def engine_signatures(names: set[str]) -> tuple[dict[str, inspect.Signature], st
     except Exception:  # noqa: BLE001 -- CPU installs fail anywhere in its import chain
         tree = ast.parse(sglang_source("srt/entrypoints/engine.py").read_text())
         cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
-        methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+        methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         missing = names - set(methods)
         assert not missing, f"sglang.Engine (source) has no {sorted(missing)}"
         return {n: _signature_from_ast(methods[n]) for n in names}, "source"
@@ -76,6 +76,8 @@ class Recorder:
 
     def __getattr__(self, name: str):
         target = getattr(self._fake, name)
+        if not callable(target):  # the engine's event loop
+            return target
 
         def call(*args, **kwargs):
             Recorder.log.append((name, args, kwargs))
@@ -92,6 +94,9 @@ def adapter_calls(tmp_path_factory) -> list[tuple[str, tuple, dict]]:
     opts = SglangOptions(enable_weights_cpu_backup=True, enable_deterministic_inference=True)
     eng = SglangEngine(str(model), EngineConfig(name="sglang", sglang=opts), device="cpu", engine_factory=Recorder)
     eng.generate([[1, 2]], SamplingParams(n=2, seed=1, top_k=5, top_p=0.9, temperature=0.5))
+    eng.generate_requests([GenerationRequest([1, 2, 3], 4, 1)], SamplingParams(seed=1))
+    stream = eng.async_engine()  # an agent turn through the request API, on the engine's loop
+    stream.event_loop.run_until_complete(stream.generate(GenerationRequest([1, 2, 3], 4, 2), SamplingParams(seed=1)))
     eng.sleep(1)
     eng.wake_up(["weights"])
     eng.load_weights([("model.norm.weight", torch.ones(3))])
@@ -105,6 +110,7 @@ def test_engine_methods_accept_our_calls(adapter_calls):
     called = {name for name, _, _ in adapter_calls} - {"__init__"}
     assert called == {
         "generate",
+        "async_generate",
         "release_memory_occupation",
         "resume_memory_occupation",
         "begin_weight_update",

@@ -1,5 +1,6 @@
-"""SglangEngine in one process (TP 1) against a stand-in engine: request building, seeds, the weight-update session
-and the sleep/wake call order. The multi-rank choreography is in test_sglang_multiproc.py."""
+"""SglangEngine in one process (TP 1) against a stand-in engine: request building, seeds, the request form (agent
+turns, one batch or one by one through SGLang's request API), the weight-update session and the sleep/wake call
+order. The multi-rank choreography is in test_sglang_multiproc.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from hybridrl.engines.base import Completion, SamplingParams
+from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig, SglangOptions
 from hybridrl.engines.sglang.engine import SglangEngine
 from hybridrl.errors import HybridRLError
@@ -105,6 +106,58 @@ def test_generate_is_prompt_major_with_one_seed_per_sample(model_dir):
     assert {k: v for k, v in sp.items() if k != "sampling_seed"} == dict(
         max_new_tokens=5, temperature=0.8, top_p=0.9, top_k=-1, n=1, stop_token_ids=[2, 5, 103]
     )
+
+
+def test_requests_are_seeded_by_prompt_and_sample_index(model_dir):
+    eng = make(model_dir)
+    params = SamplingParams(temperature=0.8, max_new_tokens=5, seed=5, prompt_offset=99)  # requests carry global ids
+    requests = [GenerationRequest([7, 8, 9], 12, 1), GenerationRequest([10], 3, 0)]
+    out = eng.generate_requests(requests, params)
+    want = []
+    for r in requests:  # the stand-in's answer to each request, built here by hand
+        seed = _hand_seed(5, r.prompt_index, r.sample_index)
+        sp = dict(temperature=0.8, max_new_tokens=5, stop_token_ids=[2, 5], sampling_seed=seed)
+        want.append(Completion(r.prompt_index, *fake_sample(r.prompt_ids, sp)))
+    assert out == want
+    call = eng._engine.calls[-1][1]
+    assert call["input_ids"] == [r.prompt_ids for r in requests] and all(sp["n"] == 1 for sp in call["sampling_params"])
+
+
+def test_agent_turns_go_through_the_request_api_one_by_one(model_dir):
+    """TP 1: the loop's turns go to `Engine.async_generate` one request at a time on the engine's own event loop, and
+    draw what the same requests draw in one batch."""
+    from hybridrl.agent import as_async_engine
+    from hybridrl.engines.sglang.stream import SglangRequestStream
+
+    eng = make(model_dir)
+    stream = as_async_engine(eng, 64)
+    assert isinstance(stream, SglangRequestStream) and stream.event_loop is eng._engine.loop
+    params = SamplingParams(temperature=0.8, max_new_tokens=5, seed=5)
+    requests = [GenerationRequest([7, 8, 9], 12, 1), GenerationRequest([10], 3, 0), GenerationRequest([10], 3, 1)]
+
+    async def turns():
+        return [await stream.generate(r, params) for r in requests]
+
+    got = stream.event_loop.run_until_complete(turns())
+    assert [c[0] for c in eng._engine.calls[-3:]] == ["async_generate"] * 3
+    assert got == eng.generate_requests(requests, params)
+
+
+def test_a_quick_tools_trajectory_is_not_held_by_a_slow_one(model_dir, tokenizer):
+    """As tests/unit/agent/test_agent_continuous.py does for the native engine, with the agent loop on the stand-in."""
+    from hybridrl.agent import AgentConfig, AgentLoop
+    from hybridrl.agent.parsers import ParsedTurn, ToolCall
+    from tests.unit.agent.test_agent_continuous import Gate
+
+    eng = make(model_dir)
+    eng._engine.async_delay = 0.01  # a request runs a while before it answers
+    gate = Gate(deadline_s=60.0)
+    loop = AgentLoop(AgentConfig(max_turns=4, tool_timeout_s=120), tokenizer, {"gate": gate})
+    loop.parse = lambda text: ParsedTurn(text, [ToolCall("gate", {})])
+    params = SamplingParams(max_new_tokens=4, stop_token_ids=list(range(100, 150)), seed=1)  # every token stops
+    trajs = loop.generate_sync(eng, [[1, 40, 41], [1, 90, 91, 92]], params)
+    assert [(t.turns, t.tool_calls) for t in trajs] == [(4, 4)] * 2
+    assert gate.released, "the held tool call ran out its deadline: turns were batched per turn"
 
 
 def test_greedy_and_unseeded_requests(model_dir):

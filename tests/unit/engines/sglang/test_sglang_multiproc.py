@@ -1,9 +1,11 @@
 """SglangEngine's rank choreography on CPU (gloo): 2 ranks at TP 2, 4 ranks at TP 4 and at TP 2 (two groups).
 
-A stand-in engine on each TP leader records every call. Checked: every rank gets exactly its own completions;
-identical calls of a group are generated once; the leader receives one weight payload per TP rank per push, in
-TP-rank order; the engine sees sleep/wake/session calls in the documented order; no rank leaves sleep before the
-leader's release finished, and the leader resumes only after every rank entered wake_up.
+A stand-in engine on each TP leader records every call. Checked: every rank gets exactly its own completions (of
+prompts, and of requests: agent turns go one batch per turn through the leader at TP > 1, or one by one through the
+leader's request API inside `lead`); identical calls of a group are generated once; the leader receives one weight
+payload per TP rank per push, in TP-rank order; the engine sees sleep/wake/session calls in the documented order; no
+rank leaves sleep before the leader's release finished, and the leader resumes only after every rank entered
+wake_up.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ LEADER_CALLS = [
     "__init__",
     "generate",
     "generate",
+    "generate",  # agent turns outside `lead`: one batch per turn
+    "async_generate",  # inside `lead`: one by one, the leader's own
+    "async_generate",
     "release_memory_occupation",
     "resume_memory_occupation",
     "begin_weight_update",
@@ -66,7 +71,7 @@ def test_every_rank_gets_its_own_outputs(world):
     bad = [msg for res in results.values() for msg in res["checks"].values() if msg != "ok"]
     assert not bad, "\n".join(bad)
     assert all(
-        set(res["checks"]) == {"distinct", "identical", "after_sync", "refused", "final", "leader"}
+        set(res["checks"]) == {"distinct", "identical", "turns", "streamed", "after_sync", "refused", "final", "leader"}
         for res in results.values()
     )
 
@@ -79,7 +84,7 @@ def test_leader_call_order_and_request_counts(world):
         kwargs = calls[0][1]
         assert kwargs["tp_size"] == tp and kwargs["skip_tokenizer_init"] is True
         gens = [len(c[1]["input_ids"]) for c in calls if c[0] == "generate"]
-        assert gens == [tp * 2 * 2, 2 * 3, tp * 2, tp * 2]  # the identical call is generated once, not tp times
+        assert gens == [tp * 2 * 2, 2 * 3, tp * 2, tp * 2, tp * 2]  # the identical call is generated once, not tp times
         tags = [c[1]["tags"] for c in calls if c[0].endswith("memory_occupation")]
         assert tags == [None, ["weights"], ["kv_cache", "cuda_graph"], None, ["weights"], ["kv_cache", "cuda_graph"]]
         pushes = [c[1] for c in calls if c[0] == "update_weights_from_tensor"]

@@ -13,6 +13,34 @@ import torch
 import torch.distributed as dist
 
 
+def lead_or_follow(eng, rank: int) -> list:
+    """Agent turns at TP 2 as the worker's generate phase runs them: rank 0 leads (its requests join vLLM's running
+    batch one by one, a few engine steps apart), rank 1 replays the leader's requests and steps; the leader's
+    completions, as (prompt index, tokens, log-probs, finish), ordered by request."""
+    import asyncio
+
+    from hybridrl.engines.base import GenerationRequest, SamplingParams
+
+    if rank:
+        eng.follow(dist.group.WORLD)
+        return []
+    prompts = json.loads(os.environ["TP_TEST_PROMPTS"])
+    requests = [GenerationRequest(prompts[i % 2][: 3 + i], i % 2, i) for i in range(4)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=3)
+
+    async def staggered(stream):
+        async def one(i: int):
+            for _ in range(2 * i):  # 2 i engine steps later
+                await asyncio.sleep(0)
+            return await stream.generate(requests[i], params)
+
+        return await asyncio.gather(*(one(i) for i in range(len(requests))))
+
+    with eng.lead(dist.group.WORLD):
+        outs = asyncio.run(staggered(eng.async_engine()))
+    return [[r.prompt_ids, c.token_ids, c.logprobs, c.finish_reason] for r, c in zip(requests, outs)]
+
+
 def main() -> None:
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     model, out_path = sys.argv[4], sys.argv[5]
@@ -40,10 +68,16 @@ def main() -> None:
     runs["perturbed"] = eng.generate(prompts, params)
     eng.load_weights(sd.items())
     runs["restored"] = eng.generate(prompts, params)
+    turn_batched = eng.async_engine() is None  # outside `lead`: one batch per turn (the ranks' tools finish apart)
+    runs["streamed"] = lead_or_follow(eng, rank)
     eng.shutdown()
     result = {
         "group_alive_after_shutdown": dist.is_initialized(),
-        "runs": {k: [[c.prompt_index, c.token_ids, c.logprobs, c.finish_reason] for c in v] for k, v in runs.items()},
+        "agent_turns_batched_per_turn": turn_batched,
+        "runs": {
+            k: v if k == "streamed" else [[c.prompt_index, c.token_ids, c.logprobs, c.finish_reason] for c in v]
+            for k, v in runs.items()
+        },
     }
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -1,15 +1,21 @@
-"""The agent loop on real vLLM: multi-turn trajectories through `VllmEngine.generate_requests` (batched per turn by
-the loop's fallback adapter), and the trainer's log-probs on every model token equal vLLM's (float32 CPU, 1e-4)."""
+"""The agent loop on real vLLM: turns join vLLM's running batch one by one (`VllmEngine.async_engine`, the request
+stream of `engines/vllm/stream.py`) and draw what the same requests draw batched; a trajectory whose tool answers at
+once gets its next turn while another's tool is held; the trainer's log-probs on every model token equal vLLM's
+(float32 CPU, 1e-4)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 import torch
 
-from hybridrl.agent import AgentConfig, AgentLoop
+from hybridrl.agent import AgentConfig, AgentLoop, as_async_engine
 from hybridrl.agent.parsers import ParsedTurn, ToolCall
 from hybridrl.engines.base import GenerationRequest, SamplingParams
+from hybridrl.engines.vllm.stream import VllmRequestStream
 from hybridrl.models.chat_template import install_chat_template
+from tests.unit.agent.test_agent_continuous import Gate
 from tests.unit.engines.vllm.vllm_helpers import TOL, make_engine
 
 pytestmark = pytest.mark.vllm
@@ -28,6 +34,47 @@ def test_requests_are_seeded_by_prompt_and_sample_index(engine):
     b = engine.generate_requests([GenerationRequest([1, 40, 41], 5, 1)], params)
     assert a[1].token_ids == b[0].token_ids  # the same request draws the same tokens alone or batched
     assert [c.prompt_index for c in a] == [5, 5]
+
+
+def test_turns_joining_the_running_batch_draw_what_they_draw_batched(engine):
+    """Requests through the stream, each submitted a few engine steps after the last (so they join a running batch
+    at different steps), with different token caps: the tokens and log-probs `generate_requests` gives them."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+    requests = [GenerationRequest([1, 40 + i, 41, 42][: 2 + i % 3], i % 2, i) for i in range(6)]
+    stream = as_async_engine(engine, 64)
+    assert isinstance(stream, VllmRequestStream)
+
+    async def staggered():
+        async def one(i: int):
+            for _ in range(3 * i):  # i * 3 engine steps later
+                await asyncio.sleep(0)
+            return await stream.generate(requests[i], params)
+
+        return await asyncio.gather(*(one(i) for i in range(len(requests))))
+
+    got = asyncio.run(staggered())
+    assert stream.steps > 8  # later requests arrived while earlier ones ran
+    want = engine.generate_requests(requests, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert [c.prompt_index for c in got] == [r.prompt_index for r in requests]
+    for c, w in zip(got, want):
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(w.logprobs), atol=TOL)
+
+
+def test_a_quick_tools_trajectory_is_not_held_by_a_slow_one(engine, vllm_tiny_path):
+    """As tests/unit/agent/test_agent_continuous.py does for the native engine: the gate's held first call is
+    released by the other trajectory's second call, which needs its next turn generated meanwhile."""
+    from hybridrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(vllm_tiny_path))
+    install_chat_template(tok, add_tokens=False)
+    gate = Gate(deadline_s=60.0)
+    loop = AgentLoop(AgentConfig(max_turns=4, tool_timeout_s=120), tok, {"gate": gate})
+    loop.parse = lambda text: ParsedTurn(text, [ToolCall("gate", {})])
+    params = SamplingParams(max_new_tokens=4, stop_token_ids=list(range(len(tok))), seed=1)
+    trajs = loop.generate_sync(engine, [[1, 40, 41], [1, 90, 91, 92]], params)
+    assert [(t.turns, t.tool_calls) for t in trajs] == [(4, 4)] * 2
+    assert gate.released, "the held tool call ran out its deadline: turns were batched per turn"
 
 
 def test_trainer_logprobs_equal_vllm_on_every_model_token(engine, vllm_tiny_path, vllm_hf_model):

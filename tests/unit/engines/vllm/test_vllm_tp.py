@@ -1,5 +1,6 @@
 """engine.tp_size=2 the way `cluster=local` runs it: two processes join one gloo group, then each builds a
-VllmEngine as one TP rank (vLLM's "external_launcher" inside our group). ~55 s on 2 quiet cores, ~2 min under load."""
+VllmEngine as one TP rank (vLLM's "external_launcher" inside our group), and agent turns run as the worker runs them
+at TP 2 (the leader's schedule replayed by the other rank). ~55 s on 2 quiet cores, ~2 min under load."""
 
 from __future__ import annotations
 
@@ -58,8 +59,10 @@ def test_tp2_inside_our_process_group(vllm_tiny_path, vllm_hf_model, vllm_state_
         assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:] if r < len(logs) else ''}"
 
     r0, r1 = (json.loads(o.read_text()) for o in outs)
+    streamed = r0["runs"].pop("streamed")  # agent turns: the leader's; the other rank replayed its schedule
+    assert r1["runs"].pop("streamed") == [] and len(streamed) == 4
     assert r0 == r1, "the two TP ranks must return identical samples"
-    assert r0["group_alive_after_shutdown"]
+    assert r0["group_alive_after_shutdown"] and r0["agent_turns_batched_per_turn"]
     runs = r0["runs"]
     assert runs["restored"] == runs["original"]
     assert runs["perturbed"] != runs["original"]
@@ -73,3 +76,9 @@ def test_tp2_inside_our_process_group(vllm_tiny_path, vllm_hf_model, vllm_state_
         )
         print(f"TP=2 {name}: max |vLLM - HF| log-prob = {err:.2e}")
         assert err < TOL
+    # Turns that joined the running batch one by one, computed by both ranks in step: the unsharded model's log-probs.
+    err = max(
+        (torch.tensor(lp) - hf_logprobs(vllm_hf_model, prompt, ids, 1.0)).abs().max().item()
+        for prompt, ids, lp, _ in streamed
+    )
+    assert err < TOL and all(len(ids) >= 1 for _, ids, _, _ in streamed)

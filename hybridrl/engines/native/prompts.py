@@ -1,0 +1,161 @@
+"""How prompt tokens reach the fused engine's KV cache: the scheduler's prefill backend (`scheduler.Backend`).
+
+    tokens, logprobs = engine.prefill(groups, mode)       # a batch joining apart: each group's prompt once, then the
+                                                          # first token of each of its sequences
+    mixed = engine.join_in_step(groups, start, mode)      # single requests joining inside the next decode step
+
+New prompts run the flash prefill (padded) or packed through the decode step's kernels (`extend`, graphed per token
+bucket); prompts continuing a cached prefix (agent turns, shared prefixes) always run packed, past the cached tokens.
+`PromptPath` is part of `FusedEngine` (engine.py), whose model, KV cache, runner and options it reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, blocks_for
+from hybridrl.engines.native.scheduler import PromptGroup
+from hybridrl.engines.native.step_io import PackedTokens, SamplerMode, to_device
+from hybridrl.engines.sampling import sample_tokens
+
+PACKED_PROMPT_MAX = 512
+"""Where the paged attention kernel runs (GPU), new prompts up to this many tokens run packed (`_extend_chunk`: the
+decode step's kernels, graphed, one launch); longer ones run the flash prefill, whose attention reads each key once
+per tile of queries rather than once per query."""
+
+
+class PromptPath:
+    """The prefill side of `FusedEngine`: prompts into the KV cache, and their first tokens sampled."""
+
+    def prefill(self, groups: list[PromptGroup], mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's prompt once into its first sequence's blocks, its partly filled last block copied to the
+        others, and every sequence's first token sampled (`scheduler.Backend.prefill`)."""
+        logits = self._prefill_logits(groups)
+        src, dst = [], []
+        for g in groups:
+            if len(g.prompt) % self.block_size:  # each sample writes its own copy of the partly filled block
+                last = len(g.prompt) // self.block_size
+                src += [g.seqs[0].blocks[last]] * (len(g.seqs) - 1)
+                dst += [s.blocks[last] for s in g.seqs[1:]]
+        if dst:
+            self.cache.copy_blocks(to_device(src, torch.long, self.device), to_device(dst, torch.long, self.device))
+        counts = [len(g.seqs) for g in groups]
+        if any(c > 1 for c in counts):
+            logits = logits[to_device([i for i, c in enumerate(counts) for _ in range(c)], torch.long, self.device)]
+        keys = None
+        if mode.seeded:
+            keys = to_device([s.key for g in groups for s in g.seqs], torch.long, self.device)
+        return sample_tokens(
+            logits[:, : self.vocab],
+            mode.temperature,
+            mode.top_k,
+            mode.top_p,
+            self.generator,
+            keys=keys,
+            step=0,
+            kernel=mode.kernel,
+        )
+
+    def _prefill_logits(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prefill each group's prompt, past its `cached` tokens, into its blocks (the first sequence's table, or
+        `shared` for a bare group); logits [groups, padded vocab]. One forward takes ≤ engine.native.prefill_tokens
+        new tokens (padded, for the flash prefill). Groups continuing a cached prefix (agent turns, shared prefixes)
+        run packed (`_extend_chunk`), and so do short new prompts where the paged attention kernel runs; other new
+        prompts run the flash prefill. Where the packed
+        path's attention gathers each token's context (the torch path), a chunk gathers ≤ 4× prefill_tokens
+        positions."""
+        out, start, budget = [], 0, self.options.prefill_tokens
+        gathers = not self.model.paged_attention_kernel(self.block_size)
+        packed = self._packed
+
+        def fits(chunk: list[PromptGroup]) -> bool:
+            if not packed(chunk[0]):
+                return len(chunk) * max(len(g.prompt) for g in chunk) <= budget
+            new = sum(len(g.prompt) - g.cached for g in chunk)
+            return new <= budget and (not gathers or new * max(len(g.prompt) for g in chunk) <= 4 * budget)
+
+        while start < len(groups):
+            end = start + 1
+            while end < len(groups) and packed(groups[end]) == packed(groups[start]) and fits(groups[start : end + 1]):
+                end += 1
+            chunk = groups[start:end]
+            out.append(self._extend_chunk(chunk) if packed(chunk[0]) else self._prefill_chunk(chunk))
+            start = end
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def _packed(self, g: PromptGroup) -> bool:
+        """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step)."""
+        # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
+        # cheaper padded through SDPA; float32 CPU runs then also keep the golden run's numbers bit for bit.
+        return bool(g.cached) or (
+            self.model.paged_attention_kernel(self.block_size) and len(g.prompt) <= PACKED_PROMPT_MAX
+        )
+
+    def step_prefill_tokens(self, group: PromptGroup) -> int | None:
+        """The prompt tokens a single request computes inside a mixed step: past its cached prefix, but the last (the
+        row's input). None for a group of several samples (they share a copied partial block: a prefill does that) or
+        a prompt the packed path does not take."""
+        if len(group.seqs) != 1 or not self._packed(group):
+            return None
+        return len(group.prompt) - 1 - group.cached
+
+    def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> PackedTokens:
+        """Place single-request groups as rows start.. whose first token the next step samples, their last prompt
+        token the row's input and the rest past the cached prefix computed inside that step (`PackedTokens`)."""
+        seqs = [g.seqs[0] for g in groups]
+        mixed = self._past_cache(groups, [s.blocks for s in seqs], start, last=False)
+        self.runner.place(
+            start,
+            [g.prompt[-1] for g in groups],
+            [len(g.prompt) - 1 for g in groups],
+            [s.key for s in seqs] if mode.seeded else None,
+            [s.blocks for s in seqs],
+            step=0,
+        )
+        return mixed
+
+    def _tables(self, groups: list[PromptGroup]) -> list[list[int]]:
+        return [g.seqs[0].blocks if g.seqs else g.shared for g in groups]
+
+    def _prefill_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prompts from position 0, right-padded into one [groups, longest] forward."""
+        bs, dev = self.block_size, self.device
+        tables = self._tables(groups)
+        width = max(len(g.prompt) for g in groups)
+        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
+        slots = []
+        for i, g in enumerate(groups):
+            ids[i, : len(g.prompt)] = torch.as_tensor(g.prompt, dtype=torch.long)
+            slots += self.cache.slots(tables[i], 0, len(g.prompt))
+            # Padding tokens write into the scratch block.
+            slots += [SCRATCH_BLOCK * bs + t % bs for t in range(len(g.prompt), width)]
+        lengths = to_device([len(g.prompt) for g in groups], torch.long, dev)
+        slots = to_device(slots, torch.long, dev).view(len(groups), width)
+        ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids
+        return self.model.prefill(ids, lengths, slots, self.cache)
+
+    def _extend_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
+        """Prompts past their cached prefixes (0 for a new one), packed: each new token is a row of
+        `FusedDecoder.extend`, through `DecodeRunner.extend` (a CUDA graph per token bucket on GPU)."""
+        tables = self._tables(groups)
+        wide = max(blocks_for(len(g.prompt), self.block_size) for g in groups)
+        tokens = self._past_cache(groups, tables, 0, last=True)
+        last = [end - 1 for end in itertools.accumulate(len(g.prompt) - g.cached for g in groups)]  # each's last
+        tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
+        return self.runner.extend(tokens, tables, last)
+
+    def _past_cache(
+        self, groups: list[PromptGroup], tables: list[list[int]], first_row: int, last: bool
+    ) -> PackedTokens:
+        """Each group's prompt tokens past its cached prefix, with (`last`) or without its last token, packed: ids,
+        positions, cache slots in the group's table, and the row of that table (first_row + the group's index)."""
+        out = PackedTokens([], [], [], [])
+        for row, (g, table) in enumerate(zip(groups, tables), first_row):
+            end = len(g.prompt) - (0 if last else 1)
+            out.ids += g.prompt[g.cached : end]
+            out.pos += range(g.cached, end)
+            out.slots += self.cache.slots(table, g.cached, end)
+            out.rows += [row] * (end - g.cached)
+        return out
