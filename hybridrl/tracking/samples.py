@@ -61,11 +61,13 @@ def sample_rows(
 
 
 def _plain(value: Any) -> Any:
-    """JSON-friendly value: numbers and strings as they are, anything else as its text."""
+    """JSON-friendly value: numbers and strings as they are, lists item by item, anything else as its text."""
     if isinstance(value, (str, int, bool)) or value is None:
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):  # a prompt's image paths
+        return [_plain(v) for v in value]
     return str(value)
 
 
