@@ -239,6 +239,11 @@ def build_rollout(
     """The engine for this rank and its resharder; an engine that starts empty gets `policy`'s weights now."""
     engine = build_engine(cfg.engine, cfg.model, model_path, tokenizer, device, topology, seed=cfg.trainer.seed)
     # A vision-language model's tower reaches the engine only when it trains; frozen, the engine loaded it already.
+    if is_vision_language(policy.config) and not engine.takes_images:
+        raise ConfigError(
+            f"engine={cfg.engine.name}: this engine does not take image prompts yet, and model.path is a "
+            "vision-language model; use engine=native (its transformers path generates with images)"
+        )
     vision = is_vision_language(policy.config) and tower_trains(cfg.model)
     resharder = Resharder(
         cfg.reshard,
