@@ -1,8 +1,8 @@
 """A vision-language policy (the tiny Qwen2-VL) end to end in one worker: the engine's log-probs on image prompts
 equal the trainer's packed forward (images per sequence, mrope positions from the model's own get_rope_index) to
 1e-4 in float32, for a group of samples sharing one image prefill, two images in one prompt, and two prompts with
-equal tokens but other pictures; an update moves the policy, leaves the frozen tower alone, and the resharded engine
-follows it."""
+equal tokens but other pictures; an update moves the policy, leaves the frozen tower alone (or, with
+model.freeze_vision=false, trains it), and the resharded engine follows it."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from hybridrl.models.config import ModelConfig
 from hybridrl.models.image_processor import VisionProcessor
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.models.tiny_vl import ensure_tiny_vl_model
+from hybridrl.models.vision import is_vision_param
 from hybridrl.rollout_scoring import completions_to_batch, prompt_images
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.vision import check_vision_training
@@ -39,13 +40,9 @@ def picture(colour, size=(112, 112), square=None) -> bytes:
     return buf.getvalue()
 
 
-@pytest.fixture(params=["qwen2_vl", "qwen2_5_vl"])
-def worker(request, tiny_vl_path, _cache_dir, process_group):
-    path = tiny_vl_path
-    if request.param == "qwen2_5_vl":  # windowed vision attention, gated vision MLP
-        path = str(ensure_tiny_vl_model(_cache_dir, arch="qwen2_5_vl"))
+def make_worker(path: str, freeze_vision: bool = True) -> HybridWorker:
     cfg = RunConfig(
-        model=ModelConfig(name="hf", path=path),
+        model=ModelConfig(name="hf", path=path, freeze_vision=freeze_vision),
         trainer=TrainerConfig(lr=1e-2, micro_batch_size=3),
         algorithm=AlgorithmConfig(group_size=4),
         engine=EngineConfig(temperature=1.0),
@@ -54,8 +51,21 @@ def worker(request, tiny_vl_path, _cache_dir, process_group):
     return HybridWorker(cfg)
 
 
+@pytest.fixture(params=["qwen2_vl", "qwen2_5_vl"])
+def worker(request, tiny_vl_path, _cache_dir, process_group):
+    path = tiny_vl_path
+    if request.param == "qwen2_5_vl":  # windowed vision attention, gated vision MLP
+        path = str(ensure_tiny_vl_model(_cache_dir, arch="qwen2_5_vl"))
+    return make_worker(path)
+
+
 @pytest.fixture()
 def prompts(tmp_path, worker):
+    return image_prompts(tmp_path, worker)
+
+
+def image_prompts(tmp_path, worker):
+    """Three prompts: one picture, the same question about another picture, and two pictures in one prompt."""
     (tmp_path / "red.png").write_bytes(picture((220, 40, 40), square=(0, 0, 56, 56)))
     (tmp_path / "blue.png").write_bytes(picture((40, 80, 220), square=(56, 28, 112, 84)))
     (tmp_path / "wide.png").write_bytes(picture((40, 170, 60), size=(84, 56), square=(0, 0, 28, 28)))
@@ -106,8 +116,9 @@ def test_each_prompt_is_read_with_its_own_picture(worker, prompts):
     assert (own - other).abs()[mask].max() > 1e-4
 
 
-def test_update_trains_the_language_model_and_leaves_the_frozen_tower(worker, prompts):
-    train, vision = prompts
+def update_once(worker, train, vision) -> tuple[dict, dict]:
+    """One update on a rollout of `train` with advantages spread over -1..1; the actor's parameters before and
+    after."""
     batch = rollout(worker, train, vision)
     batch.tensors["advantages"] = (
         torch.linspace(-1, 1, len(batch))[:, None].expand_as(batch["response_mask"]) * (batch["response_mask"])
@@ -115,16 +126,39 @@ def test_update_trains_the_language_model_and_leaves_the_frozen_tower(worker, pr
     batch.tensors.update(worker.logprob(batch))
     before = {n: t.clone() for n, t in worker.roles.actor.iter_full_params()}
     worker.update(batch)
-    after = dict(worker.roles.actor.iter_full_params())
-    tower = [n for n in before if ".visual." in f".{n}" or n.startswith("visual.")]
-    language = [n for n in before if n not in tower]
-    assert tower and all(torch.equal(before[n], after[n]) for n in tower)
-    assert any(not torch.equal(before[n], after[n]) for n in language)
+    return before, dict(worker.roles.actor.iter_full_params())
+
+
+def engine_follows(worker, train, vision) -> None:
+    """After a reshard, a new rollout's engine log-probs equal the updated trainer's."""
     worker.reshard()
     again = rollout(worker, train, vision, seed=1)
     out = worker.logprob(again)
     mask = again["response_mask"].bool()
     assert (out["old_logprobs"] - again["engine_logprobs"]).abs()[mask].max() < 1e-4
+
+
+def changed(before: dict, after: dict, names: list[str]) -> list[bool]:
+    return [not torch.equal(before[n], after[n]) for n in names]
+
+
+def test_update_trains_the_language_model_and_leaves_the_frozen_tower(worker, prompts):
+    train, vision = prompts
+    before, after = update_once(worker, train, vision)
+    tower = [n for n in before if is_vision_param(n)]
+    language = [n for n in before if n not in tower]
+    assert tower and not any(changed(before, after, tower))
+    assert any(changed(before, after, language))
+    engine_follows(worker, train, vision)
+
+
+def test_a_trained_tower_reaches_the_engine(tiny_vl_path, process_group, tmp_path):
+    """model.freeze_vision=false: the update moves the tower too, and the resharder sends it to the engine."""
+    worker = make_worker(tiny_vl_path, freeze_vision=False)
+    train, vision = image_prompts(tmp_path, worker)
+    before, after = update_once(worker, train, vision)
+    assert any(changed(before, after, [n for n in before if is_vision_param(n)]))
+    engine_follows(worker, train, vision)
 
 
 def test_unsupported_trainer_layouts_are_refused_by_key():
