@@ -166,3 +166,16 @@ def test_unsupported_trainer_layouts_are_refused_by_key():
         check_vision_training(padding_free=False)
     with pytest.raises(ConfigError, match="trainer.sequence_parallel_size=2"):
         check_vision_training(padding_free=True, sequence_parallel_size=2)
+
+
+def test_an_engine_that_does_not_take_images_is_refused_at_setup(tiny_vl_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from hybridrl.models.loading import load_hf_config
+    from hybridrl.workers import build
+
+    monkeypatch.setattr(build, "build_engine", lambda *a, **k: SimpleNamespace(takes_images=False))
+    cfg = RunConfig(model=ModelConfig(name="hf", path=tiny_vl_path), engine=EngineConfig(name="vllm"))
+    policy = SimpleNamespace(config=load_hf_config(tiny_vl_path))
+    with pytest.raises(ConfigError, match="engine=vllm: this engine does not take image prompts.*engine=native"):
+        build.build_rollout(cfg, tiny_vl_path, None, torch.device("cpu"), cfg.topology(), policy)
