@@ -5,6 +5,7 @@
     python -m benchmarks.step --shape 1.5b --algorithm ppo --reward-models 2      # + a critic and two reward models
     python -m benchmarks.step --shape tiny --device cpu --new-tokens 16 --prompts 4   # a quick check
     python -m benchmarks.step --shape 1.5b --new-tokens 4096 --lengths heavy --partial   # sync, then partial rollouts
+    python -m benchmarks.step --vl 3b --image-size 448 --prompts 16 --group 8 --new-tokens 256   # Qwen2.5-VL-3B
 
 The step is `Controller.train_step` on random prompts, exactly as `python -m hybridrl` runs it: wake (the trainer
 roles' offload, then the engine's wake) → generate → sleep → logprob (parameters back first) → reward → advantages →
@@ -39,6 +40,10 @@ JSON: the labels (`shape`, `device`, `gpu`, versions, `workers`, `engine_tp`, `a
 figures, `freed_gb_per_step`, `rollout_tokens_per_s`, `trainer_per_gpu` (log-prob and update tokens/s, MFU),
 `peak_memory_gb_per_phase`, `reward_phase`, `memory_after_phase`, `per_step` (each timed step's time/, offload/,
 reshard/, mismatch/ and engine/ metrics), `device_state_per_phase` and `trainer_throughput`.
+
+With --vl the policy is a random-init Qwen2.5-VL of that size (benchmarks/vision.py) and each prompt carries one
+--image-size² picture; `vision` gives the image's tokens and the engine's vision tower seconds per step and their
+share of time/generate (one worker; trainer_throughput is left out).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from benchmarks.common import (
 from benchmarks.device_monitor import DeviceMonitor
 from benchmarks.lengths import LENGTHS, cap_engine_lengths
 from benchmarks.trainer import plain_fsdp_tok_s, throughput_batch
+from benchmarks.vision import VL_SHAPES, TowerTimer, make_vl_model_dir, vl_prompts
 from hybridrl.data.prompts import Prompt
 from hybridrl.phases import Phase
 from hybridrl.rollout.config import PartialConfig
@@ -153,6 +159,12 @@ def parser() -> argparse.ArgumentParser:
         "with groups of 8: 1 - 0.9^8 = 0.57) or more",
     )
     ap.add_argument("--max-staleness", type=int, default=1, help="--partial: rollout.partial.max_staleness")
+    ap.add_argument(
+        "--vl",
+        choices=list(VL_SHAPES),
+        help="a random-init Qwen2.5-VL of this size instead of --shape, one --image-size picture per prompt",
+    )
+    ap.add_argument("--image-size", type=int, default=448, help="--vl: pixels a side of each prompt's picture")
     add_run_args(ap)
     return ap
 
@@ -252,12 +264,17 @@ def tag_phases(worker, monitor: DeviceMonitor, timing: dict) -> None:
         setattr(worker, phase.value, tagged)
 
 
-def run_steps(controller, args, timing: dict, first: int = 1, label: str = "") -> list[dict]:
-    """The warm-up steps, then the timed ones, numbered from `first`; the timed steps' metrics."""
+def run_steps(
+    controller, args, timing: dict, first: int = 1, label: str = "", tower: TowerTimer | None = None
+) -> list[dict]:
+    """The warm-up steps, then the timed ones, numbered from `first`; the timed steps' metrics (with `tower`, its
+    seconds as `vision/tower_s`)."""
     timed_steps = []
     for step in range(first, first + args.warmup + args.steps):
         timing["on"] = step >= first + args.warmup
         metrics = controller.train_step(step)
+        if tower is not None:
+            metrics["vision/tower_s"] = tower.take()
         note(f"{label}step {step}: {metrics['time/step']:.2f} s{'' if timing['on'] else ' (warm-up)'}")
         if timing["on"]:
             timed_steps.append(metrics)
@@ -283,13 +300,16 @@ def median_of(steps: list[dict], fn) -> float:
 
 
 def n_params(model_dir: str) -> int:
-    """Parameters of the policy, counted on a meta-device copy built from its config (no weights loaded)."""
+    """Parameters of the policy, counted on a meta-device copy built from its config (no weights loaded); of a
+    vision-language policy, the language model's (the tower reads image patches, not the sequence's tokens)."""
     import transformers
+
+    from hybridrl.models.vision import is_vision_param, model_class
 
     config = transformers.AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+        model = model_class(config).from_config(config)
+    return sum(p.numel() for n, p in model.named_parameters() if not is_vision_param(n))
 
 
 def trainer_rates(steps: list[dict], args, params: int, gpu: bool) -> dict:
@@ -429,6 +449,18 @@ def trainer_throughput(controller, args, path: str, device: torch.device) -> dic
     }
 
 
+def vision_figures(steps: list[dict], args, prompt: Prompt) -> dict:
+    """The images' size and tokens, and the engine's vision tower seconds per step and their share of generate."""
+    tower = median_of(steps, lambda m: m["vision/tower_s"])
+    return {
+        "model": f"Qwen2.5-VL {args.vl} (random init)",
+        "image_size": args.image_size,
+        "image_tokens_per_prompt": prompt.token_ids.count(prompt.token_ids[1]),
+        "tower_s_median": tower,
+        "tower_share_of_generate": tower / median_of(steps, lambda m: m["time/generate"]),
+    }
+
+
 def main() -> None:
     """Run the benchmark the command line describes and print its JSON."""
     ap = parser()
@@ -437,13 +469,22 @@ def main() -> None:
         ap.error("--lengths caps the engine of this process: use --workers 1")
     if args.partial and args.workers != 1:
         ap.error("--partial switches the controller's rollouts between the two runs in this process: use --workers 1")
+    if args.vl and (args.workers != 1 or args.image_size < 28 or args.image_size % 28):
+        ap.error("--vl runs one worker, with --image-size a multiple of 28")
+    if args.vl and args.partial:
+        ap.error("--vl and --partial are measured apart")
     # With --partial a length belongs to the sample (carried samples continue as new requests), on both sides.
     cap_engine_lengths(args.lengths, args.prompt_len if args.partial else None)
     device = pick_device(args.device)
-    path = make_model_dir(args.shape, device, args.model_dir)
     offload = args.offload if device.type == "cuda" else "none"
+    if args.vl:
+        path = make_vl_model_dir(args.vl, args.image_size, device, args.model_dir)
+        prompts = vl_prompts(args.prompts * 4, args.prompt_len, args.image_size, path)
+    else:
+        path = make_model_dir(args.shape, device, args.model_dir)
+        prompts = step_prompts(args, path)
     cfg = bench_config(path, device, step_overrides(args, path, offload))
-    controller = bench_controller(cfg, step_prompts(args, path))
+    controller = bench_controller(cfg, prompts)
     monitor, timing = DeviceMonitor(device).start(), {"on": False}
     if args.workers == 1:  # the inline worker lives in this process: its phases can be tagged
         tag_phases(controller.group.worker, monitor, timing)
@@ -464,10 +505,11 @@ def main() -> None:
         controller.cleanup()
         emit(result, args.out)
         exit_now()
-    steps = run_steps(controller, args, timing)
+    tower = TowerTimer(controller.group.worker.roles.rollout.engine, device) if args.vl else None
+    steps = run_steps(controller, args, timing, tower=tower)
     monitor.stop()
     result = {
-        "shape": args.shape,
+        "shape": args.vl or args.shape,  # with --vl a Qwen2.5-VL of that size (`vision`)
         "model_dir": args.model_dir,
         **device_info(device),
         "workers": args.workers,
@@ -496,7 +538,9 @@ def main() -> None:
         # hot or throttled device from one slowed by its code.
         "device_state_per_phase": monitor.summary(),
     }
-    if args.workers == 1 and args.algorithm == "grpo" and args.throughput_iters:
+    if args.vl:
+        result["vision"] = vision_figures(steps, args, prompts[0])
+    elif args.workers == 1 and args.algorithm == "grpo" and args.throughput_iters:
         result["trainer_throughput"] = trainer_throughput(controller, args, path, device)
     controller.cleanup()
     emit(result, args.out)

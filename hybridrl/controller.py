@@ -36,6 +36,7 @@ from hybridrl.data.prompts import ContextLimit, Prompt, PromptLoader, load_promp
 from hybridrl.engines.base import SamplingParams
 from hybridrl.errors import ConfigError, DivergenceError, at_step, in_phase
 from hybridrl.estimation import estimate, shaped_scores
+from hybridrl.models.image_processor import vision_processor
 from hybridrl.models.loading import load_hf_config, load_tokenizer, resolve_model_path
 from hybridrl.phases import TIMED_PHASES, Phase
 from hybridrl.resume_policy import enforce_resume_policy
@@ -46,6 +47,7 @@ from hybridrl.rollout_scoring import (
     completions_to_batch,
     correct_flags,
     generate_and_score,
+    prompt_images,
     rollout_batch,
     score_batch_on_workers,
 )
@@ -106,12 +108,15 @@ class Controller:
         `prompts` replaces the configured data (benchmarks feed token ids of a chosen length this way)."""
         cfg = self.cfg
         self.tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
+        #: A vision-language model's image processor (images checked with the data, processed once per rollout).
+        self.vision = vision_processor(cfg.model)
         if prompts is None:
-            self.train_prompts, self.val_prompts = load_prompts(cfg.data, self.tokenizer, self._context_limit())
+            limit = self._context_limit()
+            self.train_prompts, self.val_prompts = load_prompts(cfg.data, self.tokenizer, limit, self.vision)
         else:
             self.train_prompts, self.val_prompts = prompts, []
         self.loader = PromptLoader(self.train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
-        stop = list(cfg.engine.stop_token_ids)
+        stop = list(cfg.engine.stop_token_ids) + (self.vision.stop_ids if self.vision else [])
         self.sampling = SamplingParams(
             n=cfg.algorithm.group_size,
             temperature=cfg.engine.temperature,
@@ -260,10 +265,11 @@ class Controller:
         else:
             prompts = self.loader.next_batch()
             with self.timed(Phase.GENERATE):
-                comps = group.generate([p.token_ids for p in prompts], step, self.sampling)
+                images = prompt_images(prompts, self.vision)
+                comps = group.generate([p.token_ids for p in prompts], step, self.sampling, images=images)
             with self.timed(Phase.SLEEP):
                 group.run_all(Phase.SLEEP)
-            batch, rollout_metrics = self._rollout_batch(prompts, comps)
+            batch, rollout_metrics = self._rollout_batch(prompts, comps, images)
             metrics.update(rollout_metrics)
         with self.timed(Phase.LOGPROB):
             parts = group.run_data_parallel(Phase.LOGPROB, batch)
@@ -320,9 +326,11 @@ class Controller:
         while refill.needs_more:
             prompts = self.loader.next_batch()
             with self.timed(Phase.GENERATE):
-                comps = group.generate([p.token_ids for p in prompts], step, self.sampling, first_index=first_index)
+                images = prompt_images(prompts, self.vision)
+                ids = [p.token_ids for p in prompts]
+                comps = group.generate(ids, step, self.sampling, first_index=first_index, images=images)
             first_index += len(prompts)  # later rounds draw from streams of their own
-            batch, _ = self._rollout_batch(prompts, comps)
+            batch, _ = self._rollout_batch(prompts, comps, images)
             with self.timed(Phase.REWARD):
                 scores, extras = self._gather_rewards(group.run_scattered(Phase.REWARD, batch))
             raw = torch.tensor(scores, dtype=torch.float32)
@@ -350,10 +358,10 @@ class Controller:
         }
         return batch, scores, extras, {**plan.metrics(), "reward/generated_mean": sum(generated) / len(generated)}
 
-    def _rollout_batch(self, prompts: list[Prompt], outs: list) -> tuple[Batch, dict[str, float]]:
+    def _rollout_batch(self, prompts: list[Prompt], outs: list, images: list | None = None) -> tuple[Batch, dict]:
         """The rollout as a training batch: completions, or with rollout=agent trajectories (and `agent/*`). Tokens
         drawn from non-finite logits (a diverged policy, whichever engine drew them) stop the run here."""
-        batch, metrics = rollout_batch(prompts, outs, self.cfg.rollout.name == "agent")
+        batch, metrics = rollout_batch(prompts, outs, self.cfg.rollout.name == "agent", images)
         check_engine_logprobs(batch)
         return batch, metrics
 
@@ -435,7 +443,7 @@ class Controller:
     def _score_val(self, params: SamplingParams, step: int) -> tuple[list[float], list[bool], Batch]:
         """Scores and exact-correctness of held-out completions (`rollout_scoring.correct_flags`)."""
         batch, merged = generate_and_score(
-            self.group, self.val_prompts, params, step, agent=self.cfg.rollout.name == "agent"
+            self.group, self.val_prompts, params, step, agent=self.cfg.rollout.name == "agent", vision=self.vision
         )
         self.reward_errors += merged.errors
         return merged.scores, correct_flags(merged.scores, merged.extras), batch

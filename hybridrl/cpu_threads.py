@@ -36,7 +36,10 @@ def available_cores() -> int:
 
 
 def estimate_params(config: dict) -> int | None:
-    """Rough parameter count of a decoder from its Hugging Face config (embeddings + attention + MLP)."""
+    """Rough parameter count of a decoder from its Hugging Face config (embeddings + attention + MLP); of a
+    vision-language model's config, its language model's (`text_config`)."""
+    if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
+        config = {"tie_word_embeddings": config.get("tie_word_embeddings", True), **config["text_config"]}
     try:
         h, n = int(config["hidden_size"]), int(config["num_hidden_layers"])
         inter = int(config.get("intermediate_size") or 4 * h)

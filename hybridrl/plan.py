@@ -47,13 +47,13 @@ class FitError(HybridRLError):
 def model_dims(model_path: str, trust_remote_code: bool = False) -> ModelDims:
     """The model's dimensions from config.json, its parameter count from a skeleton on the meta device (no weights)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from hybridrl.models.loading import load_hf_config
+    from hybridrl.models.vision import model_class
 
     config = load_hf_config(model_path, trust_remote_code)
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        skeleton = model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     text = config.get_text_config()
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -72,14 +72,14 @@ def model_dims(model_path: str, trust_remote_code: bool = False) -> ModelDims:
 def lora_params(model_path: str, trust_remote_code: bool, rank: int, targets: list[str]) -> int:
     """Adapter parameters of LoRA at `rank` on the decoder's linear layers named `targets`: rank × (in + out) each."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from hybridrl.models.loading import load_hf_config
+    from hybridrl.models.vision import model_class
     from hybridrl.training.fsdp import decoder_layers
 
     config = load_hf_config(model_path, trust_remote_code)
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        skeleton = model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     return sum(
         rank * (m.in_features + m.out_features)
         for layer in decoder_layers(skeleton)

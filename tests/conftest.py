@@ -30,6 +30,14 @@ def tiny_path(_cache_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl_path(_cache_dir) -> str:
+    """The tiny Qwen2-VL model (random init), made once per session."""
+    from hybridrl.models.tiny_vl import ensure_tiny_vl_model
+
+    return str(ensure_tiny_vl_model(_cache_dir))
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_path):
     from hybridrl.models.loading import load_tokenizer
 

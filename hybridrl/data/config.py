@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hybridrl.data.shapes import VISION_TASKS
 from hybridrl.errors import ConfigError
 
-SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add", "calc")  # calc: the agent loop's tool task
+# calc: the agent loop's tool task; colour and count: the visual tasks of vision-language models (data/shapes.py)
+SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add", "calc", *VISION_TASKS)
 DATA_SOURCES = ("synthetic", "jsonl", "hf")
 
 
@@ -16,7 +18,8 @@ class SyntheticOptions:
     """The built-in verifiable task (`data.synthetic.*`): digit strings with an exact answer."""
 
     task: str = "copy"
-    """copy | reverse | sort (the digits) | add (two numbers)."""
+    """copy | reverse | sort (the digits) | add (two numbers); for a vision-language model (data=synthetic_vl):
+    colour (the colour of one shape, a word) | count (how many shapes of a colour)."""
     min_digits: int = 2
     """Fewest digits in a prompt."""
     max_digits: int = 4
@@ -48,6 +51,9 @@ class DataConfig:
     """Column with the prompt: a string, or a list of chat messages ({role, content})."""
     answer_key: str = "answer"
     """Column with the ground truth the reward reads (copied to sample['answer'])."""
+    image_key: str = "images"
+    """Vision-language models: column with each row's images (a path relative to the data file, a list of them,
+    or Parquet / HF datasets image structs with bytes); read only when the model takes images."""
     train_batch_size: int = 16
     """Prompts per step (each sampled algorithm.group_size times)."""
     max_prompt_tokens: int = 256

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from hybridrl.data.config import DataConfig
+from hybridrl.data.images import ImageSource, row_images
 from hybridrl.data.synthetic import make_synthetic_rows
 from hybridrl.errors import ConfigError, HybridRLError
 
@@ -24,6 +25,8 @@ class Prompt:
     token_ids: list[int]
     text: str
     sample: dict[str, Any]
+    images: list[ImageSource] | None = None
+    """A vision-language prompt's images, checked (their placeholders are in `token_ids`); None for text."""
 
 
 def read_rows(path: str, key: str) -> list[dict]:
@@ -134,10 +137,18 @@ class ContextLimit:
 
 
 def tokenize_rows(
-    rows: list[dict], tokenizer, cfg: DataConfig, source: str, context: ContextLimit | None = None
+    rows: list[dict],
+    tokenizer,
+    cfg: DataConfig,
+    source: str,
+    context: ContextLimit | None = None,
+    vision=None,
+    base_dir: Path | None = None,
 ) -> list[Prompt]:
     """Render and tokenize every row, enforcing data.max_prompt_tokens and the model's context up front (not
-    mid-run, where a prompt past the context would fail or be read past the model's positions)."""
+    mid-run, where a prompt past the context would fail or be read past the model's positions). With `vision` (a
+    `VisionProcessor`: the model takes images) each row's images (`data.image_key`, paths relative to `base_dir`)
+    are read and decoded here, so a missing or corrupt one fails now, naming its row and path."""
     prompts, dropped = [], 0
     for i, row in enumerate(rows):
         # Rows count from 0, as in a dataframe; a JSONL file's line number is one more.
@@ -147,9 +158,21 @@ def tokenize_rows(
                 f"{source}: {row_name} has no column {cfg.prompt_key!r} (data.prompt_key); columns: {sorted(row)}"
             )
         where = f"{source}: {row_name}"
-        check_prompt(row[cfg.prompt_key], where, cfg.prompt_key)
-        text = render_prompt(row[cfg.prompt_key], tokenizer, cfg, where)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        images = None
+        if vision is not None:
+            from hybridrl.data.vision_prompts import check_vision_prompt, render_vision_prompt
+
+            check_vision_prompt(row[cfg.prompt_key], where, cfg.prompt_key)
+            images = row_images(row, cfg.image_key, base_dir, where) if cfg.image_key in row else []
+            for image in images:
+                image.check(where)
+            text = render_vision_prompt(row[cfg.prompt_key], len(images), tokenizer, vision, cfg, where)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = vision.expand(ids, [vision.tokens_for(s.size) for s in images], where)
+        else:
+            check_prompt(row[cfg.prompt_key], where, cfg.prompt_key)
+            text = render_prompt(row[cfg.prompt_key], tokenizer, cfg, where)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > cfg.max_prompt_tokens:
             if cfg.overlong_prompts == "error":
                 raise HybridRLError(
@@ -170,7 +193,7 @@ def tokenize_rows(
         sample = dict(row)
         if cfg.answer_key in row:
             sample["answer"] = row[cfg.answer_key]
-        prompts.append(Prompt(ids, text, sample))
+        prompts.append(Prompt(ids, text, sample, images or None))
     if dropped:
         log.warning(
             "%s: dropped %d prompts longer than data.max_prompt_tokens=%d or the model's context",
@@ -183,8 +206,15 @@ def tokenize_rows(
     return prompts
 
 
-def load_prompts(cfg: DataConfig, tokenizer, context: ContextLimit | None = None) -> tuple[list[Prompt], list[Prompt]]:
-    """Training and held-out prompts for the configured source (each checked against `context` when given)."""
+def load_prompts(
+    cfg: DataConfig, tokenizer, context: ContextLimit | None = None, vision=None
+) -> tuple[list[Prompt], list[Prompt]]:
+    """Training and held-out prompts for the configured source (each checked against `context` when given; with
+    `vision`, a `VisionProcessor`, their images read and checked too)."""
+    from hybridrl.data.shapes import VISION_TASKS
+
+    if cfg.name == "synthetic" and cfg.synthetic.task in VISION_TASKS:
+        return _load_shapes(cfg, tokenizer, context, vision)
     if cfg.name == "synthetic":
         s = cfg.synthetic
         train_rows = make_synthetic_rows(s.task, s.num_prompts, s.min_digits, s.max_digits, cfg.seed)
@@ -204,21 +234,55 @@ def load_prompts(cfg: DataConfig, tokenizer, context: ContextLimit | None = None
         from hybridrl.data.hf import read_hf_rows
 
         source = f"data.path={cfg.path}"
+        local = Path(cfg.path).expanduser()
+        base = local if local.is_dir() else None
         rows = read_hf_rows(cfg.path, cfg.config, cfg.split)
-        train = tokenize_rows(rows, tokenizer, cfg, f"{source} [{cfg.split}]", context)
+        _check_image_column(rows, cfg, vision, source)
+        train = tokenize_rows(rows, tokenizer, cfg, f"{source} [{cfg.split}]", context, vision, base)
         if not cfg.val_split:
             return train, []
         val_rows = read_hf_rows(cfg.path, cfg.config, cfg.val_split, "data.val_split")
-        return train, tokenize_rows(val_rows, tokenizer, cfg, f"{source} [{cfg.val_split}]", context)
-    train = tokenize_rows(read_rows(cfg.path, "data.path"), tokenizer, cfg, f"data.path={cfg.path}", context)
-    val = (
-        tokenize_rows(
-            read_rows(cfg.val_path, "data.val_path"), tokenizer, cfg, f"data.val_path={cfg.val_path}", context
+        return train, tokenize_rows(val_rows, tokenizer, cfg, f"{source} [{cfg.val_split}]", context, vision, base)
+    return _load_files(cfg, tokenizer, context, vision, cfg.path, cfg.val_path)
+
+
+def _load_files(
+    cfg: DataConfig, tokenizer, context: ContextLimit | None, vision, path: str, val_path: str | None
+) -> tuple[list[Prompt], list[Prompt]]:
+    """Prompts of a JSONL/Parquet training file and its optional held-out file (images relative to each file)."""
+    rows = read_rows(path, "data.path")
+    _check_image_column(rows, cfg, vision, f"data.path={path}")
+    base = Path(path).expanduser().parent
+    train = tokenize_rows(rows, tokenizer, cfg, f"data.path={path}", context, vision, base)
+    if not val_path:
+        return train, []
+    val_base = Path(val_path).expanduser().parent
+    val_rows = read_rows(val_path, "data.val_path")
+    return train, tokenize_rows(val_rows, tokenizer, cfg, f"data.val_path={val_path}", context, vision, val_base)
+
+
+def _check_image_column(rows: list[dict], cfg: DataConfig, vision, source: str) -> None:
+    """A vision-language model reading a file none of whose rows has the images column: data.image_key is likely
+    wrong (rows without it are text prompts; a file of only such rows is refused, naming the columns)."""
+    if vision is not None and not any(cfg.image_key in row for row in rows):
+        raise HybridRLError(
+            f"{source}: no row has the column {cfg.image_key!r} (data.image_key) the model's images are read from; "
+            f"columns: {sorted(rows[0])}"
         )
-        if cfg.val_path
-        else []
-    )
-    return train, val
+
+
+def _load_shapes(cfg: DataConfig, tokenizer, context: ContextLimit | None, vision) -> tuple[list[Prompt], list[Prompt]]:
+    """The built-in visual task (`data/shapes.py`): made once into the cache, read like any JSONL file of images."""
+    from hybridrl.data.shapes import ensure_shapes_data
+
+    s = cfg.synthetic
+    if vision is None:
+        raise ConfigError(
+            f"data.synthetic.task={s.task} is a visual task: it needs a vision-language model (model=tiny_vl, or "
+            "model.path of a Qwen2-VL / Qwen2.5-VL checkpoint)"
+        )
+    folder = ensure_shapes_data(s.task, s.num_prompts, s.num_val_prompts, cfg.seed)
+    return _load_files(cfg, tokenizer, context, vision, str(folder / "train.jsonl"), str(folder / "val.jsonl"))
 
 
 class PromptLoader:

@@ -43,8 +43,14 @@ def build_engine(
         dtype = engine_dtype(cfg, device)
         hf_config = load_hf_config(model_path, model_cfg.trust_remote_code)
         if native_impl(cfg, hf_config, topology.engine_tp_size) == "hf":
+            from hybridrl.engines.native.vision_hf import VisionHFEngine
+            from hybridrl.models.vision import is_vision_language, tower_trains
+
             model = load_causal_lm(model_path, model_cfg, dtype, device)
-            return HFEngine(model, eos_ids(tokenizer, model), tokenizer.pad_token_id, cfg.native.max_batch_size)
+            eos, pad = eos_ids(tokenizer, model), tokenizer.pad_token_id
+            if is_vision_language(hf_config):
+                return VisionHFEngine(model, eos, pad, cfg.native.max_batch_size, tower_trains(model_cfg))
+            return HFEngine(model, eos, pad, cfg.native.max_batch_size)
         from hybridrl.engines.native.engine import FusedEngine
 
         eos = eos_ids(tokenizer, generation_config=load_generation_config(model_path, hf_config))

@@ -15,8 +15,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from hybridrl.data.images import ImageInputs
 
 WAKE_TAGS: tuple[str, ...] = ("weights", "kv_cache")
 
@@ -66,6 +70,8 @@ class GenerationRequest:
     max_new_tokens: int | None = None
     """This request's own token cap (a sample continued from an earlier rollout: the tokens it has left); None:
     `SamplingParams.max_new_tokens`."""
+    images: ImageInputs | None = None
+    """A vision-language prompt's images (`prompt_ids` holds their placeholders); None for text."""
 
 
 @dataclass
@@ -143,9 +149,18 @@ class RolloutEngine(abc.ABC):
     #: (`trainer.offload_lazy`, workers/device_room.py); False: the worker offloads the trainer's state at wake-up.
     gates_memory: bool = False
 
+    #: Whether `generate` takes images (vision-language models); engines that cannot refuse them by name.
+    takes_images: bool = False
+
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        """Sample `params.n` completions per prompt; returns len(prompts) * n items, prompt-major."""
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        images: Sequence[ImageInputs | None] | None = None,
+    ) -> list[Completion]:
+        """Sample `params.n` completions per prompt; returns len(prompts) * n items, prompt-major. `images[i]` are
+        prompt i's images (a vision-language model; its placeholders are in `prompts[i]`), None for none."""
 
     #: True for an engine whose `generate_partial` stops as soon as enough groups are complete; False: it runs every
     #: request to its end (partial rollouts then only over-sample).

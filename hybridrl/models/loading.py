@@ -21,6 +21,28 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_model_path(cfg: ModelConfig) -> str:
     """The folder to load: the user's `model.path` (a folder or a Hub id), or the tiny model (made on first use)."""
+    if cfg.path is None and cfg.name == "tiny_vl":
+        from hybridrl.models.pretrain_vl import CaptionSpec
+        from hybridrl.models.tiny_vl import ensure_tiny_vl_model
+
+        v = cfg.tiny_vl
+        return str(
+            ensure_tiny_vl_model(
+                cfg.cache_dir,
+                arch=v.arch,
+                hidden_size=v.hidden_size,
+                num_layers=v.num_layers,
+                num_heads=v.num_heads,
+                num_kv_heads=v.num_kv_heads,
+                intermediate_size=v.intermediate_size,
+                vision_depth=v.vision_depth,
+                vision_width=v.vision_width,
+                image_size=v.image_size,
+                seed=v.seed,
+                pretrain_spec=PretrainSpec(steps=v.pretrain_steps, seed=v.seed),
+                caption_spec=CaptionSpec(steps=v.caption_steps, seed=v.seed),
+            )
+        )
     if cfg.path is None:
         t = cfg.tiny
         return str(
@@ -98,13 +120,18 @@ def check_supported_architecture(model_path: str, trust_remote_code: bool = Fals
                 f"{where}: model_type {model_type!r} is unknown to the installed transformers "
                 f"{transformers.__version__}"
             )
+    from hybridrl.models.vision import VISION_MODEL_TYPES
+
     archs = config.get("architectures") or []
-    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+    generative = ("ForCausalLM", "LMHeadModel") + (
+        ("ForConditionalGeneration",) if model_type in VISION_MODEL_TYPES else ()
+    )
+    if archs and not any(a.endswith(generative) for a in archs):
         raise ConfigError(f"{where}: the folder holds a {', '.join(archs)}, not a causal language model")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in SUPPORTED_MODEL_TYPES and model_type not in VISION_MODEL_TYPES:
         raise ConfigError(
             f"{where}: model_type {model_type!r} is not supported: the trainer -> engine weight sync has layouts "
-            f"for {', '.join(SUPPORTED_MODEL_TYPES)} only"
+            f"for {', '.join(SUPPORTED_MODEL_TYPES + tuple(VISION_MODEL_TYPES))} only"
         )
     return model_type
 
@@ -127,11 +154,13 @@ def load_hf_config(path: str, trust_remote_code: bool = False):
 
 
 def load_causal_lm(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
-    """A causal LM from `path` in `dtype` on `device`, with the configured attention kernel."""
-    from transformers import AutoModelForCausalLM
+    """A causal LM from `path` in `dtype` on `device`, with the configured attention kernel (a vision-language model
+    with its vision tower: `hybridrl.models.vision`)."""
+    from hybridrl.models.vision import model_class
 
+    auto = model_class(load_hf_config(path, cfg.trust_remote_code))
     with no_progress_bars():
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto.from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=cfg.attn_implementation,

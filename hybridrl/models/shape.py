@@ -34,8 +34,16 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, config) -> ModelShape:
-        """Read the shape from an HF `PretrainedConfig` (LlamaConfig, Qwen2Config, Qwen3Config)."""
+        """Read the shape from an HF `PretrainedConfig` (LlamaConfig, Qwen2Config, Qwen3Config; of a vision-language
+        config, its language model's, named as its decoder family: qwen2 for Qwen2-VL and Qwen2.5-VL)."""
+        from hybridrl.models.vision import VISION_MODEL_TYPES
+
         model_type = getattr(config, "model_type", "")
+        tied_override = None
+        if model_type in VISION_MODEL_TYPES:
+            # The top-level flag is the one from_pretrained ties lm_head by (the text config may not repeat it).
+            tied_override = getattr(config, "tie_word_embeddings", None)
+            config, model_type = config.get_text_config(), VISION_MODEL_TYPES[model_type]
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
                 f"reshard: model_type {model_type!r} has no weight layout; "
@@ -52,7 +60,7 @@ class ModelShape:
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             intermediate=config.intermediate_size,
             vocab=config.vocab_size,
-            tied=bool(getattr(config, "tie_word_embeddings", False)),
+            tied=bool(getattr(config, "tie_word_embeddings", False) if tied_override is None else tied_override),
             # Qwen2 hard-codes bias on q/k/v (none on o_proj); Llama/Qwen3 follow `attention_bias` for q/k/v/o.
             qkv_bias=True if model_type == "qwen2" else attention_bias,
             o_bias=False if model_type == "qwen2" else attention_bias,

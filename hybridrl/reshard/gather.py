@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from hybridrl.errors import HybridRLError
+from hybridrl.models.vision import checkpoint_name, is_vision_param
 from hybridrl.reshard.lora_merge import LoraMerge, hf_name
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -33,26 +34,33 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 NamedTensors = list[tuple[str, torch.Tensor]]
 
 
-def layer_params(model: nn.Module) -> list[tuple[str, list[tuple[str, torch.Tensor]]]]:
-    """The model's parameters under their HF names, grouped: ``embed``, ``layers.0`` … ``layers.{L-1}``, ``final``.
+def layer_params(model: nn.Module, skip: Collection[str] = ()) -> list[tuple[str, list[tuple[str, torch.Tensor]]]]:
+    """The model's parameters under their HF names, grouped: ``embed``, ``layers.0`` … ``layers.{L-1}``, ``final``,
+    and for a vision-language model ``vision`` (its tower, first), each under its checkpoint name
+    (`hybridrl.models.vision.checkpoint_name`: the decoder's as a causal LM's). Groups named in `skip` are left out.
 
     Tied parameters appear once (``named_parameters`` drops the duplicate, so a tied ``lm_head`` is absent). LoRA
     factors appear in their layer's group under names `LoraMerge.merge` recognizes.
     """
+    vision: list[tuple[str, torch.Tensor]] = []
     embed: list[tuple[str, torch.Tensor]] = []
     layers: dict[int, list[tuple[str, torch.Tensor]]] = {}
     final: list[tuple[str, torch.Tensor]] = []
     for raw_name, p in model.named_parameters():
-        name = hf_name(raw_name)
-        if m := _LAYER.search(name):
+        name = checkpoint_name(hf_name(raw_name))
+        if is_vision_param(name):
+            vision.append((name, p))
+        elif m := _LAYER.search(name):
             layers.setdefault(int(m.group(1)), []).append((name, p))
         elif "embed" in name:
             embed.append((name, p))
         else:
             final.append((name, p))
-    groups = [("embed", embed)] if embed else []
+    groups = [("vision", vision)] if vision else []
+    groups += [("embed", embed)] if embed else []
     groups += [(f"layers.{i}", layers[i]) for i in sorted(layers)]
-    return groups + ([("final", final)] if final else [])
+    groups += [("final", final)] if final else []
+    return [(name, params) for name, params in groups if name not in skip]
 
 
 def iter_full_layers(
@@ -61,6 +69,7 @@ def iter_full_layers(
     dtype: torch.dtype | None = None,
     on_transient: Callable[[int], None] | None = None,
     merge_lora: bool = True,
+    skip: Collection[str] = (),
 ) -> Iterator[tuple[str, NamedTensors]]:
     """Yield (group name, [(hf_name, full tensor)]) per layer group, in streaming order.
 
@@ -69,10 +78,11 @@ def iter_full_layers(
     before gathering the next group, so one group's full tensors are alive at a time unless the caller keeps them.
     `dtype` casts shards before the collective (fewer bytes); `on_transient(nbytes)` reports the short-lived
     gather buffers at their peak, for memory accounting. With `merge_lora` (and a LoRA model) each group comes
-    merged; without, its LoRA factors come as they are, for the caller to merge (`LoraMerge`).
+    merged; without, its LoRA factors come as they are, for the caller to merge (`LoraMerge`). Groups named in
+    `skip` are neither gathered nor yielded (a frozen vision tower the engine already holds).
     """
     merger = LoraMerge.from_model(model) if merge_lora else None
-    for group, params in layer_params(model):
+    for group, params in layer_params(model, skip):
         full = _gather_group(params, dtype, on_transient)
         if merger is not None:
             full = merger.merge(full)

@@ -131,17 +131,35 @@ class WeightLayout:
         raise KeyError(name)
 
 
-def build_layout(config, style: str = "fused", tp_rank: int = 0, tp_size: int = 1) -> WeightLayout:
-    """The weight layout of an HF config's model for one engine style and TP rank."""
+def build_layout(
+    config, style: str = "fused", tp_rank: int = 0, tp_size: int = 1, vision: bool = False
+) -> WeightLayout:
+    """The weight layout of an HF config's model for one engine style and TP rank. Of a vision-language model: its
+    language model's, under the decoder's checkpoint names, and with `vision` (a tower that trains) a first group
+    ``vision`` of the tower's tensors, whole on every rank (`hybridrl.models.vision`)."""
     if style not in STYLES:
         raise ConfigError(f"reshard: unknown weight layout style {style!r}; expected one of {STYLES}")
     if not 0 <= tp_rank < tp_size:
         raise ConfigError(f"reshard: tp_rank {tp_rank} is outside [0, tp_size={tp_size})")
     shape = ModelShape.from_hf_config(config)
+    tower = _vision_group(config) if vision else ()
     if style == "hf":
-        return WeightLayout(style, tp_rank, tp_size, shape, _hf_groups(shape))
+        return WeightLayout(style, tp_rank, tp_size, shape, (*tower, *_hf_groups(shape)))
     _check_tp(shape, tp_size)
-    return WeightLayout(style, tp_rank, tp_size, shape, _fused_groups(shape, tp_rank, tp_size))
+    return WeightLayout(style, tp_rank, tp_size, shape, (*tower, *_fused_groups(shape, tp_rank, tp_size)))
+
+
+def _vision_group(config) -> tuple[LayerGroup, ...]:
+    """The vision tower's tensors as one group, each whole (the tower is small and no engine shards it by our cut)."""
+    from hybridrl.models.vision import is_vision_language, vision_shapes
+
+    if not is_vision_language(config):
+        raise ConfigError(f"reshard: model_type {config.model_type!r} has no vision tower to deliver")
+    specs = tuple(
+        TensorSpec(name, (name,), None, None, _unit_of(name), shape, (Piece(name),))
+        for name, shape in vision_shapes(config).items()
+    )
+    return (LayerGroup("vision", specs),)
 
 
 def _check_tp(shape: ModelShape, tp: int) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hybridrl.errors import ConfigError, HybridRLError
+from hybridrl.models.vision import text_config
 from hybridrl.reshard.broadcast import recv_bucket, send_bucket
 from hybridrl.reshard.config import ReshardConfig
 from hybridrl.reshard.gather import iter_full_layers
@@ -85,15 +86,22 @@ class Resharder:
         group: dist.ProcessGroup | None = None,
         src: int | None = None,
         layout: WeightLayout | None = None,
+        vision: bool = False,
     ) -> None:
         """`style` defaults to the engine's `weight_layout_style`; `group`/`src` (a global rank, default the
         group's lowest) are the broadcast backend's engine TP group and source; `layout` overrides the layout
-        built from `hf_config` (tests inject broken ones)."""
+        built from `hf_config` (tests inject broken ones); `vision`: a vision-language model's tower is delivered
+        too (it trains), else it is left out of every sync (the engine loaded it and it does not change)."""
         self.config, self.engine, self.hf_config = config, engine, hf_config
         style = style or (engine.weight_layout_style if engine is not None else "hf")
-        self.layout = layout or build_layout(hf_config, style, tp_rank, tp_size)
+        self.layout = layout or build_layout(hf_config, style, tp_rank, tp_size, vision=vision)
         self._specs = {s.name: s for s in self.layout.specs()}
         self._hf_shapes = self.layout.shape.hf_shapes()
+        self._skip: set[str] = set()
+        if any(g.name == "vision" for g in self.layout.groups):
+            self._hf_shapes.update({s.name: s.shape for s in self.layout.group("vision").specs})
+        else:
+            self._skip.add("vision")
         self.backend = config.backend if config.backend != "auto" else ("broadcast" if group is not None else "copy")
         self.group, self.src, self.is_src = group, None, True
         self.device = torch.device("cpu")
@@ -149,7 +157,10 @@ class Resharder:
         bucket, seen = _Bucket(), []
         lora = LoraMerge.from_model(model)
         t = clock.now()
-        for name, full in iter_full_layers(model, dtype=self.dtype, on_transient=tracker.observe, merge_lora=False):
+        stream = iter_full_layers(
+            model, dtype=self.dtype, on_transient=tracker.observe, merge_lora=False, skip=self._skip
+        )
+        for name, full in stream:
             t = clock.add("gather_s", t)
             if lora is not None:
                 full = self._merge(lora, full)
@@ -305,7 +316,7 @@ class Resharder:
         held = self._engine_weights()
         for spec in specs:
             ref = reference_shard(
-                self.hf_config,
+                text_config(self.hf_config),
                 spec.name,
                 sources,
                 style=self.layout.style,

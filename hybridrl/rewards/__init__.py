@@ -1,6 +1,6 @@
 """Verifiable rewards and reward models behind one batched call signature (see `base` for the contract).
 
-Importing this package registers the built-in rewards: "math", "format", "math_with_format", "countdown".
+Importing this package registers the built-in rewards: "math", "format", "math_with_format", "countdown", "shapes".
 """
 
 from hybridrl.rewards.base import (
@@ -19,6 +19,7 @@ from hybridrl.rewards.countdown import countdown_reward
 from hybridrl.rewards.format import format_reward, math_with_format_reward
 from hybridrl.rewards.math_answer import answers_match, extract_answer, math_reward, normalize_number
 from hybridrl.rewards.registry import register_reward, registered_rewards, resolve_reward
+from hybridrl.rewards.shapes import shapes_reward
 
 __all__ = [
     "PerSampleRewardFn",
@@ -39,4 +40,5 @@ __all__ = [
     "register_reward",
     "registered_rewards",
     "resolve_reward",
+    "shapes_reward",
 ]

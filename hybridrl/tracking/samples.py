@@ -42,11 +42,14 @@ def sample_rows(
     """Rows for `log_samples` from a rollout batch (hybridrl.batch.Batch) and its rewards.
 
     Each row: prompt (the rendered text the policy saw), response (decoded, special tokens dropped), answer
-    (the data row's reference, when it has one), reward, reward/<component> for each component, and
+    (the data row's reference, when it has one), images (a vision-language prompt's, as the data row names
+    them), reward, reward/<component> for each component, and
     finish_reason ("stop" or "length")."""
     rows = []
     for i in indices:
         row: dict[str, Any] = {"prompt": batch.meta["prompt_text"][i], "response": response_text(batch, i, tokenizer)}
+        if "image_names" in batch.meta:  # a vision-language prompt's images, as its data row names them
+            row["images"] = list(batch.meta["image_names"][i])
         sample = batch.meta["sample"][i]
         if isinstance(sample, dict) and "answer" in sample:
             row["answer"] = _plain(sample["answer"])
@@ -58,11 +61,13 @@ def sample_rows(
 
 
 def _plain(value: Any) -> Any:
-    """JSON-friendly value: numbers and strings as they are, anything else as its text."""
+    """JSON-friendly value: numbers and strings as they are, lists item by item, anything else as its text."""
     if isinstance(value, (str, int, bool)) or value is None:
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):  # a prompt's image paths
+        return [_plain(v) for v in value]
     return str(value)
 
 

@@ -48,8 +48,10 @@ class Precision:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks of an HF model (`model.model.layers`, or `model.layers` on a bare decoder)."""
+    """The repeated transformer blocks of an HF model (`model.model.layers`, or `model.layers` on a bare decoder; a
+    vision-language model's language model's, `model.model.language_model.layers`)."""
     inner = getattr(model, "model", model)
+    inner = getattr(inner, "language_model", inner)
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise NotImplementedError(f"cannot find decoder layers in {type(model).__name__} (expected model.model.layers)")

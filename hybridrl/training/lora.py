@@ -23,8 +23,10 @@ from torch import nn
 
 from hybridrl.errors import ConfigError
 from hybridrl.models.config import LoraOptions, ModelConfig
+from hybridrl.models.vision import is_vision_language
 from hybridrl.training.fsdp import decoder_layers
 from hybridrl.training.offload import local_tensor
+from hybridrl.training.vision import VISION_MODULES
 
 
 def decoder_linear_names(model: nn.Module) -> set[str]:
@@ -40,13 +42,12 @@ def decoder_linear_names(model: nn.Module) -> set[str]:
 def check_target_modules(model_path: str, model_cfg: ModelConfig) -> None:
     """ConfigError naming `model.lora.target_modules` when a name is not a linear layer of this architecture's
     decoder; decided from config.json alone (the model is built on the meta device: no weight is read)."""
-    from transformers import AutoModelForCausalLM
-
     from hybridrl.models.loading import load_hf_config
+    from hybridrl.models.vision import model_class
 
     config = load_hf_config(model_path, model_cfg.trust_remote_code)
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+        skeleton = model_class(config).from_config(config, trust_remote_code=model_cfg.trust_remote_code)
     known = decoder_linear_names(skeleton)
     unknown = [n for n in model_cfg.lora.target_modules if n not in known]
     if unknown:
@@ -56,8 +57,9 @@ def check_target_modules(model_path: str, model_cfg: ModelConfig) -> None:
         )
 
 
-def peft_config(opts: LoraOptions):
-    """PEFT's LoraConfig for `model.lora` (plain LoRA: no bias, no DoRA)."""
+def peft_config(opts: LoraOptions, exclude: str | None = None):
+    """PEFT's LoraConfig for `model.lora` (plain LoRA: no bias, no DoRA); `exclude`, a regex of module names that
+    get no adapter (a vision-language model's tower, whose MLP shares the decoder's projection names)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -65,6 +67,7 @@ def peft_config(opts: LoraOptions):
         lora_alpha=opts.alpha,
         lora_dropout=opts.dropout,
         target_modules=list(opts.target_modules),
+        exclude_modules=exclude,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -85,7 +88,8 @@ def wrap_with_lora(model: nn.Module, opts: LoraOptions, seed: int):
         # neither fix nor act on).
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
-        return get_peft_model(model, peft_config(opts), autocast_adapter_dtype=True)
+        exclude = VISION_MODULES if is_vision_language(model.config) else None  # adapters on the language part
+        return get_peft_model(model, peft_config(opts, exclude), autocast_adapter_dtype=True)
 
 
 def lora_memory_stats(model: nn.Module) -> dict[str, float]:

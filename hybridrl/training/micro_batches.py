@@ -116,6 +116,7 @@ class MicroBatch:
         device: torch.device,
         pad_id: int,
         sequence_parallel: SequenceParallel | None = None,
+        vision=None,
     ) -> None:
         self.rows, self.device, self.pad_id = rows, device, pad_id
         self.batch = batch.select(rows)
@@ -133,6 +134,8 @@ class MicroBatch:
             self.real_tokens, self.computed_tokens = self.packed.real_tokens, self.packed.computed_tokens
         elif batching.padding_free:
             self.packed = pack_rows(self.batch.prompts, responses, mask, lengths, pad_id, batching.max_tokens)
+            if vision is not None:  # a vision-language policy: images and mrope positions (training/vision.py)
+                self.packed = vision.pack(self.packed, self.batch, lengths, pad_id)
             self.packed = self.packed.to(device)
             self.computed_tokens = self.packed.computed_tokens
         else:
@@ -152,12 +155,14 @@ def make_micro_batches(
     device: torch.device,
     pad_id: int,
     sequence_parallel: SequenceParallel | None = None,
+    vision=None,
 ) -> list[MicroBatch]:
     """`batch` as the micro-batches `batching` asks for (collective under a token budget); with
-    `sequence_parallel`, this rank's slice of each."""
+    `sequence_parallel`, this rank's slice of each; `vision`, a `training.vision.VisionPacker`, adds a
+    vision-language policy's images to each."""
     degree = sequence_parallel.size if sequence_parallel is not None else 1
     groups = split_rows(sequence_lengths(batch), batching, device, degree)
-    return [MicroBatch(batch, rows, batching, device, pad_id, sequence_parallel) for rows in groups]
+    return [MicroBatch(batch, rows, batching, device, pad_id, sequence_parallel, vision) for rows in groups]
 
 
 def scatter_rows(parts: list[torch.Tensor], micro: list[MicroBatch], n_rows: int) -> torch.Tensor:

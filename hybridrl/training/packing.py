@@ -16,7 +16,7 @@ compiled layers and the allocator see few shapes::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,6 +60,9 @@ class PackedRows:
     """(rows, R) of the response-aligned results."""
     real_tokens: int
     """Tokens of the sequences (what a padded layout would call unpadded)."""
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    """More model inputs, replacing or joining those above: a vision-language micro-batch's pixel_values,
+    image_grid_thw and mrope position_ids [4, 1, T] (`training/vision.py`)."""
 
     @property
     def computed_tokens(self) -> int:
@@ -79,6 +82,7 @@ class PackedRows:
             move(self.flat_index),
             self.shape,
             self.real_tokens,
+            {k: move(v) for k, v in self.extra.items()},
         )
 
     def model_inputs(self) -> dict:
@@ -96,6 +100,7 @@ class PackedRows:
             "cu_seq_lens_k": self.cu_seqlens,
             "max_length_q": self.max_length,
             "max_length_k": self.max_length,
+            **self.extra,
         }
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:

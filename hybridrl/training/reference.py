@@ -21,6 +21,7 @@ from hybridrl.training.offload import HostOffloader, timed_moves
 from hybridrl.training.pass_meter import PassMeter
 from hybridrl.training.trainer import model_logprobs
 from hybridrl.training.ulysses import use_training_attention
+from hybridrl.training.vision import prepare_policy
 
 
 class Reference:
@@ -47,6 +48,7 @@ class Reference:
         model = load_causal_lm(model_path, model_cfg, precision.frozen_dtype, device).eval().requires_grad_(False)
         # It scores the actor's micro-batches (sequence-parallel slices too): its attention must match.
         use_training_attention(model, cfg, model_cfg.attn_implementation, sequence_parallel_size)
+        prepare_policy(model, model_cfg, trains=False)
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
             compile_layers(model)
         self.model = shard_model(model, mesh, precision.policy, cfg.fsdp_layers_per_unit, cfg.reshard_after_forward)

@@ -36,6 +36,7 @@ from hybridrl.training.micro_batches import MicroBatch, make_micro_batches, scat
 from hybridrl.training.pass_meter import PassMeter
 from hybridrl.training.sequence_parallel import SequenceParallel
 from hybridrl.training.ulysses import use_training_attention
+from hybridrl.training.vision import check_vision_training, prepare_policy, vision_packer
 
 
 def attention_mask(mb: Batch) -> torch.Tensor | None:
@@ -106,6 +107,11 @@ class Trainer(FSDPLearner):
         self.serves_reference = self.peft is not None and algo.uses_reference
         sp_size = sequence_parallel.size if sequence_parallel is not None else 1
         use_training_attention(model, cfg, model_cfg.attn_implementation, sp_size)
+        prepare_policy(model, model_cfg, trains=True)  # a vision-language model's tower (training/vision.py)
+        #: Adds images and mrope positions to a vision-language policy's micro-batches; None for a text model.
+        self.vision = vision_packer(model)
+        if self.vision is not None:
+            check_vision_training(cfg.padding_free, sp_size)
         if model_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if use_compile(cfg.compile, model_cfg.gradient_checkpointing, device):
@@ -124,7 +130,7 @@ class Trainer(FSDPLearner):
         """This rank's log-prob micro-batches of `batch` (`trainer.logprob_batching`), packed on its device
         (collective under a token budget)."""
         return make_micro_batches(
-            batch, self.cfg.logprob_batching(), self.device, self.pad_token_id, self.sequence_parallel
+            batch, self.cfg.logprob_batching(), self.device, self.pad_token_id, self.sequence_parallel, self.vision
         )
 
     @torch.no_grad()
@@ -178,7 +184,7 @@ class Trainer(FSDPLearner):
         for _epoch in range(cfg.ppo_epochs):
             for mb_batch in batch.chunks(mini):
                 micro = make_micro_batches(
-                    mb_batch, cfg.update_batching(), self.device, self.pad_token_id, self.sequence_parallel
+                    mb_batch, cfg.update_batching(), self.device, self.pad_token_id, self.sequence_parallel, self.vision
                 )
                 passes += micro
                 # Normalize by the whole mini-batch over all ranks, so accumulation over micro-batches and FSDP's

@@ -25,6 +25,7 @@ from hybridrl.config import RunConfig
 from hybridrl.engines import build_engine
 from hybridrl.errors import ConfigError
 from hybridrl.models.loading import load_tokenizer, resolve_model_path
+from hybridrl.models.vision import is_vision_language, tower_trains
 from hybridrl.plan import Plan, make_plan
 from hybridrl.reshard import Resharder
 from hybridrl.rewards import resolve_reward
@@ -237,8 +238,26 @@ def build_rollout(
 ) -> Rollout:
     """The engine for this rank and its resharder; an engine that starts empty gets `policy`'s weights now."""
     engine = build_engine(cfg.engine, cfg.model, model_path, tokenizer, device, topology, seed=cfg.trainer.seed)
+    # A vision-language model's tower reaches the engine only when it trains; frozen, the engine loaded it already.
+    if is_vision_language(policy.config) and not engine.takes_images:
+        raise ConfigError(
+            f"engine={cfg.engine.name}: this engine does not take image prompts yet, and model.path is a "
+            "vision-language model; use engine=native (its transformers path generates with images)"
+        )
+    if is_vision_language(policy.config) and (cfg.rollout.partial.enabled or cfg.rollout.name == "agent"):
+        key = "rollout.partial.enabled=true" if cfg.rollout.partial.enabled else "rollout=agent"
+        raise ConfigError(
+            f"{key}: carried samples and agent turns do not hold images yet, and model.path is a vision-language "
+            "model; use the default single-turn rollout (rollout=single) without rollout.partial"
+        )
+    vision = is_vision_language(policy.config) and tower_trains(cfg.model)
     resharder = Resharder(
-        cfg.reshard, engine, policy.config, tp_rank=topology.engine_tp_rank, tp_size=topology.engine_tp_size
+        cfg.reshard,
+        engine,
+        policy.config,
+        tp_rank=topology.engine_tp_rank,
+        tp_size=topology.engine_tp_size,
+        vision=vision,
     )
     rollout = Rollout(engine, resharder, cfg.engine.sleep_level)
     if engine.starts_empty:

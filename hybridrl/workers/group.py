@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridrl.batch import Batch
+from hybridrl.data.images import ImageInputs
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.phases import Phase
 from hybridrl.topology import Topology
@@ -54,17 +55,24 @@ class WorkerGroup(abc.ABC):
         return [results[r] for r in topo.dp_leaders()]
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams, first_index: int = 0
+        self,
+        prompts: Sequence[Sequence[int]],
+        step: int,
+        params: SamplingParams,
+        first_index: int = 0,
+        images: Sequence[ImageInputs | None] | None = None,
     ) -> list[Completion]:
         """Prompts split over the engine replicas; completions back in prompt order (indices into `prompts`).
         `first_index` is the global index of `prompts[0]` in the step's random streams (a later round of the
-        same step passes the number of prompts already drawn, so it never repeats their samples)."""
+        same step passes the number of prompts already drawn, so it never repeats their samples). `images[i]`:
+        prompt i's images (a vision-language model), travelling with it."""
         topo = self.topology
         shares = topo.prompt_slices(len(prompts))
         args = []
         for r in range(self.world_size):
             share = shares[topo.of_rank(r).engine_dp_rank]
-            args.append((list(prompts[share]), step, params, first_index + share.start))
+            arg = (list(prompts[share]), step, params, first_index + share.start)
+            args.append(arg if images is None else (*arg, list(images[share])))
         results = self.run(Phase.GENERATE, args)
         out: list[Completion] = []
         for leader, share in zip(topo.engine_leaders(), shares):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hybridrl.data.images import ImageInputs
 from hybridrl.engines.base import Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.reshard import Resharder
 
@@ -31,9 +32,16 @@ class Rollout:
         """Weights, then the KV cache, back on the device."""
         self.engine.wake_up(["weights", "kv_cache"])
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        """`params.n` completions per prompt (see `RolloutEngine.generate`)."""
-        return self.engine.generate(prompts, params)
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        images: Sequence[ImageInputs | None] | None = None,
+    ) -> list[Completion]:
+        """`params.n` completions per prompt, with their images where given (see `RolloutEngine.generate`)."""
+        if images is None:
+            return self.engine.generate(prompts, params)
+        return self.engine.generate(prompts, params, images)
 
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         """One completion per request (see `GenerationRequest`)."""

@@ -19,6 +19,7 @@ from hybridrl.agent.loop import Trajectory
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.cpu_threads import configure_threads
+from hybridrl.data.images import ImageInputs
 from hybridrl.engines.base import Completion, SamplingParams
 from hybridrl.models.loading import resolve_model_path
 from hybridrl.plan import estimate_report
@@ -102,17 +103,22 @@ class HybridWorker:
         return stats
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], step: int, params: SamplingParams, prompt_offset: int = 0
+        self,
+        prompts: Sequence[Sequence[int]],
+        step: int,
+        params: SamplingParams,
+        prompt_offset: int = 0,
+        images: Sequence[ImageInputs | None] | None = None,
     ) -> list[Completion] | list[Trajectory]:
         """Sample completions (with rollout=agent: trajectories) for this worker's engine replica's prompts (global
-        index `prompt_offset` on)."""
+        index `prompt_offset` on); `images[i]`: prompt i's images (a vision-language model)."""
         params = dataclasses.replace(
             params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset
         )
         if self.roles.agent_loop is not None:  # trajectories: model tokens, tool results, masks
             out = self._trajectories(prompts, params)
         else:
-            out = self.roles.rollout.generate(prompts, params)
+            out = self.roles.rollout.generate(prompts, params, images)
         self._record("generate")
         return out
 

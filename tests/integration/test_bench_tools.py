@@ -106,6 +106,15 @@ def check_step_partial(out: dict) -> None:
     assert out["partial_config"] == {"oversample": 0.75, "max_staleness": 1, "mode": "carry"}
 
 
+def check_step_vl(out: dict) -> None:
+    assert out["rollout"] == {"prompts": 2, "group": 2, "prompt_len": 8, "new_tokens": 4}
+    vision = out["vision"]
+    assert vision["image_size"] == 56 and vision["image_tokens_per_prompt"] == 4  # (56 / 28)² merged patches
+    assert 0 < vision["tower_s_median"] and 0 < vision["tower_share_of_generate"] < 1
+    assert all(m["mismatch/logp_abs_max"] < 1e-4 for m in out["per_step"])  # float32 on the CPU
+    assert "trainer_throughput" not in out
+
+
 def check_step_ppo(out: dict) -> None:
     assert {"time/values", "time/update_critic"} <= set(out["phases_s_median"])  # the critic's phases ran
     assert out["algorithm"] == "ppo" and out["reward_models"] == 2
@@ -160,6 +169,7 @@ CASES: dict[str, tuple[list[str], Callable[[dict], None]]] = {
     "step": (STEP, check_step),
     "step:ppo": ([*STEP, "--algorithm", "ppo", "--reward-models", "2"], check_step_ppo),
     "step:partial": ([*STEP, "--new-tokens", "32", "--lengths", "heavy", "--partial"], check_step_partial),
+    "step:vl": ([*STEP, "--vl", "tiny", "--image-size", "56"], check_step_vl),
     "trainer": ([*TRAINER, "--variants", "default,chunk", "--warmup", "1", "--iters", "2"], check_trainer),
     "lifecycle": (["--batch", "2", "--new-tokens", "4"], check_lifecycle),
     "lora": (["--rank", "4", "--alpha", "8", *STEP], check_lora),

@@ -17,33 +17,52 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from hybridrl.data.images import ImageInputs, image_key
 from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, MemoryGate, RolloutEngine, SamplingParams
 from hybridrl.engines.native.fixed_memory import FixedMemory
 from hybridrl.engines.native.weight_offload import WeightOffloader
 from hybridrl.errors import HybridRLError
 
 
-def requests_of(prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationRequest]:
-    """The requests `generate(prompts, params)` stands for: params.n samples of each prompt, prompt-major."""
+def requests_of(
+    prompts: Sequence[Sequence[int]], params: SamplingParams, images: Sequence[ImageInputs | None] | None = None
+) -> list[GenerationRequest]:
+    """The requests `generate(prompts, params, images)` stands for: params.n samples of each prompt, prompt-major."""
+    images = images if images is not None else [None] * len(prompts)
     return [
-        GenerationRequest(list(p), params.prompt_offset + i, j) for i, p in enumerate(prompts) for j in range(params.n)
+        GenerationRequest(list(p), params.prompt_offset + i, j, images[i])
+        for i, p in enumerate(prompts)
+        for j in range(params.n)
     ]
 
 
+def same_prompt(a: GenerationRequest, b: GenerationRequest) -> bool:
+    """Whether two requests continue the same context: equal tokens and, for images, equal pictures (equal tokens
+    with other pictures are another prompt)."""
+    return a.prompt_ids == b.prompt_ids and image_key(a.images) == image_key(b.images)
+
+
 def prompt_runs(requests: Sequence[GenerationRequest]) -> list[tuple[int, int]]:
-    """[start, end) of each run of adjacent requests with equal prompt_ids: each run is prefilled once."""
+    """[start, end) of each run of adjacent requests with the same prompt (`same_prompt`): each run is prefilled
+    once."""
     runs: list[tuple[int, int]] = []
     for i, r in enumerate(requests):
-        if runs and requests[runs[-1][0]].prompt_ids == r.prompt_ids:
+        if runs and same_prompt(requests[runs[-1][0]], r):
             runs[-1] = (runs[-1][0], i + 1)
         else:
             runs.append((i, i + 1))
     return runs
 
 
-def check_requests(requests: Sequence[GenerationRequest]) -> None:
-    """Raise a clear error for a request no engine can serve (an empty context)."""
+def check_requests(requests: Sequence[GenerationRequest], takes_images: bool = False) -> None:
+    """Raise a clear error for a request the engine cannot serve (an empty context; images, unless it takes them)."""
     for r in requests:
+        if r.images is not None and not takes_images:
+            raise HybridRLError(
+                f"native engine: request (prompt {r.prompt_index}, sample {r.sample_index}) has images, which the "
+                "fused decoder does not read; a vision-language model runs on the transformers path "
+                "(engine.native.impl=hf or auto)"
+            )
         if not r.prompt_ids:
             raise HybridRLError(
                 f"native engine: request (prompt {r.prompt_index}, sample {r.sample_index}) has an "
@@ -87,9 +106,23 @@ class NativeEngineBase(RolloutEngine):
         random stream is keyed by (params.seed, prompt_index, sample_index); adjacent requests with equal
         prompt_ids share one prefill. Completion.prompt_index is the request's prompt_index."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        outs = self.generate_requests(requests_of(prompts, params), params)
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        images: Sequence[ImageInputs | None] | None = None,
+    ) -> list[Completion]:
+        outs = self.generate_requests(requests_of(prompts, params, images), params)
         return [dataclasses.replace(o, prompt_index=o.prompt_index - params.prompt_offset) for o in outs]
+
+    def preserve_weights(self, names: Iterable[str]) -> None:
+        """Keep these weights' values across every sleep level (at level 2 they are offloaded, not dropped): weights
+        no reshard rewrites, such as a frozen vision tower."""
+        names = set(names)
+        unknown = sorted(names - set(self._unique))
+        if unknown:
+            raise HybridRLError(f"native engine: cannot preserve unknown weights {unknown[:3]}")
+        self._weight_offload.preserve.update(names)
 
     def _check_awake(self, what: str) -> None:
         if self._asleep:

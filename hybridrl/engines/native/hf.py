@@ -67,17 +67,21 @@ class HFEngine(NativeEngineBase):
         # Shared (tied) parameters appear under every name they are known by, so a load by
         # either name lands in the one tensor.
         self._init_weights(
-            dict(model.named_parameters(remove_duplicate=False)),
-            dict(model.named_parameters()),
+            {self._weight_name(n): p for n, p in model.named_parameters(remove_duplicate=False)},
+            {self._weight_name(n): p for n, p in model.named_parameters()},
             next(model.parameters()).device,
         )
         self._generator = torch.Generator(device=self.device)
+
+    def _weight_name(self, name: str) -> str:
+        """The name `load_weights` knows a model parameter by (the resharder's): the model's own here."""
+        return name
 
     # -- generation -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         self._check_awake("generate")
-        check_requests(requests)
+        check_requests(requests, self.takes_images)
         out: list[Completion] = []
         for chunk in self._chunks(requests):
             out += self._generate_chunk(chunk, params)
@@ -109,7 +113,7 @@ class HFEngine(NativeEngineBase):
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        pos, extra, next_pos = self._prefill_inputs([requests[s] for s, _ in runs], mask)
         cache = DynamicCache()
         logits = self.model(
             input_ids=ids,
@@ -118,13 +122,13 @@ class HFEngine(NativeEngineBase):
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         ).logits[:, -1]
         counts = [e - s for s, e in runs]
         if any(c > 1 for c in counts):  # each run's samples share its prefill
             expand = torch.repeat_interleave(torch.arange(len(runs), device=dev), torch.tensor(counts, device=dev))
             cache.batch_select_indices(expand)
-            logits, mask, pos = logits[expand], mask[expand], pos[expand]
-        next_pos = pos[:, -1] + 1
+            logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
         rows = len(requests)
         alive = torch.arange(rows, device=dev)  # row (in this chunk) of each batch row still running
         keys = None
@@ -171,12 +175,24 @@ class HFEngine(NativeEngineBase):
             logits = self.model(
                 input_ids=tok[:, None],
                 attention_mask=mask,
-                position_ids=next_pos[:, None],
+                position_ids=self._step_positions(next_pos),
                 past_key_values=cache,
                 use_cache=True,
             ).logits[:, -1]
             next_pos = next_pos + 1
         return [Completion(r.prompt_index, tokens_out[i], logps_out[i], finish[i]) for i, r in enumerate(requests)]
+
+    def _prefill_inputs(
+        self, prompts: Sequence[GenerationRequest], mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """(position ids, more model inputs, each row's next position) of the prefill of `prompts`, left-padded as
+        `mask` [rows, width] says: positions count the real tokens from 0."""
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        return pos, {}, pos[:, -1] + 1
+
+    def _step_positions(self, next_pos: torch.Tensor) -> torch.Tensor:
+        """Position ids of one decode step from each row's next position [rows]."""
+        return next_pos[:, None]
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -1,7 +1,8 @@
 """Where an engine's weights go while it sleeps: offloaded to pinned host memory (level 1) or dropped (level 2).
 
 Shared by the native engine's HF and fused paths. The parameters stay the same objects (only their
-`.data` is swapped), so modules, tied weights and the resharder's name map stay valid.
+`.data` is swapped), so modules, tied weights and the resharder's name map stay valid. Weights no reshard rewrites
+(a frozen vision tower: `preserve`) keep their values at level 2 too, as vLLM's `sleep_preserve_parameter_names` do.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ class WeightOffloader:
         # Pinned buffers are kept from one sleep to the next: allocating pinned memory costs far
         # more than the copy itself (seen on an H200: 1.5 s vs 0.06 s for 3 GB).
         self._host: dict[str, torch.Tensor] = {}
-        self._restore = False
+        self._level = 0
         self.offloaded = False
+        #: Names whose values survive every level (offloaded like level 1), because no weight sync rewrites them.
+        self.preserve: set[str] = set()
+
+    def _keeps(self, name: str, level: int) -> bool:
+        return level == 1 or name in self.preserve
 
     def offload(self, level: int) -> bool:
         """Level 1: copy to pinned host memory, then free (GPU only; on CPU the weights already live in host
@@ -35,7 +41,10 @@ class WeightOffloader:
         if self.offloaded or not (level == 2 or on_accel):
             return self.offloaded
         for name, p in self.params.items():
-            if level == 1:
+            keep = self._keeps(name, level)
+            if keep and not on_accel:
+                continue  # already in host memory: nothing to free, nothing to copy
+            if keep:
                 host = self._host.get(name)
                 if host is None or host.shape != p.shape or host.dtype != p.dtype:
                     host = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
@@ -47,7 +56,7 @@ class WeightOffloader:
             torch.cuda.synchronize(self.device)  # the host copies must land before the memory is reused
         if self.memory is not None:
             self.memory.release()
-        self._restore, self.offloaded = level == 1, True
+        self._level, self.offloaded = level, True
         return True
 
     def device_bytes(self) -> int:
@@ -62,11 +71,15 @@ class WeightOffloader:
             return
         if self.memory is not None:
             self.memory.restore()
+        on_accel = self.device.type != "cpu"
         for name, p in self.params.items():
+            keep = self._keeps(name, self._level)
+            if keep and not on_accel:
+                continue  # never left
             if self.memory is None:
                 shape, dtype = self.shapes[name]
                 p.data = torch.empty(shape, dtype=dtype, device=self.device)
-            if self._restore:
+            if keep:
                 p.data.copy_(self._host[name], non_blocking=True)
         self.offloaded = False
 
