@@ -183,7 +183,7 @@ class PartialRollout:
                     if s.versions and step - s.versions[0] >= self.cfg.max_staleness:
                         due.append(len(requests))  # its last rollout within the bound: it finishes in this one
                     left = None if self.agent else self.max_new - len(s.tokens)
-                    requests.append(GenerationRequest(list(prompt) + s.tokens, first + place, j, left))
+                    requests.append(GenerationRequest(list(prompt) + s.tokens, first + place, j, max_new_tokens=left))
                     groups.append(place)
                     slots.append(s)
             with self.timed(Phase.GENERATE):

@@ -30,7 +30,7 @@ def requests_of(
     """The requests `generate(prompts, params, images)` stands for: params.n samples of each prompt, prompt-major."""
     images = images if images is not None else [None] * len(prompts)
     return [
-        GenerationRequest(list(p), params.prompt_offset + i, j, images[i])
+        GenerationRequest(list(p), params.prompt_offset + i, j, images=images[i])
         for i, p in enumerate(prompts)
         for j in range(params.n)
     ]
