@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from hybridrl.agent.loop import Trajectory
+from hybridrl.agent.tp_leader import agent_trajectories
 from hybridrl.batch import Batch
 from hybridrl.config import RunConfig
 from hybridrl.cpu_threads import configure_threads
@@ -116,7 +117,7 @@ class HybridWorker:
             params, seed=sampling_seed(self.cfg.trainer.seed, step), prompt_offset=prompt_offset
         )
         if self.roles.agent_loop is not None:  # trajectories: model tokens, tool results, masks
-            out = self._trajectories(prompts, params)
+            out = agent_trajectories(self.roles.agent_loop, self.roles.rollout.engine, self.topology, prompts, params)
         else:
             out = self.roles.rollout.generate(prompts, params, images)
         self._record("generate")
@@ -131,21 +132,6 @@ class HybridWorker:
         out = generate_partial_on(self.roles, share, params)
         self._record("generate")
         return out
-
-    def _trajectories(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Trajectory]:
-        """The agent loop over this rank's engine, its turns continuously batched where the engine can. With
-        engine.tp_size > 1 and an engine that keeps one schedule for its TP group (`lead`/`follow`,
-        engines/lockstep.py), the TP leader runs the loop (and the tools, once per group) and the other ranks replay
-        its engine steps and return no trajectories: the worker group takes the leader's."""
-        engine, loop, topology = self.roles.rollout.engine, self.roles.agent_loop, self.topology
-        if topology.engine_tp_size == 1 or not hasattr(engine, "follow"):
-            return loop.generate_sync(engine, prompts, params)
-        group = topology.engine_tp_group(backend="gloo")  # host messages: the device keeps running ahead
-        if topology.engine_tp_rank:
-            engine.follow(group)
-            return []
-        with engine.lead(group):
-            return loop.generate_sync(engine, prompts, params)
 
     def sleep(self) -> None:
         """Free the engine's memory for training (level per engine.sleep_level). Offloads the engine did not need
