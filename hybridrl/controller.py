@@ -339,17 +339,7 @@ class Controller:
         with self.timed(Phase.SLEEP):
             group.run_all(Phase.SLEEP)
         plan = refill.finish()
-        if plan.filled_groups:
-            log.warning(
-                "step %d: dynamic sampling kept %d of %d groups after %d rounds (algorithm.max_resample_rounds=%d); "
-                "%d groups with equal rewards fill the batch",
-                step,
-                plan.kept_groups,
-                self.cfg.data.train_batch_size,
-                plan.rounds,
-                algo.max_resample_rounds,
-                plan.filled_groups,
-            )
+        plan.warn_if_filled(log, step, algo.max_resample_rounds)
         generated = [s for _, sc, _ in rounds for s in sc]
         batch = Batch.concat([b.select(rows.tolist()) for (b, _, _), rows in zip(rounds, plan.rows)])
         scores = [sc[i] for (_, sc, _), rows in zip(rounds, plan.rows) for i in rows.tolist()]

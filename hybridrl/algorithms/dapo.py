@@ -18,6 +18,7 @@ controller's loop, with `GroupRefill` keeping the books::
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -68,6 +69,20 @@ class RefillPlan:
     """Groups without signal put back because max_resample_rounds ran out (0 when the batch filled)."""
     trimmed_groups: int
     """Groups with signal generated beyond the target and left out (the last round's overflow)."""
+
+    def warn_if_filled(self, log: logging.Logger, step: int, max_resample_rounds: int) -> None:
+        """Say in the log when groups without signal filled the batch (the resampling rounds ran out)."""
+        if self.filled_groups:
+            log.warning(
+                "step %d: dynamic sampling kept %d of %d groups after %d rounds (algorithm.max_resample_rounds=%d); "
+                "%d groups with equal rewards fill the batch",
+                step,
+                self.kept_groups,
+                self.kept_groups + self.filled_groups,
+                self.rounds,
+                max_resample_rounds,
+                self.filled_groups,
+            )
 
     def metrics(self) -> dict[str, float]:
         """`batch/*` metrics of this step's dynamic sampling."""

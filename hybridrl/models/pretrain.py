@@ -124,17 +124,23 @@ def pretrain(model: torch.nn.Module, tokenizer, spec: PretrainSpec) -> list[floa
         torch.set_num_threads(threads)
 
 
-def _train(model: torch.nn.Module, tokenizer, spec: PretrainSpec) -> list[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.0)
-    warmup = max(1, spec.steps // 20)
+def warmup_cosine_adamw(model: torch.nn.Module, lr: float, steps: int):
+    """AdamW over `model` with a linear warm-up over the first 5% of `steps`, then a cosine decay to 10% of `lr`:
+    (optimizer, scheduler)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    warmup = max(1, steps // 20)
 
     def lr_at(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        t = (step - warmup) / max(1, spec.steps - warmup)
+        t = (step - warmup) / max(1, steps - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+
+
+def _train(model: torch.nn.Module, tokenizer, spec: PretrainSpec) -> list[float]:
+    opt, sched = warmup_cosine_adamw(model, spec.lr, spec.steps)
     model.train()
     losses = []
     batches = pretrain_batches(tokenizer, spec)

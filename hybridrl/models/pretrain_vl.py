@@ -20,14 +20,13 @@ Deterministic for a seed (one thread, seeded pictures and text).
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass
 
 import torch
 
 from hybridrl.data.shapes import COLOURS, GRID, draw
-from hybridrl.models.pretrain import PretrainSpec, pretrain_batches
+from hybridrl.models.pretrain import PretrainSpec, pretrain_batches, warmup_cosine_adamw
 
 DESCRIBE = "Describe the picture."
 CAPTIONS_FORMAT_VERSION = 2  # 2: captions as a chat turn answering DESCRIBE
@@ -116,16 +115,7 @@ def pretrain_vl(model, tokenizer, image_processor, text: PretrainSpec, captions:
 def _captions(model, tokenizer, image_processor, text: PretrainSpec, spec: CaptionSpec, image_token_ids) -> list:
     image_token_id = image_token_ids(model.config)["image_token_id"]
     merge = int(model.config.vision_config.spatial_merge_size)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.0)
-    warmup = max(1, spec.steps // 20)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        t = (step - warmup) / max(1, spec.steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    opt, sched = warmup_cosine_adamw(model, spec.lr, spec.steps)
     rng = random.Random(f"captions/{spec.seed}")
     digits = pretrain_batches(tokenizer, PretrainSpec(batch_size=spec.batch_size, seed=text.seed + 1))
     model.train()

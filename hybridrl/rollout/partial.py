@@ -265,17 +265,7 @@ class PartialRollout:
         with self.timed(Phase.SLEEP):
             self.group.run_all(Phase.SLEEP)
         plan = refill.finish()
-        if plan.filled_groups:
-            log.warning(
-                "step %d: dynamic sampling kept %d of %d groups after %d rounds (algorithm.max_resample_rounds=%d); "
-                "%d groups with equal rewards fill the batch",
-                step,
-                plan.kept_groups,
-                self.batch_size,
-                plan.rounds,
-                algo.max_resample_rounds,
-                plan.filled_groups,
-            )
+        plan.warn_if_filled(log, step, algo.max_resample_rounds)
         n = self.group_size
         chosen = [(r, rows.tolist()) for r, rows in zip(rounds, plan.rows)]
         batch = Batch.concat([b.select(rows) for (_, b, _, _), rows in chosen])
