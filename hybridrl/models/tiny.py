@@ -85,6 +85,12 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
+def decoder_shape(spec: dict) -> dict:
+    """The decoder's size keys of a tiny model's shape dict, as transformers' Qwen2 configs name them."""
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    return {k: spec[k] for k in keys}
+
+
 def ensure_tiny_model(
     cache_dir: str | os.PathLike | None = None, pretrain_spec: PretrainSpec | None = None, **shape
 ) -> Path:
@@ -109,11 +115,7 @@ def ensure_tiny_model(
     tokenizer = build_tokenizer(tool_tokens=spec.get("tool_tokens", False))
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=spec["hidden_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"],
-        intermediate_size=spec["intermediate_size"],
+        **decoder_shape(spec),
         max_position_embeddings=spec["max_position_embeddings"],
         tie_word_embeddings=True,
         bos_token_id=None,

@@ -48,7 +48,7 @@ def ensure_tiny_reward_model(cache_dir: str | os.PathLike | None = None, **shape
     name and renamed when complete, so a killed run never leaves a folder that looks finished)."""
     from transformers import AutoModelForSequenceClassification, Qwen2Config
 
-    from hybridrl.models.tiny import build_tokenizer, default_cache_dir
+    from hybridrl.models.tiny import build_tokenizer, decoder_shape, default_cache_dir
 
     spec = tiny_reward_model_spec(**shape)
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
@@ -61,11 +61,7 @@ def ensure_tiny_reward_model(cache_dir: str | os.PathLike | None = None, **shape
     tokenizer = build_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=spec["hidden_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"],
-        intermediate_size=spec["intermediate_size"],
+        **decoder_shape(spec),
         max_position_embeddings=512,
         num_labels=1,
         bos_token_id=None,

@@ -27,7 +27,7 @@ import torch
 from hybridrl.models.pretrain import PretrainSpec
 from hybridrl.models.pretrain_vl import CaptionSpec, pretrain_vl
 from hybridrl.models.quiet import no_progress_bars
-from hybridrl.models.tiny import build_tokenizer, default_cache_dir
+from hybridrl.models.tiny import build_tokenizer, decoder_shape, default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +110,7 @@ def tiny_vl_config(spec: dict, tokenizer):
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     text = dict(
         vocab_size=len(tokenizer),
-        hidden_size=spec["hidden_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"],
-        intermediate_size=spec["intermediate_size"],
+        **decoder_shape(spec),
         max_position_embeddings=spec["max_position_embeddings"],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section(head_dim)},
         tie_word_embeddings=True,
