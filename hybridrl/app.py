@@ -83,6 +83,7 @@ def run(cfg: DictConfig) -> float:
         with in_phase("config"):
             check_composed(cfg)
             rc = validate(cfg)
+            rc.data.check_files()
             check_supported_architecture(resolve_model_path(rc.model), rc.model.trust_remote_code)
             check_fit(rc)  # before any weights load: exit 2 naming the shortfall and what fits
         if rc.rollout.name == "agent" and "python" in rc.agent.tools:

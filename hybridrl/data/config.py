@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from hybridrl.data.shapes import VISION_TASKS
@@ -70,6 +71,16 @@ class DataConfig:
     """Seed of the synthetic task and of shuffling."""
     synthetic: SyntheticOptions = field(default_factory=SyntheticOptions)
     """Options of the built-in task."""
+
+    def check_files(self) -> None:
+        """data=jsonl: raise ConfigError naming the key when `path` or `val_path` is not a file. Run before the model
+        is built, so a mistyped path costs a second, not a model load."""
+        if self.name != "jsonl":
+            return
+        for key in ("path", "val_path"):
+            value = getattr(self, key)
+            if value is not None and not Path(value).expanduser().is_file():
+                raise ConfigError(f"data.{key}={value!r}: file not found")
 
     def __post_init__(self) -> None:
         if self.name not in DATA_SOURCES:

@@ -89,6 +89,18 @@ def test_bad_files_name_the_key_and_the_problem(tmp_path, tokenizer):
         load_prompts(DataConfig(name="jsonl", path=nokey), tokenizer)
 
 
+def test_check_files_names_a_missing_file_before_anything_is_built(tmp_path):
+    present = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "x"}])
+    DataConfig(name="jsonl", path=present).check_files()
+    DataConfig(name="synthetic").check_files()
+    with pytest.raises(ConfigError, match=r"data.path='.*missing.jsonl': file not found"):
+        DataConfig(name="jsonl", path=str(tmp_path / "missing.jsonl")).check_files()
+    with pytest.raises(ConfigError, match=r"data.val_path='.*nope.jsonl': file not found"):
+        DataConfig(name="jsonl", path=present, val_path=str(tmp_path / "nope.jsonl")).check_files()
+    with pytest.raises(ConfigError, match="data.path.*file not found"):  # a folder is not a file of prompts
+        DataConfig(name="jsonl", path=str(tmp_path)).check_files()
+
+
 def test_overlong_prompts_error_or_drop(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "short"}, {"prompt": "long " * 50}])
     with pytest.raises(HybridRLError, match=r"row 1 \(from 0\) has .* prompt tokens.*data.max_prompt_tokens=64"):
