@@ -29,7 +29,8 @@ from torch.optim.adam import adam
 from hybridrl.training.offload import local_tensor
 
 #: Elements per streamed chunk: 64 Mi float32 elements (256 MiB a moment); two slots of both moments hold 1 GiB of
-#: the device. Large enough that each copy runs at the host link's full speed, small next to a 7B model's 30 GB.
+#: the device during the step. Large enough that each copy runs at the host link's full speed, small next to a 7B
+#: model's 30 GB of parameters.
 CHUNK_ELEMENTS = 64 * 2**20
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -90,7 +91,6 @@ class HostAdamW(torch.optim.AdamW):
         self.device, self.chunk_elements = device, chunk_elements
         cuda = device.type == "cuda"
         self._pin = cuda
-        self._slots: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._in = torch.cuda.Stream(device) if cuda else None  # host → device
         self._out = torch.cuda.Stream(device) if cuda else None  # device → host
 
@@ -132,13 +132,12 @@ class HostAdamW(torch.optim.AdamW):
             local_tensor(st[k]).untyped_storage().nbytes() for st in self.state.values() for k in MOMENTS if k in st
         )
 
-    def _slot(self, dtype: torch.dtype, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Device buffers (exp_avg, exp_avg_sq) of chunk slot `k % 2` for `dtype`, allocated at the first step."""
-        slots = self._slots.get(dtype)
-        if slots is None:
-            make = lambda: torch.empty(self.chunk_elements, dtype=dtype, device=self.device)  # noqa: E731
-            slots = self._slots[dtype] = [(make(), make()), (make(), make())]
-        return slots[k % 2]
+    def _slots_for(self, dtype: torch.dtype, elements: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Device buffers (exp_avg, exp_avg_sq) of the chunk slots: two of a chunk each, or one of `elements` when
+        they fit one chunk (nothing to overlap)."""
+        make = lambda: torch.empty(min(self.chunk_elements, elements), dtype=dtype, device=self.device)  # noqa: E731
+        slot = (make(), make())
+        return [slot, (make(), make()) if elements > self.chunk_elements else slot]
 
     def _side(self, stream: torch.cuda.Stream | None):
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
@@ -171,8 +170,12 @@ class HostAdamW(torch.optim.AdamW):
         host = [[local_tensor(st[k]).view(-1) for k in MOMENTS] for _, _, st in work]
         compute = torch.cuda.current_stream(self.device) if self._in is not None else None
         released: list = [None, None]  # per slot: the event after which its last chunk is back on the host
-        for k, chunk in enumerate(chunk_slices([flat.numel() for flat, _, _ in work], self.chunk_elements)):
-            m_slot, v_slot = self._slot(dtype, k)
+        numels = [flat.numel() for flat, _, _ in work]
+        # Allocated per step and freed after it (the caching allocator keeps the blocks for the next step, or lends
+        # them to the engine in between): the device holds no optimizer memory outside the step.
+        slots = self._slots_for(dtype, sum(numels))
+        for k, chunk in enumerate(chunk_slices(numels, self.chunk_elements)):
+            m_slot, v_slot = slots[k % 2]
             with self._side(self._in):
                 if released[k % 2] is not None:
                     self._in.wait_event(released[k % 2])  # the slot's previous chunk has left it
@@ -213,6 +216,9 @@ class HostAdamW(torch.optim.AdamW):
                 if self._out is not None:
                     released[k % 2] = self._out.record_event()
         if self._out is not None:
-            self._out.synchronize()  # the moments are whole on the host before anything reads them
+            # The moments are whole on the host before anything reads them; every copy into and out of the slots
+            # has then finished (the out-copies waited for the compute, which waited for the in-copies), so the
+            # slots can go back to the allocator.
+            self._out.synchronize()
         for _, _, state in work:
             state["step"] += 1
