@@ -13,6 +13,10 @@ Why not FSDP2's CPUOffloadPolicy (parameters, gradients and the step all on the 
 state is 4 + 4 + 8 = 16 bytes a parameter, 122 GB, which does not fit beside the process in a 128 GiB host, and a
 16-core CPU AdamW over 7.6B parameters takes seconds of CPU per step where the GPU's takes a fraction of the copies.
 
+The moments are views into a few large pinned blocks (`training/pinned_arena.py`: torch's pinned allocator would
+round each one up to a power of two, up to twice the host memory), created at the first step and reused by every
+resume (a load copies into them instead of casting the whole model's moments to the device first).
+
 On a CPU device "host" and "device" are the same memory; the same chunked path runs there, synchronously, which is
 how the tests check it against `torch.optim.AdamW`.
 """
@@ -27,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam
 
 from hybridrl.training.offload import local_tensor
+from hybridrl.training.pinned_arena import PinnedArena
 
 #: Elements per streamed chunk: 64 Mi float32 elements (256 MiB a moment); two slots of both moments hold 1 GiB of
 #: the device during the step. Large enough that each copy runs at the host link's full speed, small next to a 7B
@@ -35,15 +40,12 @@ CHUNK_ELEMENTS = 64 * 2**20
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def _host_zeros(like: torch.Tensor, pin: bool) -> torch.Tensor:
-    """Zeros shaped as `like` in host memory (pinned for asynchronous copies on a GPU run), a DTensor of the same
-    mesh and placements when `like` is one (checkpoints see a sharded state, as for the ordinary optimizer)."""
-    loc = local_tensor(like)
-    host = torch.zeros(loc.shape, dtype=loc.dtype, pin_memory=pin)
+def _like(host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`host` (this rank's part) as a DTensor of `like`'s mesh and placements when `like` is one, so checkpoints see
+    a sharded state as for the ordinary optimizer. Built from `like`'s spec, as FSDP2 builds its CPU-offloaded
+    parameters: `DTensor.from_local` would move a host tensor to the mesh's device."""
     if isinstance(like, DTensor):
-        return DTensor.from_local(
-            host, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
-        )
+        return DTensor(host, like._spec, requires_grad=False)
     return host
 
 
@@ -90,47 +92,56 @@ class HostAdamW(torch.optim.AdamW):
         super().__init__(params, **adamw_kwargs)
         self.device, self.chunk_elements = device, chunk_elements
         cuda = device.type == "cuda"
-        self._pin = cuda
+        self._arena = PinnedArena(pin=cuda)
         self._in = torch.cuda.Stream(device) if cuda else None  # host → device
         self._out = torch.cuda.Stream(device) if cuda else None  # device → host
 
     # -- state ------------------------------------------------------------------------------
-    def _init_state(self, p: torch.Tensor, group: dict) -> dict:
-        """What AdamW's lazy initialisation makes, with the moments on the host."""
-        state = self.state[p]
-        if group["fused"] or group["capturable"]:  # where torch keeps `step` for these kernels: beside the parameter
-            state["step"] = torch.zeros((), dtype=torch.float32, device=local_tensor(p).device)
-        else:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-        for key in MOMENTS:
-            state[key] = _host_zeros(p, self._pin)
-        return state
+    def _init_states(self, params: list[torch.Tensor], group: dict) -> None:
+        """What AdamW's lazy initialisation makes, with the moments zeros in the host arena."""
+        for p in params:
+            if group["fused"] or group["capturable"]:  # where torch keeps `step` for these kernels: by the parameter
+                self.state[p]["step"] = torch.zeros((), dtype=torch.float32, device=local_tensor(p).device)
+            else:
+                self.state[p]["step"] = torch.tensor(0.0, dtype=torch.float32)
+        self._place(params, {})
+
+    def _place(self, params: list[torch.Tensor], values: dict) -> None:
+        """Host moments for `params`: `values[(p, key)]` copied in (zeros where absent), into the host tensor the
+        moment already has, else into new arena space."""
+        fresh = []
+        for p in params:
+            for key in MOMENTS:
+                held = self.state[p].get(key)
+                if held is not None and local_tensor(held).device.type == "cpu":
+                    if (p, key) in values:
+                        local_tensor(held).copy_(local_tensor(values[p, key]))
+                    continue
+                fresh.append((p, key))
+        shapes = [(local_tensor(p).shape, local_tensor(p).dtype) for p, _ in fresh]
+        for (p, key), host in zip(fresh, self._arena.zeros(shapes)):
+            if (p, key) in values:
+                host.copy_(local_tensor(values[p, key]))
+            self.state[p][key] = _like(host, p)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """AdamW's load (which casts the state to each parameter's device), then the moments back to the host."""
-        super().load_state_dict(state_dict)
-        self.moments_to_host()
-
-    @torch.no_grad()
-    def moments_to_host(self) -> None:
-        """Every moment not in host memory (pinned on a GPU run) moved there."""
-        for state in self.state.values():
-            for key in MOMENTS:
-                value = state.get(key)
-                if value is None:
-                    continue
-                loc = local_tensor(value)
-                if loc.device.type == "cpu" and (loc.is_pinned() or not self._pin):
-                    continue
-                host = _host_zeros(value, self._pin)
-                local_tensor(host).copy_(loc)
-                state[key] = host
+        """AdamW's load for everything but the moments (which it would cast to the parameters' device, the whole
+        model's at once), then the moments copied into their host tensors."""
+        saved = state_dict["state"]
+        stripped = {i: {k: v for k, v in st.items() if k not in MOMENTS} for i, st in saved.items()}
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        held = {p: {k: st[k] for k in MOMENTS if k in st} for p, st in self.state.items()}
+        super().load_state_dict({**state_dict, "state": stripped})
+        params = [p for g in self.param_groups for p in g["params"]]
+        values = {(p, k): saved[i][k] for i, p in zip(ids, params) if i in saved for k in MOMENTS if k in saved[i]}
+        for p, moments in held.items():  # AdamW's load rebuilt each state dict: the host tensors go back in first
+            if p in self.state:
+                self.state[p].update(moments)
+        self._place([p for p in params if any((p, k) in values for k in MOMENTS)], values)
 
     def host_bytes(self) -> int:
-        """Bytes of the moments in host memory."""
-        return sum(
-            local_tensor(st[k]).untyped_storage().nbytes() for st in self.state.values() for k in MOMENTS if k in st
-        )
+        """Bytes of the moments in host memory (the arena reserves up to its blocks' unused tails more)."""
+        return sum(local_tensor(st[k]).nbytes for st in self.state.values() for k in MOMENTS if k in st)
 
     def _slots_for(self, dtype: torch.dtype, elements: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Device buffers (exp_avg, exp_avg_sq) of the chunk slots: two of a chunk each, or one of `elements` when
@@ -151,11 +162,12 @@ class HostAdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            self._init_states([p for p in group["params"] if p.grad is not None and not self.state.get(p)], group)
             by_dtype: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor, dict]]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p] if self.state.get(p) else self._init_state(p, group)
+                state = self.state[p]
                 loc = local_tensor(p)
                 if not loc.is_contiguous():
                     raise RuntimeError("HostAdamW steps contiguous parameter shards in place; this one is strided")
@@ -167,6 +179,7 @@ class HostAdamW(torch.optim.AdamW):
     def _stream_group(self, group: dict, dtype: torch.dtype, work: list[tuple[torch.Tensor, torch.Tensor, dict]]):
         """The moments of `work` (flat parameter, flat gradient, state) in, updated and out, chunk by chunk."""
         beta1, beta2 = group["betas"]
+        pinned = self._arena.pin  # pinned host memory: the copies run asynchronously on their streams
         host = [[local_tensor(st[k]).view(-1) for k in MOMENTS] for _, _, st in work]
         compute = torch.cuda.current_stream(self.device) if self._in is not None else None
         released: list = [None, None]  # per slot: the event after which its last chunk is back on the host
@@ -181,8 +194,8 @@ class HostAdamW(torch.optim.AdamW):
                     self._in.wait_event(released[k % 2])  # the slot's previous chunk has left it
                 for s in chunk:
                     n = s.stop - s.start
-                    m_slot[s.offset : s.offset + n].copy_(host[s.item][0][s.start : s.stop], non_blocking=self._pin)
-                    v_slot[s.offset : s.offset + n].copy_(host[s.item][1][s.start : s.stop], non_blocking=self._pin)
+                    m_slot[s.offset : s.offset + n].copy_(host[s.item][0][s.start : s.stop], non_blocking=pinned)
+                    v_slot[s.offset : s.offset + n].copy_(host[s.item][1][s.start : s.stop], non_blocking=pinned)
             if compute is not None:
                 compute.wait_stream(self._in)
             views = [(s, s.stop - s.start) for s in chunk]
@@ -211,8 +224,8 @@ class HostAdamW(torch.optim.AdamW):
                 if self._out is not None:
                     self._out.wait_stream(compute)
                 for s, n in views:
-                    host[s.item][0][s.start : s.stop].copy_(m_slot[s.offset : s.offset + n], non_blocking=self._pin)
-                    host[s.item][1][s.start : s.stop].copy_(v_slot[s.offset : s.offset + n], non_blocking=self._pin)
+                    host[s.item][0][s.start : s.stop].copy_(m_slot[s.offset : s.offset + n], non_blocking=pinned)
+                    host[s.item][1][s.start : s.stop].copy_(v_slot[s.offset : s.offset + n], non_blocking=pinned)
                 if self._out is not None:
                     released[k % 2] = self._out.record_event()
         if self._out is not None:

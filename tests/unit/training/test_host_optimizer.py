@@ -57,6 +57,23 @@ def test_streamed_step_equals_torch_adamw(chunk):
     assert opt_host.state[host[1]]["step"].item() == 3
 
 
+def test_the_arena_packs_tensors_into_power_of_two_blocks():
+    from hybridrl.training.pinned_arena import PinnedArena
+
+    arena = PinnedArena(pin=False, block_bytes=4096)
+    a, b, c = arena.zeros([((10, 10), torch.float32), ((1000,), torch.float32), ((10,), torch.float64)])
+    # 400 B at 0 of a first 4096 B block (aligned to 512); 4000 B do not fit its rest: a second block; 80 B go back
+    # into the first at 512.
+    assert arena.reserved_bytes == 2 * 4096
+    assert c.data_ptr() - a.data_ptr() == 512
+    assert b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+    assert all(t.abs().sum() == 0 for t in (a, b, c)) and (c.dtype, c.shape) == (torch.float64, (10,))
+    a.fill_(1.0)
+    assert c.abs().sum() == 0  # no overlap
+    (big,) = arena.zeros([((3000,), torch.float32)])  # 12,000 B: a block of its own, the next power of two
+    assert arena.reserved_bytes == 2 * 4096 + 16384 and big.numel() == 3000
+
+
 def test_moments_return_to_the_host_after_a_load():
     params = _params(0)
     opt = HostAdamW(params, device=torch.device("cpu"), lr=1e-3)
@@ -117,6 +134,10 @@ def batch(tiny_path, tokenizer, process_group):
     return test_trainer.rollout(*test_trainer.setup.__wrapped__(tiny_path, tokenizer, process_group))
 
 
+def _moments_local(optimizer) -> list[torch.Tensor]:
+    return [st[k] for st in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+
+
 def _moments(optimizer) -> list[torch.Tensor]:
     return [st[k].full_tensor() for st in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
 
@@ -159,8 +180,17 @@ def test_checkpoints_are_the_ordinary_optimizers_either_way(tiny_path, tokenizer
         resumed = _worker(tiny_path, tokenizer, on_host)
         resumed.roles.actor.load(tmp_path / folder)
         if on_host:
-            states = resumed.roles.actor.optimizer.state.values()
+            optimizer = resumed.roles.actor.optimizer
+            states = optimizer.state.values()
             assert all(st[k].to_local().device.type == "cpu" for st in states for k in ("exp_avg", "exp_avg_sq"))
+            # A second load copies into the same host tensors: no new host memory per resume.
+            ptrs, reserved = (
+                [m.to_local().data_ptr() for m in _moments_local(optimizer)],
+                optimizer._arena.reserved_bytes,
+            )
+            resumed.roles.actor.load(tmp_path / folder)
+            assert [m.to_local().data_ptr() for m in _moments_local(optimizer)] == ptrs
+            assert optimizer._arena.reserved_bytes == reserved
         _update(resumed, batch)
         got = full_params(resumed)
         assert all(torch.equal(want[n], got[n]) for n in want), (on_host, folder)
