@@ -35,6 +35,14 @@ class PinnedArena:
 
     def zeros(self, shapes: list[tuple[torch.Size, torch.dtype]]) -> list[torch.Tensor]:
         """One zero tensor per (shape, dtype), packed first-fit into the blocks (new ones as needed)."""
+        out = self.empty(shapes)
+        for t in out:
+            t.zero_()
+        return out
+
+    def empty(self, shapes: list[tuple[torch.Size, torch.dtype]]) -> list[torch.Tensor]:
+        """One uninitialised tensor per (shape, dtype), packed first-fit into the blocks (new ones as needed): ask
+        for many at once, so the blocks are sized for all of them."""
         sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in shapes]
         if not sizes:
             return []
@@ -47,7 +55,6 @@ class PinnedArena:
                 slot = [torch.empty(max(block, _pow2_at_least(nbytes)), dtype=torch.uint8, pin_memory=self.pin), 0]
                 self._blocks.append(slot)
             view = slot[0][slot[1] : slot[1] + nbytes].view(dtype).view(shape)
-            view.zero_()
             slot[1] += -(-nbytes // ALIGN) * ALIGN
             out.append(view)
         return out

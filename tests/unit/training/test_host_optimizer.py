@@ -74,6 +74,19 @@ def test_the_arena_packs_tensors_into_power_of_two_blocks():
     assert arena.reserved_bytes == 2 * 4096 + 16384 and big.numel() == 3000
 
 
+def test_the_rollout_offloader_takes_its_buffers_from_one_arena_block():
+    from hybridrl.training.offload import HostOffloader
+
+    tensors = [torch.full((300,), 1.0), torch.full((700,), 2.0), torch.full((50,), 3.0)]  # 1,200 + 2,800 + 200 B
+    off = HostOffloader(lambda: tensors, torch.device("cpu"), enabled=True)
+    assert off.offload() == 4_200
+    # Aligned to 512 they take 1,536 + 3,072 + 512 = 5,120 B: one 8,192 B block (one pinned allocation each would
+    # round up to 2,048 + 4,096 + 256, and waste more at larger sizes).
+    assert off._arena.reserved_bytes == 8192
+    assert off.onload() == 4_200
+    assert [t.unique().item() for t in tensors] == [1.0, 2.0, 3.0]
+
+
 def test_moments_return_to_the_host_after_a_load():
     params = _params(0)
     opt = HostAdamW(params, device=torch.device("cpu"), lr=1e-3)
