@@ -278,6 +278,8 @@ def levers(cfg: RunConfig, inp: MemoryInputs) -> list[tuple[str, dict]]:
 
     both = frozenset({"params", "optimizer"})
     out: list[tuple[str, dict]] = []
+    if inp.ref and not inp.ref_offload:  # the reference alone to host memory between its passes: the least host room
+        out.append(("ref.offload=true", {"ref_offload": True}))
     if inp.offload != both or (inp.ref and not inp.ref_offload):
         changes = {"offload": both, "ref_offload": inp.ref, "critic_offload": both if inp.critic else frozenset()}
         out.append(("trainer.offload=[params,optimizer]", changes))

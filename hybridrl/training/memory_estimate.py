@@ -173,8 +173,8 @@ def streaming_slots(trained: int, world: int) -> float:
 
 
 def host_bytes(inp: MemoryInputs) -> dict[str, float]:
-    """Host memory per rank (pinned) outside the device estimate: Adam moments kept there, and what the rollout's
-    offload moves there (parameters, and the moments when they live on the device)."""
+    """Host memory per rank (pinned) outside the device estimate: Adam moments kept there, and what the offloads
+    move there (the actor's and critic's parameters, their moments when they live on the device, the reference)."""
     d, w = inp.dims, inp.world
     trained = inp.lora_params or d.params
     params, optim = _state(inp, d.params + inp.lora_params, trained, inp.compute_bytes)
@@ -186,6 +186,7 @@ def host_bytes(inp: MemoryInputs) -> dict[str, float]:
         if inp.critic and (inp.critic_optimizer_on_host or "optimizer" in inp.critic_offload)
         else 0.0,
         "critic_params": 4 * pc / w if inp.critic and "params" in inp.critic_offload else 0.0,
+        "ref_params": inp.compute_bytes * d.params / w if inp.ref and inp.ref_offload else 0.0,
     }
     return {k: v for k, v in out.items() if v}
 

@@ -255,9 +255,10 @@ def test_moments_on_the_host_leave_two_streaming_slots_on_the_device():
     assert p["generate"]["params"] == 4 * 10_000 / 2  # the masters alone stay through the rollout
     # The moments sit in host memory instead: 8 bytes per trained parameter on this rank.
     assert host_bytes(inp) == {"actor_optimizer": 8 * 10_000 / 2}
-    assert host_bytes(inp.with_(offload=frozenset({"params"}))) == {
+    assert host_bytes(inp.with_(offload=frozenset({"params"}), ref=True, ref_offload=True)) == {
         "actor_optimizer": 8 * 10_000 / 2,
         "actor_params": 4 * 10_000 / 2,
+        "ref_params": 2 * 10_000 / 2,
     }
 
 
