@@ -29,6 +29,7 @@ from hybridrl.training.memory_estimate import (
     MemoryInputs,
     ModelDims,
     estimate_phases,
+    host_bytes,
     nograd_bytes_per_token,
     peak,
 )
@@ -210,6 +211,8 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
         critic_tokens=micro_batch_tokens(cfg, critic_budget, critic_rows),
         engine_awake_in_training=cfg.engine.sleep_level == 0,
         sequence_parallel=t.sequence_parallel_size,
+        optimizer_on_host=t.optimizer_on_host,
+        critic_optimizer_on_host=cfg.critic.resolve_optimizer_on_host(t),
     )
 
 
@@ -256,6 +259,10 @@ class Plan:
             lines.append(f"{phase:<14}{cells}{sum(parts.values()) / GiB:>12.2f}")
         if self.usable is not None:
             lines.append(f"device {self.device_bytes / GiB:.1f} GiB, usable {self.usable / GiB:.1f} GiB")
+        host = host_bytes(self.inputs)
+        if host:
+            parts = ", ".join(f"{k.replace('_', ' ')} {v / GiB:.2f}" for k, v in host.items())
+            lines.append(f"host memory (pinned, per rank): {sum(host.values()) / GiB:.2f} GiB ({parts})")
         return "\n".join(lines)
 
 
@@ -271,11 +278,15 @@ def levers(cfg: RunConfig, inp: MemoryInputs) -> list[tuple[str, dict]]:
 
     both = frozenset({"params", "optimizer"})
     out: list[tuple[str, dict]] = []
+    if inp.ref and not inp.ref_offload:  # the reference alone to host memory between its passes: the least host room
+        out.append(("ref.offload=true", {"ref_offload": True}))
     if inp.offload != both or (inp.ref and not inp.ref_offload):
         changes = {"offload": both, "ref_offload": inp.ref, "critic_offload": both if inp.critic else frozenset()}
         out.append(("trainer.offload=[params,optimizer]", changes))
     if not inp.checkpointing:
         out.append(("model.gradient_checkpointing=true", {"checkpointing": True, "compiled": False}))
+    if not inp.optimizer_on_host or (inp.critic and not inp.critic_optimizer_on_host):
+        out.append(("trainer.optimizer_on_host=true", {"optimizer_on_host": True, "critic_optimizer_on_host": True}))
     if not cfg.model.lora.enabled:
         path = resolve_model_path(cfg.model)
         lora = lora_params(path, cfg.model.trust_remote_code, LORA_RANK, list(cfg.model.lora.target_modules))
@@ -290,22 +301,23 @@ LORA_RANK = 64
 
 
 def alternatives(cfg: RunConfig, plan: Plan, most: int = 3) -> list[tuple[str, float]]:
-    """Settings that fit where `plan` does not: (overrides, estimated peak GiB), the fewest changes first. Each
-    combination of up to two levers (`levers`) is tried as it is and with the largest token budget that then fits."""
+    """Settings that fit where `plan` does not: (overrides, estimated peak GiB). Each combination of up to three
+    levers (`levers`) is tried as it is and with the largest token budget that then fits. The answer leads with the
+    fewest changes that keep the model fully trained on these devices, then with LoRA, then with more devices (one
+    of each where one fits; among as many changes the one with the most room left), and fills up with the next."""
     from itertools import combinations
 
     inp, usable = plan.inputs, plan.usable
     if usable is None:
         return []
     options = levers(cfg, inp)
-    found: list[tuple[int, float, str]] = []
-    for size in (0, 1, 2):
+    found: list[tuple[int, int, float, str]] = []  # (kind, changes, bytes, overrides)
+    for size in (1, 2, 3):
         for combo in combinations(options, size):
-            if sum("devices" in name for name, _ in combo) > 1:
-                continue
-            changes = {k: v for _, c in combo for k, v in c.items()}
             names = [name for name, _ in combo]
-            trial = inp.with_(**changes)
+            if sum("devices" in name for name in names) > 1:
+                continue
+            trial = inp.with_(**{k: v for _, c in combo for k, v in c.items()})
             need = peak(estimate_phases(trial))[1]
             if need > usable:
                 budget = _largest_budget(cfg, trial, usable)
@@ -314,12 +326,12 @@ def alternatives(cfg: RunConfig, plan: Plan, most: int = 3) -> list[tuple[str, f
                 trial = trial.with_(**_budget_changes(trial, budget))
                 need = peak(estimate_phases(trial))[1]
                 names.append(f"trainer.max_tokens_per_micro_batch={budget}")
-            if names:
-                found.append((len(names), need, " ".join(names)))
-        if len(found) >= most:
-            break
-    found.sort(key=lambda f: f[0])  # stable: least intrusive levers first within a size
-    return [(name, need / GiB) for _, need, name in found[:most]]
+            kind = 2 if any("devices" in n for n in names) else 1 if any("lora" in n for n in names) else 0
+            found.append((kind, len(names), need, " ".join(names)))
+    found.sort(key=lambda f: (f[1], f[2]))  # fewest changes; among as many, the most room left
+    firsts = [next(f for f in found if f[0] == kind) for kind in (0, 1, 2) if any(f[0] == kind for f in found)]
+    rest = [f for f in found if f not in firsts]
+    return [(name, need / GiB) for _, _, need, name in (firsts + rest)[:most]]
 
 
 def _budget_changes(inp: MemoryInputs, budget: int) -> dict:

@@ -43,6 +43,7 @@ class OptimFields:
     fused_optimizer: bool
     max_nonfinite_steps: int
     max_param_norm_ratio: float
+    optimizer_on_host: bool
 
 
 @dataclass
@@ -84,6 +85,9 @@ class CriticConfig:
     offload: Optional[str] = None
     """What goes to host memory between its phases: none, params, optimizer or params,optimizer (GPU only);
     None = trainer.offload."""
+    optimizer_on_host: Optional[bool] = None
+    """Keep its AdamW moments in host memory and stream them through the device for each step (as
+    trainer.optimizer_on_host); None = trainer.optimizer_on_host."""
 
     def __post_init__(self) -> None:
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
@@ -110,6 +114,10 @@ class CriticConfig:
             value = getattr(self, key)
             if value is not None and value < least:
                 raise ConfigError(f"critic.{key} must be >= {least}, got {value}")
+        if self.optimizer_on_host is not None and not isinstance(self.optimizer_on_host, bool):
+            raise ConfigError(
+                f"critic.optimizer_on_host must be true, false or null (the actor's), got {self.optimizer_on_host!r}"
+            )
         if self.offload is not None:
             parts = {p.strip() for p in self.offload.split(",")} - {"none"}
             if parts - set(OFFLOAD_PARTS) or (self.offload.strip() != "none" and not parts):
@@ -138,7 +146,12 @@ class CriticConfig:
             fused_optimizer=trainer.fused_optimizer,
             max_nonfinite_steps=trainer.max_nonfinite_steps,
             max_param_norm_ratio=trainer.max_param_norm_ratio,
+            optimizer_on_host=self.resolve_optimizer_on_host(trainer),
         )
+
+    def resolve_optimizer_on_host(self, trainer: TrainerConfig) -> bool:
+        """Whether its moments live on the host (the actor's choice when `optimizer_on_host` is None)."""
+        return trainer.optimizer_on_host if self.optimizer_on_host is None else self.optimizer_on_host
 
     def batching(self, trainer: TrainerConfig) -> tuple[int, int, int]:
         """(mini_batch_size, micro_batch_size, ppo_epochs) in effect."""

@@ -8,6 +8,9 @@ memory lifecycle inside one iteration::
     learner.onload_params()      # before the forward passes
     learner.onload_optimizer()   # before the update (started early with wait=False, joined here)
     learner.optimizer_step()     # after the micro-batches' backward passes; refuses a step past the divergence guard
+
+With `optimizer_on_host` the Adam moments never occupy the device: they live in pinned host memory and stream
+through it during the step (`training/host_optimizer.py`), so there is no optimizer state to offload or onload.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.distributed as dist
 from hybridrl.errors import DivergenceError, HybridRLError
 from hybridrl.training.checkpoint import load_trainer, save_trainer
 from hybridrl.training.fsdp import reshard_units
+from hybridrl.training.host_optimizer import HostAdamW
 from hybridrl.training.offload import HostOffloader, timed_moves
 from hybridrl.training.schedule import build_scheduler
 
@@ -47,8 +51,8 @@ class FSDPLearner:
     """An FSDP2 model with AdamW, a warmup/cosine schedule and per-part host offload.
 
     `optim` is any config with the optimizer fields of `TrainerConfig` (lr, betas, eps, weight_decay,
-    warmup_steps, lr_schedule, min_lr_ratio, grad_clip, fused_optimizer); `offload_parts` says what goes to host
-    memory during the rollout ("params", "optimizer"), which only a GPU honours.
+    warmup_steps, lr_schedule, min_lr_ratio, grad_clip, fused_optimizer, optimizer_on_host); `offload_parts` says
+    what goes to host memory during the rollout ("params", "optimizer"), which only a GPU honours.
     """
 
     #: The role's name in metrics and checkpoints ("actor", "critic").
@@ -60,14 +64,18 @@ class FSDPLearner:
         self.model, self.optim, self.device = model, optim, device
         # Frozen parameters (a LoRA base) get neither gradients nor optimizer state.
         trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            trainable,
+        adamw = dict(
             lr=optim.lr,
             betas=tuple(optim.betas),
             eps=optim.eps,
             weight_decay=optim.weight_decay,
             fused=True if optim.fused_optimizer and device.type == "cuda" else None,
         )
+        self.optimizer_on_host = bool(optim.optimizer_on_host)
+        if self.optimizer_on_host:
+            self.optimizer: torch.optim.AdamW = HostAdamW(trainable, device=device, **adamw)
+        else:
+            self.optimizer = torch.optim.AdamW(trainable, **adamw)
         self.scheduler = build_scheduler(
             self.optimizer, optim.warmup_steps, total_optimizer_steps, optim.lr_schedule, optim.min_lr_ratio
         )
@@ -77,10 +85,16 @@ class FSDPLearner:
         )
         self.nonfinite_total = 0  # optimizer steps skipped for a non-finite gradient norm, over the run
         self.nonfinite_in_a_row = 0
+        # Moments kept on the host leave nothing of the optimizer on the device to offload.
         self.optim_offload = HostOffloader(
-            lambda: [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)],
+            lambda: [
+                v
+                for st in self.optimizer.state.values()
+                for v in st.values()
+                if torch.is_tensor(v) and not self.optimizer_on_host
+            ],
             device,
-            enabled="optimizer" in offload_parts and on_gpu,
+            enabled="optimizer" in offload_parts and on_gpu and not self.optimizer_on_host,
         )
 
     # -- memory ---------------------------------------------------------------------------
@@ -121,7 +135,11 @@ class FSDPLearner:
 
     def memory_stats(self) -> dict[str, float]:
         """GiB of this role's parameters and optimizer state on the device and in host memory."""
-        return {**self.param_offload.stats("params"), **self.optim_offload.stats("optimizer")}
+        if self.optimizer_on_host:
+            optim = {"optimizer_device_gb": 0.0, "optimizer_host_gb": self.optimizer.host_bytes() / 2**30}
+        else:
+            optim = self.optim_offload.stats("optimizer")
+        return {**self.param_offload.stats("params"), **optim}
 
     # -- optimization ---------------------------------------------------------------------
     def _global_sum(self, value: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,11 @@ the run checks it before any weights load. Per device, with W data-parallel rank
 trained, b bytes per compute element (2 for bf16):
 
     parameters   4P/W float32 masters (a frozen LoRA base: bP/W), plus the gathered bP of the unit(s) in use
-    gradients    4P_t/W float32 shards, plus bP_t unsharded while the backward reduces them
-    optimizer    AdamW's two moments, 8P_t/W
+    gradients    4P_t/W float32 shards, plus bP_t unsharded during the backward; the reduction of each micro-batch's
+                 gradients then holds a float32 copy of them and its float32 output shard (`reduce_bytes`), a moment
+                 of its own when the whole model is one unit (one rank): the update's peak is the larger moment
+    optimizer    AdamW's two moments, 8P_t/W; with the moments on the host (`trainer.optimizer_on_host`) only the
+                 update's streaming slots of both moments, 16C bytes (C elements a chunk; 8P_t/W when that is less)
     activations  what autograd keeps per token and layer (`activation_bytes_per_token`) × the micro-batch's tokens
                  this device computes: all of them, or 1/sp with sequence parallelism (Ulysses: each rank runs its
                  slice of the tokens; around attention it holds every token for 1/sp of the heads, the same bytes)
@@ -21,6 +24,8 @@ one micro-batch; the rollout holds the engine and whatever trainer state is not 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+from hybridrl.training.host_optimizer import CHUNK_ELEMENTS
 
 GiB = 2**30
 PARTS = ("params", "grads", "optimizer", "activations", "logits", "engine", "others")
@@ -136,6 +141,10 @@ class MemoryInputs:
     sequence_parallel: int = 1
     """Ranks that split each micro-batch's tokens (`trainer.sequence_parallel_size`): the token counts above are
     the micro-batch's, each of these ranks computes its share."""
+    optimizer_on_host: bool = False
+    """The actor's Adam moments live in host memory and stream through the device for the step."""
+    critic_optimizer_on_host: bool = False
+    """The same for the critic's."""
 
     def with_(self, **changes) -> MemoryInputs:
         """A copy with some inputs changed (what-if estimates)."""
@@ -149,17 +158,55 @@ def _state(inp: MemoryInputs, params: int, trained: int, frozen_bytes: int) -> t
     return (4 * trained + frozen_bytes * (params - trained)) / w, 8 * trained / w
 
 
+def reduce_bytes(unit_params: float, b: int, world: int) -> float:
+    """Transient bytes of FSDP2's gradient reduction over a unit of `unit_params` parameters (its foreach_reduce):
+    a float32 reduce-scatter input beside the unit's unsharded gradients while they are copied in, then beside the
+    float32 output shard (a separate buffer even on one rank) before it is added to the accumulated gradient."""
+    return unit_params * max(b + 4, 4 + 4 / world)
+
+
+def streaming_slots(trained: int, world: int) -> float:
+    """Device bytes of the host-moment step's slots of both float32 moments (`training/host_optimizer.py`): two
+    of a chunk each, or one of the rank's trained elements when they fit one chunk."""
+    per_rank = trained / world
+    return (2 if per_rank > CHUNK_ELEMENTS else 1) * 2 * 4 * min(CHUNK_ELEMENTS, per_rank)
+
+
+def host_bytes(inp: MemoryInputs) -> dict[str, float]:
+    """Host memory per rank (pinned) outside the device estimate: Adam moments kept there, and what the offloads
+    move there (the actor's and critic's parameters, their moments when they live on the device, the reference)."""
+    d, w = inp.dims, inp.world
+    trained = inp.lora_params or d.params
+    params, optim = _state(inp, d.params + inp.lora_params, trained, inp.compute_bytes)
+    pc = d.critic_params
+    out = {
+        "actor_optimizer": optim if inp.optimizer_on_host or "optimizer" in inp.offload else 0.0,
+        "actor_params": params if "params" in inp.offload else 0.0,
+        "critic_optimizer": 8 * pc / w
+        if inp.critic and (inp.critic_optimizer_on_host or "optimizer" in inp.critic_offload)
+        else 0.0,
+        "critic_params": 4 * pc / w if inp.critic and "params" in inp.critic_offload else 0.0,
+        "ref_params": inp.compute_bytes * d.params / w if inp.ref and inp.ref_offload else 0.0,
+    }
+    return {k: v for k, v in out.items() if v}
+
+
 def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
     """Peak bytes per device of each phase, split by `PARTS`."""
     d, w, b = inp.dims, inp.world, inp.compute_bytes
     trained = inp.lora_params or d.params
     params_all = d.params + inp.lora_params
     actor_params, actor_optim = _state(inp, params_all, trained, b)
+    # Moments on the host: nothing of the optimizer on the device between steps, two streaming slots during one.
+    actor_step = streaming_slots(trained, w) if inp.optimizer_on_host else actor_optim
+    actor_optim = 0.0 if inp.optimizer_on_host else actor_optim
     # One rank with LoRA keeps the frozen base outside FSDP (`training/trainer.py`): only the adapters are gathered.
     gathered = b * (trained if inp.lora_params and w == 1 else params_all) * inp.gathered_fraction
     ref_params = b * d.params / w if inp.ref else 0.0
     pc = d.critic_params
     critic_params, critic_optim = (4 * pc / w, 8 * pc / w) if inp.critic else (0.0, 0.0)
+    critic_step = streaming_slots(pc, w) if inp.critic and inp.critic_optimizer_on_host else critic_optim
+    critic_optim = 0.0 if inp.critic_optimizer_on_host else critic_optim
     engine_in_training = inp.engine.total if inp.engine_awake_in_training else 0.0
     sp = inp.sequence_parallel  # each rank of an SP group computes 1/sp of a micro-batch's tokens
     kept_lp = inp.logprob_tokens * inp.kept_fraction / sp
@@ -185,15 +232,27 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
         "engine": engine_in_training,
         "others": ref_params + (b * d.params * inp.gathered_fraction if inp.ref else 0.0) + critic_params,
     }
-    phases["update"] = {
+    others_update = (0.0 if inp.ref_offload else ref_params) + others_critic_after(inp, critic_params, critic_optim)
+    backward = {
         "params": actor_params + gathered,
         "grads": grads,
-        "optimizer": actor_optim,
+        "optimizer": actor_step,
         "activations": activations,
         "logits": logits_bytes(kept_up, d.vocab, b, inp.logits_path, True, inp.chunk),
         "engine": engine_in_training,
-        "others": (0.0 if inp.ref_offload else ref_params) + others_critic_after(inp, critic_params, critic_optim),
+        "others": others_update,
     }
+    # The gradient reduction of each micro-batch: with one unit it runs after the whole backward (activations and
+    # logits gone), with several while the earlier layers' backward still holds theirs.
+    reduction = {
+        "params": actor_params + gathered,
+        "grads": 4 * trained / w + reduce_bytes(trained * inp.gathered_fraction, b, w),
+        "optimizer": actor_optim,
+        "activations": activations if inp.gathered_fraction < 1 else 0.0,
+        "engine": engine_in_training,
+        "others": others_update,
+    }
+    phases["update"] = max(backward, reduction, key=lambda parts: sum(parts.values()))
     if inp.critic:
         gathered_c = b * pc * inp.gathered_fraction
         actor_resident = actor_params + actor_optim + ref_params
@@ -207,7 +266,7 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
         phases["update_critic"] = {
             "params": critic_params + gathered_c,
             "grads": 4 * pc / w + b * pc * inp.gathered_fraction,
-            "optimizer": critic_optim,
+            "optimizer": critic_step,
             "activations": per_token * inp.critic_tokens / sp,
             "engine": engine_in_training,
             "others": actor_resident,

@@ -4,7 +4,9 @@ The tensors stay the same Python objects: their storage is copied to a pinned ho
 resized to zero bytes, which returns the memory to the caching allocator; onload resizes the
 storage back and copies the bytes in. FSDP2's views into the parameter storage stay valid, so no
 module or optimizer needs rebuilding. Copies run on a side stream and the pinned buffers are
-allocated once and reused, so each switch is one pass at host-link bandwidth.
+allocated once and reused, so each switch is one pass at host-link bandwidth. The buffers are carved from a few
+large pinned blocks (`training/pinned_arena.py`): one pinned allocation per tensor would be rounded up to a power
+of two, up to twice the host memory.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from hybridrl.training.pinned_arena import PinnedArena
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,7 @@ class HostOffloader:
         self.collect, self.device = collect, device
         self.enabled = device.type == "cuda" if enabled is None else enabled
         self._host: dict[int, torch.Tensor] = {}  # pinned buffers, kept across offloads
+        self._arena = PinnedArena(pin=device.type == "cuda")
         self._offloaded: list[tuple[int, torch.Tensor]] = []
         self._pending = False  # an onload's copies may still be running
         self._freeing = False  # an offload's copies may still be running; the storage is not freed yet
@@ -92,15 +97,18 @@ class HostOffloader:
         tensors = self._unique()
         moved = 0
         pin = self.device.type == "cuda"
+        missing = [
+            (key, t.untyped_storage().nbytes())
+            for key, t in tensors
+            if key not in self._host or self._host[key].numel() != t.untyped_storage().nbytes()
+        ]
+        for (key, _), host in zip(missing, self._arena.empty([((n,), torch.uint8) for _, n in missing])):
+            self._host[key] = host
         with self._side_stream():
             for key, t in tensors:
-                nbytes = t.untyped_storage().nbytes()
-                host = self._host.get(key)
-                if host is None or host.numel() != nbytes:
-                    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-                    self._host[key] = host
+                host = self._host[key]
                 host.copy_(_bytes_view(t), non_blocking=pin)
-                moved += nbytes
+                moved += host.numel()
         self._offloaded = tensors
         self._freeing = True
         if wait:

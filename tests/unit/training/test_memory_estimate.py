@@ -197,7 +197,9 @@ def test_plan_prints_the_table_and_exits_2_naming_what_fits(shapes, capsys):
 def test_check_fit_raises_before_any_weight_loads_on_a_pretend_device(tiny_path):
     trainer = TrainerConfig(device_memory_gb=1.1, micro_batch_size=64)  # the default run's 64 rows
     cfg = RunConfig(model=ModelConfig(name="hf", path=tiny_path), trainer=trainer)
-    with pytest.raises(HybridRLError, match=r"GiB more than the .* usable .* these fit: .*gradient_checkpointing"):
+    # One proposal of each kind: fully trained on this device, LoRA, more devices (each with a token budget here).
+    fits = r"these fit: [^|]*max_tokens_per_micro_batch=\d+ \(.*\) \| model\.lora\.rank=64.* \| .*\d devices"
+    with pytest.raises(HybridRLError, match=r"GiB more than the .* usable .* " + fits):
         check_fit(cfg)
     assert check_fit(RunConfig(model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig())) is None
     roomy = RunConfig(model=ModelConfig(name="hf", path=tiny_path), trainer=TrainerConfig(device_memory_gb=64))
@@ -227,3 +229,76 @@ def test_plan_refuses_a_bad_override_in_one_line(capsys):
         "error: trainer.lrr is not a config key (did you mean trainer.lr?)",
         "error: trainer.max_tokens_per_micro_batch must be >= 0, got -1",
     ]
+
+
+def test_moments_on_the_host_leave_two_streaming_slots_on_the_device():
+    from hybridrl.training.host_optimizer import CHUNK_ELEMENTS
+    from hybridrl.training.memory_estimate import host_bytes, streaming_slots
+
+    inp = MemoryInputs(
+        dims=TOY,
+        world=2,
+        compute_bytes=2,
+        update_tokens=100,
+        logprob_tokens=200,
+        kept_fraction=0.5,
+        engine=EngineMemory(weights=20_000, kv_cache=5_000, workspace=1_000),
+        optimizer_on_host=True,
+    )
+    p = estimate_phases(inp)
+    # The rank's 5,000 trained elements fit one chunk: one slot of both float32 moments; a model of many chunks
+    # streams through two slots of a chunk each.
+    assert CHUNK_ELEMENTS > 5_000
+    assert p["update"]["optimizer"] == 2 * 4 * 5_000
+    assert streaming_slots(trained=20 * CHUNK_ELEMENTS, world=2) == 2 * 2 * 4 * CHUNK_ELEMENTS
+    assert p["logprob"]["optimizer"] == 0
+    assert p["generate"]["params"] == 4 * 10_000 / 2  # the masters alone stay through the rollout
+    # The moments sit in host memory instead: 8 bytes per trained parameter on this rank.
+    assert host_bytes(inp) == {"actor_optimizer": 8 * 10_000 / 2}
+    assert host_bytes(inp.with_(offload=frozenset({"params"}), ref=True, ref_offload=True)) == {
+        "actor_optimizer": 8 * 10_000 / 2,
+        "actor_params": 4 * 10_000 / 2,
+        "ref_params": 2 * 10_000 / 2,
+    }
+
+
+def test_the_gradient_reduction_is_the_update_peak_when_activations_are_small():
+    """One rank, one unit: after the whole backward, FSDP2 copies the bf16 gradients into a float32 reduce input
+    (2P + 4P bytes at once), then frees them for the float32 output (4P + 4P), beside the accumulated 4P."""
+    inp = MemoryInputs(
+        dims=TOY,
+        world=1,
+        compute_bytes=2,
+        update_tokens=1,
+        logprob_tokens=1,
+        kept_fraction=0.0,
+        engine=EngineMemory(0, 0, 0),
+    )
+    p = estimate_phases(inp)["update"]
+    assert p["grads"] == 4 * 10_000 + 8 * 10_000
+    assert p["activations"] == 0
+    assert sum(p.values()) == (4 + 2) * 10_000 + 12 * 10_000 + 8 * 10_000
+    # Many tokens: the backward's activations outweigh the reduction again.
+    big = estimate_phases(inp.with_(update_tokens=10_000))["update"]
+    assert big["grads"] == 4 * 10_000 + 2 * 10_000 and big["activations"] == 304 * 2 * 10_000
+
+
+def test_7b_full_parameter_grpo_gets_a_fitting_proposal_on_one_h200(shapes, capsys):
+    """Issue 46's run: 7B, 16 prompts x 8 x 256, one H200. The first proposal keeps every parameter trained on one
+    device, moves the moments to the host, and fits when applied."""
+    args = [
+        "model=hf",
+        f"model.path={shapes['7b']}",
+        "data.train_batch_size=16",
+        "engine.max_new_tokens=256",
+        "trainer.device=cuda",
+        "trainer.device_memory_gb=139.8",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    first = err.split("these fit: ")[1].split(" (")[0]
+    assert "trainer.optimizer_on_host=true" in first and "lora" not in first and "devices" not in first
+    assert main([*args, *first.split()]) == 0
+    out = capsys.readouterr().out
+    # 7.6B trained parameters x 8 bytes of moments = 56.74 GiB in host memory.
+    assert "fits: peak" in out and "actor optimizer 56.74" in out
