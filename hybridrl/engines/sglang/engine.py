@@ -28,6 +28,10 @@ cuda_graph only (weights stay on the device, contents kept). `wake_up` resumes w
 each after a barrier of the TP group (every rank's trainer has freed the memory), and never a tag that was not
 released (SGLang would raise KeyError).
 
+Images (a vision-language model.path): each prompt's processor output (`pixel_values`, `image_grid_thw`, the ones the
+trainer reads) travels as the request's `image_data` with `input_ids` holding the expanded placeholders
+(`hybridrl.engines.sglang.multimodal`); SGLang runs the tower, the mrope positions and its image-keyed prefix cache.
+
 Log-probs: SGLang's default, log_softmax(logits / temperature) of the sampled token over the whole vocabulary
 (before top-k/top-p), log_softmax(logits) for greedy — our definition. See `hybridrl.engines.sglang.requests`.
 Seeds: sample j of global prompt i gets `sampling_seed = stream_key(seed, i, j) & (2**63 - 1)`; SGLang honours it
@@ -49,9 +53,11 @@ from typing import Any
 
 import torch
 
+from hybridrl.data.images import ImageInputs, image_key
 from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sglang import payload as wire
+from hybridrl.engines.sglang.multimodal import ImageTokens, build_image_data
 from hybridrl.engines.sglang.requests import (
     build_requests,
     build_turn_requests,
@@ -72,9 +78,10 @@ _GIB = 1 << 30
 _FUSED_NAMES = (".qkv_proj.", ".gate_up_proj.")
 _warned: set[str] = set()
 
-# One rank's generate call: its prompts, the sampling parameters, and in the request form each request's
-# (prompt_index, sample_index) (None: `generate`'s params.n samples of each prompt).
-Part = tuple[list[list[int]], SamplingParams, list[tuple[int, int]] | None]
+# One rank's generate call: its prompts, the sampling parameters, in the request form each request's
+# (prompt_index, sample_index) (None: `generate`'s params.n samples of each prompt), and each prompt's images (None:
+# none has any).
+Part = tuple[list[list[int]], SamplingParams, list[tuple[int, int]] | None, list[ImageInputs | None] | None]
 
 
 class SglangEngine(RolloutEngine):
@@ -108,6 +115,8 @@ class SglangEngine(RolloutEngine):
         factory = engine_factory if engine_factory is not None else _sglang_engine_class()
         self.tp = TpGroup(topology)
         self.stop_ids = _model_eos_ids(Path(model_path))
+        self.image_tokens = ImageTokens.from_model(Path(model_path))
+        self.takes_images = self.image_tokens is not None  # a vision-language checkpoint: prompts may carry images
         self._backup = cfg.sglang.enable_weights_cpu_backup
         self._released: set[str] = set()  # SGLang tags released and not resumed yet
         self._weights_stale = False  # released without a host copy: must be loaded before generating
@@ -142,16 +151,22 @@ class SglangEngine(RolloutEngine):
 
     # -- generation -------------------------------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        """Every rank passes its own prompts; the leader generates them all in one batch and returns each rank
-        its own completions (prompt-major, `params.n` per prompt, prompt_index local to the rank)."""
-        return self._through_leader(([[int(t) for t in p] for p in prompts], params, None))
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        images: Sequence[ImageInputs | None] | None = None,
+    ) -> list[Completion]:
+        """Every rank passes its own prompts (and their images); the leader generates them all in one batch and
+        returns each rank its own completions (prompt-major, `params.n` per prompt, prompt_index local to the rank)."""
+        return self._through_leader(([[int(t) for t in p] for p in prompts], params, None, _images(images)))
 
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         """One completion per request (seeded from (seed, prompt_index, sample_index)), through the TP leader as
         `generate` goes. Agent turns come here one batch per turn only outside `lead` at engine.tp_size > 1."""
         ids = [[int(t) for t in r.prompt_ids] for r in requests]
-        return self._through_leader((ids, params, [(r.prompt_index, r.sample_index) for r in requests]))
+        indices = [(r.prompt_index, r.sample_index) for r in requests]
+        return self._through_leader((ids, params, indices, _images([r.images for r in requests])))
 
     def async_engine(self, longest: int | None = None) -> SglangRequestStream | None:
         """Requests one at a time through SGLang's request API (`Engine.async_generate`, `sglang.stream`), each joining
@@ -161,7 +176,7 @@ class SglangEngine(RolloutEngine):
         if self.tp_size > 1 and not self._leading:
             return None
         self._check_can_generate()
-        return SglangRequestStream(self._engine, self.stop_ids)
+        return SglangRequestStream(self._engine, self.stop_ids, self.image_tokens)
 
     @contextmanager
     def lead(self, group=None) -> Iterator[None]:
@@ -209,29 +224,35 @@ class SglangEngine(RolloutEngine):
             raise HybridRLError(f"SGLang engine: generate failed on the TP leader (rank {self.tp.leader}): {mine}")
         return mine
 
-    def _generate_parts(
-        self, parts: list[tuple[list[list[int]], SamplingParams, list | None]]
-    ) -> list[list[Completion]]:
-        """Leader: one engine call for the distinct parts; each rank's completions."""
+    def _generate_parts(self, parts: list[Part]) -> list[list[Completion]]:
+        """Leader: one engine call for the distinct parts (equal tokens with other pictures are distinct); each
+        rank's completions."""
         unique: dict[tuple, int] = {}
-        owner = [unique.setdefault(params_key(p, params, ix or ()), len(unique)) for p, params, ix in parts]
+        owner = [
+            unique.setdefault((params_key(p, params, ix or ()), _image_keys(im)), len(unique))
+            for p, params, ix, im in parts
+        ]
         firsts = [parts[owner.index(u)] for u in range(len(unique))]
         input_ids: list[list[int]] = []
         sampling: list[dict[str, Any]] = []
-        for prompts, params, indices in firsts:
+        image_data: list[list[dict[str, Any]]] = []
+        for prompts, params, indices, images in firsts:
             if indices is None:
                 ids, sp = build_requests(prompts, params, self.stop_ids)
             else:
                 ids, sp = build_turn_requests(_requests(prompts, indices), params, self.stop_ids)
+            data = build_image_data(prompts, images, params.n if indices is None else 1, self.image_tokens)
+            image_data += data if data is not None else [[] for _ in ids]
             input_ids += ids
             sampling += sp
         outputs = []
         if input_ids:
-            outputs = self._engine.generate(input_ids=input_ids, sampling_params=sampling, return_logprob=True)
+            extra = {"image_data": image_data} if any(image_data) else {}  # a text batch: the text payload unchanged
+            outputs = self._engine.generate(input_ids=input_ids, sampling_params=sampling, return_logprob=True, **extra)
             if isinstance(outputs, dict):
                 outputs = [outputs]
         per_part, start = [], 0
-        for prompts, params, indices in firsts:
+        for prompts, params, indices, _ in firsts:
             count = len(prompts) * (params.n if indices is None else 1)
             chunk = outputs[start : start + count]
             if indices is None:
@@ -397,6 +418,18 @@ class SglangEngine(RolloutEngine):
 
 def _requests(prompts: list[list[int]], indices: list) -> list[GenerationRequest]:
     return [GenerationRequest(p, i, j) for p, (i, j) in zip(prompts, indices, strict=True)]
+
+
+def _images(images: Sequence[ImageInputs | None] | None) -> list[ImageInputs | None] | None:
+    """A part's images: None when no prompt has any (a text call keys and travels as before)."""
+    if images is None or all(x is None for x in images):
+        return None
+    return list(images)
+
+
+def _image_keys(images: list[ImageInputs | None] | None) -> tuple[str, ...]:
+    """The images of a part by content, to tell equal tokens with other pictures apart."""
+    return () if images is None else tuple(image_key(x) for x in images)
 
 
 def _sglang_engine_class() -> Callable[..., Any]:

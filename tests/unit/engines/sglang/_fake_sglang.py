@@ -90,6 +90,7 @@ class FakeSglangEngine:
         prompt=None,
         sampling_params=None,
         input_ids=None,
+        image_data=None,
         return_logprob=False,
         logprob_start_len=None,
         top_logprobs_num=None,
@@ -98,10 +99,13 @@ class FakeSglangEngine:
     ):
         t0 = time.time()
         assert prompt is None and return_logprob and not stream
+        if image_data is not None:  # SGLang: one entry per request (GenerateReqInput._normalize_image_data)
+            assert len(image_data) == len(input_ids)
         out = [_output(x, sp) for x, sp in zip(input_ids, sampling_params, strict=True)]
-        self._record(
-            "generate", dict(input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob), t0
-        )
+        args = dict(input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob)
+        if image_data is not None:
+            args["image_data"] = image_data
+        self._record("generate", args, t0)
         return out
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **kw):
@@ -110,7 +114,10 @@ class FakeSglangEngine:
         assert prompt is None and return_logprob and not kw.get("stream")
         assert asyncio.get_running_loop() is self.loop, "SGLang answers only on the loop its engine was made on"
         await asyncio.sleep(self.async_delay)
-        self._record("async_generate", dict(input_ids=input_ids, sampling_params=sampling_params), t0)
+        args = dict(input_ids=input_ids, sampling_params=sampling_params)
+        if kw.get("image_data") is not None:
+            args["image_data"] = kw["image_data"]
+        self._record("async_generate", args, t0)
         return _output(input_ids, sampling_params)
 
     def release_memory_occupation(self, tags=None):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hybridrl.data.images import ImageInputs, ImageSource
 from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig, SglangOptions
 from hybridrl.engines.sglang.engine import ALL_TAGS, SglangEngine
@@ -89,11 +90,17 @@ class Recorder:
 @pytest.fixture(scope="module")
 def adapter_calls(tmp_path_factory) -> list[tuple[str, tuple, dict]]:
     model = tmp_path_factory.mktemp("model")
-    (model / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    vl = {"eos_token_id": 2, "image_token_id": 9, "vision_config": {"spatial_merge_size": 2}}
+    (model / "config.json").write_text(json.dumps(vl))
     Recorder.log = []
     opts = SglangOptions(enable_weights_cpu_backup=True, enable_deterministic_inference=True)
     eng = SglangEngine(str(model), EngineConfig(name="sglang", sglang=opts), device="cpu", engine_factory=Recorder)
     eng.generate([[1, 2]], SamplingParams(n=2, seed=1, top_k=5, top_p=0.9, temperature=0.5))
+    picture = ImageInputs(torch.zeros(4, 12), torch.tensor([[1, 2, 2]]), [ImageSource("a.png", digest="0" * 40)])
+    eng.generate([[1, 9], [1, 2]], SamplingParams(seed=1), [picture, None])  # image_data, and [] for the text one
+    request = GenerationRequest([1, 9], 4, 3, images=picture)
+    stream_ = eng.async_engine()
+    stream_.event_loop.run_until_complete(stream_.generate(request, SamplingParams(seed=1)))
     eng.generate_requests([GenerationRequest([1, 2, 3], 4, 1)], SamplingParams(seed=1))
     stream = eng.async_engine()  # an agent turn through the request API, on the engine's loop
     stream.event_loop.run_until_complete(stream.generate(GenerationRequest([1, 2, 3], 4, 2), SamplingParams(seed=1)))
@@ -127,6 +134,56 @@ def test_engine_methods_accept_our_calls(adapter_calls):
             except TypeError as exc:
                 pytest.fail(f"sglang.Engine.{name}{sigs[name]} (from {how}) rejects {args} {kwargs}: {exc}")
     assert list(sigs["update_weights_from_tensor"].parameters)[1:4] == ["named_tensors", "load_format", "flush_cache"]
+    assert sum("image_data" in kw for name, _, kw in adapter_calls if name in ("generate", "async_generate")) == 2
+
+
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name)
+
+
+def test_processor_output_is_taken_as_it_is():
+    """The `image_data` form the adapter sends (`hybridrl.engines.sglang.multimodal`), in the installed source: a
+    ``{"format": "processor_output"}`` dict is preprocessed input; with input ids and only preprocessed data the
+    ids are kept as they are (no decode and re-tokenize, which needs the tokenizer skip_tokenizer_init drops); one
+    such dict per request; its pixel_values and image_grid_thw are image fields; a list of lists is kept per
+    request."""
+    from hybridrl.engines.sglang.multimodal import PROCESSOR_OUTPUT
+
+    base = ast.parse(sglang_source("srt/multimodal/processors/base_processor.py").read_text())
+    fmt = ast.unparse(_function(base, "_get_preprocessed_input_format"))
+    assert f'"{PROCESSOR_OUTPUT}"' in fmt or f"'{PROCESSOR_OUTPUT}'" in fmt
+    load = ast.unparse(_function(base, "load_mm_data"))
+    assert "input_ids is not None and self._all_mm_data_is_preprocessed(" in load
+    assert "exactly one item" in ast.unparse(_function(base, "_validate_one_modality"))
+    init = _function(base, "__init__")
+    [modality] = [
+        n.value
+        for n in ast.walk(init)
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "self.ATTR_NAME_TO_MODALITY"
+    ]
+    keys = {k.value for k in modality.keys if isinstance(k, ast.Constant)}
+    assert {"pixel_values", "image_grid_thw"} <= keys
+    io = ast.parse(sglang_source("srt/managers/io_struct.py").read_text())
+    norm = ast.unparse(_function(io, "_normalize_image_data"))
+    assert "isinstance(self.image_data[0], list)" in norm
+
+
+@pytest.mark.parametrize(
+    ("module", "cls"),
+    [("qwen2_vl", "Qwen2VLForConditionalGeneration"), ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration")],
+)
+def test_qwen2_vl_loader_takes_checkpoint_names(module, cls):
+    """SGLang's Qwen2-VL models hold the decoder as `self.model`, the tower as `self.visual` and the head as
+    `self.lm_head`, and their load_weights renames the tower's fused ``attn.qkv`` itself: the names the resharder
+    sends (`hybridrl.models.vision.checkpoint_name`: ``model.*``, ``visual.*``, ``lm_head.*``, unfused) are theirs."""
+    tree = ast.parse(sglang_source(f"srt/models/{module}.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    assigned = {
+        ast.unparse(t) for n in ast.walk(_function(node, "__init__")) if isinstance(n, ast.Assign) for t in n.targets
+    }
+    assert {"self.model", "self.visual", "self.lm_head"} <= assigned
+    load = ast.unparse(_function(node, "load_weights"))
+    assert "'attn.qkv.', 'attn.qkv_proj.'" in load or '"attn.qkv.", "attn.qkv_proj."' in load
 
 
 def test_constructor_keywords_are_server_args_fields(adapter_calls):
