@@ -242,7 +242,7 @@ def build_rollout(
     if is_vision_language(policy.config) and not engine.takes_images:
         raise ConfigError(
             f"engine={cfg.engine.name}: this engine does not take image prompts yet, and model.path is a "
-            "vision-language model; use engine=native (its transformers path generates with images)"
+            "vision-language model; use engine=native (its transformers path generates with images) or engine=sglang"
         )
     if is_vision_language(policy.config) and (cfg.rollout.partial.enabled or cfg.rollout.name == "agent"):
         key = "rollout.partial.enabled=true" if cfg.rollout.partial.enabled else "rollout=agent"
