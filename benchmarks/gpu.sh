@@ -22,6 +22,15 @@
 #   step_large    benchmarks.step 1.5B at 64 prompts × 8 × 1024 new tokens
 #   partial       benchmarks.step 1.5B --partial: 32 prompts × 8 on the heavy-tailed mix (90% 64–512 tokens, 10% at
 #                 4,096), synchronous steps then rollout.partial (carry, oversample 0.75, max_staleness 1)
+#   lengths       benchmarks.step 1.5B on log-normal response lengths, packed against padded
+#                 (trainer.padding_free=false), and on fixed lengths
+#   fit           benchmarks.step 0.5B and 1.5B with default settings: memory/estimate_gb/* beside the measured
+#                 memory/*/peak_allocated_gb in each JSON's memory_after_phase
+#   step_7b       benchmarks.step 7B full-parameter GRPO, 16 prompts × 8 × 256, with the settings the fit estimate
+#                 proposes (ref.offload, gradient checkpointing, trainer.optimizer_on_host)
+#   default_run   the tiny default run (python -m hybridrl), twice: the second with the model cached; its wall time
+#                 and trainer/compiles per step
+#   vl            benchmarks.step --vl 3b: a random-init Qwen2.5-VL-3B, 16 prompts × 8, one 448×448 picture each
 #   lifecycle     benchmarks.lifecycle 1.5B: sleep/wake/offload/onload/reshard seconds, GB/s, bytes freed
 #   ppo           benchmarks.step 1.5B with algorithm=ppo (a 1.5B critic) and two 1.5B reward models
 #   lora          benchmarks.lora 7B: a GRPO step with LoRA rank 64 against full fine-tuning (estimated where it does
@@ -111,6 +120,37 @@ for group in "$@"; do
       bench step_1.5b_partial_heavy_n4096 600 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --prompts 32 \
         --group 8 --new-tokens 4096 --lengths heavy --partial --oversample 0.75 --max-staleness 1 --warmup 2 \
         --steps 3 ;;
+    lengths)
+      for v in true false; do
+        bench step_1.5b_lognormal_padding_free_$v 420 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b \
+          --lengths lognormal --set trainer.padding_free=$v
+      done
+      bench step_1.5b_fixed 300 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --lengths fixed ;;
+    fit)
+      for s in 0.5b 1.5b; do
+        bench fit_$s 300 step --device cuda --shape $s --model-dir $MODELS/$s --prompts 16 --new-tokens 256 \
+          --steps 2 --warmup 1
+      done ;;
+    step_7b)
+      bench step_7b_optimizer_on_host 600 step --device cuda --shape 7b --model-dir $MODELS/7b --prompts 16 \
+        --group 8 --new-tokens 256 --offload none --set ref.offload=true --set model.gradient_checkpointing=true \
+        --set trainer.optimizer_on_host=true --steps 2 --warmup 1 ;;
+    default_run)
+      cd /tmp
+      for i in 1 2; do
+        run default_run_$i 300 $PY -m hybridrl logger.progress_bar=false hydra.run.dir=$OUT/runs/default_$i
+      done
+      cd "$REPO"
+      $PY - "$OUT/runs/default_2/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print(json.dumps({"steps": len(rows), "compiles": [r.get("trainer/compiles") for r in rows][:12],
+                  "compiles_last": rows[-1].get("trainer/compiles"),
+                  "step_s_sum": round(sum(r.get("time/step", 0.0) for r in rows), 2)}))
+PY
+      ;;
+    vl)
+      bench step_vl_3b_i448 540 step --device cuda --vl 3b --image-size 448 --prompts 16 --group 8 --new-tokens 256 ;;
     lifecycle)
       bench lifecycle_1.5b 200 lifecycle --device cuda --shape 1.5b --model-dir $MODELS/1.5b ;;
     ppo)
