@@ -33,6 +33,9 @@ Log-probs: SGLang's default, log_softmax(logits / temperature) of the sampled to
 Seeds: sample j of global prompt i gets `sampling_seed = stream_key(seed, i, j) & (2**63 - 1)`; SGLang honours it
 only with `engine.sglang.enable_deterministic_inference=true`.
 
+Partial rollouts stop early (`sglang.partial`): each request through `async_generate` under an id of ours, the
+unfinished ones aborted by id once enough groups are complete, coming back with what they sampled so far.
+
 Verified on CPU with a stand-in engine and with SGLang's own serializer (tests/unit/engines/sglang); never run
 against a live SGLang Engine (it needs CUDA kernels, absent from our machines).
 """
@@ -52,6 +55,7 @@ import torch
 from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sglang import payload as wire
+from hybridrl.engines.sglang.partial import run_partial
 from hybridrl.engines.sglang.requests import (
     build_requests,
     build_turn_requests,
@@ -81,6 +85,7 @@ class SglangEngine(RolloutEngine):
     """An SGLang Engine shared by one engine TP group; takes HF-named full tensors (SGLang fuses and splits)."""
 
     weight_layout_style = "hf"
+    stops_early = True
 
     def __init__(
         self,
@@ -153,6 +158,38 @@ class SglangEngine(RolloutEngine):
         ids = [[int(t) for t in r.prompt_ids] for r in requests]
         return self._through_leader((ids, params, [(r.prompt_index, r.sample_index) for r in requests]))
 
+    def generate_partial(
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        groups: Sequence[object],
+        need: int,
+        wait_for: Sequence[int] = (),
+    ) -> list[Completion]:
+        """One completion per request, in order, stopping once `need` groups are complete and the requests `wait_for`
+        finished: the rest are aborted in SGLang and come back with their tokens and log-probs so far, finish_reason
+        'partial' (`RolloutEngine.generate_partial`, `sglang.partial`). Each request is seeded as in
+        `generate_requests` and capped by its own `max_new_tokens`. Every rank of the TP group passes the same
+        requests; the leader's engine runs them once and every rank gets its completions."""
+        self._check_can_generate()
+        self._warn_unseeded(params)
+        ids, sampling = build_turn_requests(requests, params, self.stop_ids)
+        for r, sp in zip(requests, sampling, strict=True):
+            if r.max_new_tokens is not None:
+                sp["max_new_tokens"] = r.max_new_tokens
+        indices = [(r.prompt_index, r.sample_index) for r in requests]
+        caps = tuple(sp["max_new_tokens"] for sp in sampling)
+        keys = self.tp.gather((params_key(ids, params, indices), caps, tuple(groups), need, tuple(wait_for)))
+
+        def run() -> list[Completion]:
+            if any(k != keys[0] for k in keys):
+                raise HybridRLError("generate_partial: every rank of an engine TP group must pass the same requests")
+            return self._engine.loop.run_until_complete(
+                run_partial(self._engine, requests, ids, sampling, groups, need, wait_for)
+            )
+
+        return self.tp.on_leader("generate_partial", run)
+
     def async_engine(self, longest: int | None = None) -> SglangRequestStream | None:
         """Requests one at a time through SGLang's request API (`Engine.async_generate`, `sglang.stream`), each joining
         its running batch as it arrives: the agent loop's turns. With engine.tp_size > 1 only inside `lead` (the
@@ -184,16 +221,19 @@ class SglangEngine(RolloutEngine):
         if self._weights_stale:
             raise RuntimeError("the engine's weights were released without a host copy; load_weights before generate")
 
-    def _through_leader(self, part: Part) -> list[Completion]:
-        """Gather every rank's part (prompts, params, and for requests their (prompt_index, sample_index)) on the
-        leader, generate the distinct ones in one engine call there, and hand each rank its completions."""
-        self._check_can_generate()
-        if part[1].seed is not None and not self.cfg.sglang.enable_deterministic_inference:
+    def _warn_unseeded(self, params: SamplingParams) -> None:
+        if params.seed is not None and not self.cfg.sglang.enable_deterministic_inference:
             _warn_once(
                 "seed",
                 "SGLang honours per-sample seeds only with engine.sglang.enable_deterministic_inference=true; "
                 "samples come from the engine's random_seed stream (not reproducible across layouts)",
             )
+
+    def _through_leader(self, part: Part) -> list[Completion]:
+        """Gather every rank's part (prompts, params, and for requests their (prompt_index, sample_index)) on the
+        leader, generate the distinct ones in one engine call there, and hand each rank its completions."""
+        self._check_can_generate()
+        self._warn_unseeded(part[1])
         parts = self.tp.gather(part)
         results: list[Any] | None = None
         if self.tp.is_leader:
