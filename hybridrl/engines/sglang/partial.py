@@ -19,7 +19,7 @@ is yielded as the request's output rather than raised (`TokenizerManager._handle
 from __future__ import annotations
 
 import asyncio
-import itertools
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,8 +29,6 @@ from hybridrl.engines.sglang.requests import parse_turn_outputs
 ABORT_TIMEOUT_S = 300.0
 """How long the aborted requests may take to come back (each runs at most one more decode step) before the call
 fails."""
-
-_calls = itertools.count()
 
 
 async def run_partial(
@@ -47,8 +45,9 @@ async def run_partial(
     `input_ids[i]`, `sampling[i]`: request i's SGLang inputs (its seed and its own `max_new_tokens`)."""
     countdown = GroupCountdown(groups, need, wait_for)
     outputs: list[Any] = [None] * len(requests)
-    call = next(_calls)
-    rids = [f"hybridrl-partial-{call}-{i}" for i in range(len(requests))]
+    # SGLang aborts every request whose id starts with the one given: ids of one width, none a prefix of another.
+    call = uuid.uuid4().hex
+    rids = [f"hybridrl-partial-{call}-{i:07d}" for i in range(len(requests))]
     tasks: dict[asyncio.Task, int] = {}
     for i, (ids, sp) in enumerate(zip(input_ids, sampling, strict=True)):
         if sp["max_new_tokens"] == 0:  # nothing left to sample: finished before it starts

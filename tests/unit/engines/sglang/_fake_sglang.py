@@ -124,7 +124,8 @@ class FakeSglangEngine:
             out = _output(input_ids, sampling_params)
             for k in range(len(out["output_ids"])):
                 await asyncio.sleep(self.token_delay)
-                if rid is not None and rid in self.aborted and k + 1 < len(out["output_ids"]):
+                aborted = rid is not None and any(rid.startswith(prefix) for prefix in self.aborted)  # as SGLang
+                if aborted and k + 1 < len(out["output_ids"]):
                     meta = dict(out["meta_info"], finish_reason={"type": "abort", "message": "Aborted"})
                     meta["output_token_logprobs"] = meta["output_token_logprobs"][: k + 1]
                     out = {"output_ids": out["output_ids"][: k + 1], "meta_info": meta}

@@ -94,3 +94,12 @@ def test_an_abort_before_the_first_token_is_an_empty_partial():
     assert c == Completion(4, [], [], "partial")
     with pytest.raises(RuntimeError, match="abort"):  # outside a partial rollout an abort stays an error
         parse_turn_outputs([aborted], [GenerationRequest([1], 4, 0)])
+
+
+def test_no_request_id_is_a_prefix_of_another(eng):
+    """SGLang aborts every request whose id starts with the id given, so one abort must reach one request only."""
+    requests = [GenerationRequest([7, i], i, 0, max_new_tokens=2 if i != 1 else 30) for i in range(12)]
+    outs = eng.generate_partial(requests, PARAMS, list(range(12)), need=11)
+    rids = [c[1]["rid"] for c in eng._engine.calls if c[0] == "async_generate"]
+    assert len(set(rids)) == 12 and not any(a != b and b.startswith(a) for a in rids for b in rids)
+    assert [c.finish_reason for c in outs] == ["length", "partial"] + ["length"] * 10
