@@ -106,11 +106,14 @@ def test_the_engine_serves_whole_calls_after_a_stopped_one(engine):
 
 
 def test_partial_rollout_run_with_vllm(tmp_path):
-    """rollout=partial on engine=vllm end to end: vLLM stops early (no over-sample-only warning) and the run trains."""
+    """rollout=partial on engine=vllm end to end: vLLM stops early (no over-sample-only warning), and samples it
+    stopped are carried into the next step's rollout and trained there. Responses of up to 32 tokens, most ending
+    earlier, so the groups complete at different steps."""
     run_dir = tmp_path / "run"
     args = [
         "engine=vllm",
         "rollout=partial",
+        "engine.max_new_tokens=32",
         "trainer.steps=3",
         "data.train_batch_size=4",
         "algorithm.group_size=4",
@@ -127,4 +130,6 @@ def test_partial_rollout_run_with_vllm(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert all(row["rollout/oversampled_groups"] == 2 for row in rows)  # ⌈0.5 · 4⌉ groups beyond the batch
-    assert all(row["mismatch/logp_abs_mean"] < 1e-4 for row in rows)
+    # A carried sample holds tokens of an earlier rollout: one that vLLM stopped and handed back 'partial'.
+    assert sum(row["rollout/carried"] for row in rows) > 0
+    assert all(row["rollout/staleness_max"] <= 1 for row in rows)
