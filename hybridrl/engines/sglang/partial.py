@@ -1,6 +1,7 @@
 """SGLang's partial rollouts: every request through SGLang's request API, stopped once enough groups are complete.
 
-    outs = engine._engine.loop.run_until_complete(run_partial(engine._engine, requests, sampling, groups, need, ...))
+    outs = sgl.loop.run_until_complete(run_partial(sgl, requests, input_ids, sampling, groups, need, wait_for))
+    # sgl: the sglang.Engine; input_ids, sampling: build_turn_requests' (each request's own max_new_tokens)
 
 Each request is one `Engine.async_generate` call under a request id of ours (`rid`), so SGLang's scheduler batches
 them continuously. As each returns, it counts down its group (`GroupCountdown`); once `need` groups are complete and
