@@ -37,13 +37,15 @@ Log-probs: SGLang's default, log_softmax(logits / temperature) of the sampled to
 Seeds: sample j of global prompt i gets `sampling_seed = stream_key(seed, i, j) & (2**63 - 1)`; SGLang honours it
 only with `engine.sglang.enable_deterministic_inference=true`.
 
+Partial rollouts stop early (`sglang.partial`): each request through `async_generate` under an id of ours, the
+unfinished ones aborted by id once enough groups are complete, coming back with what they sampled so far.
+
 Verified on CPU with a stand-in engine and with SGLang's own serializer (tests/unit/engines/sglang); never run
 against a live SGLang Engine (it needs CUDA kernels, absent from our machines).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -57,7 +59,9 @@ from hybridrl.data.images import ImageInputs, image_key
 from hybridrl.engines.base import WAKE_TAGS, Completion, GenerationRequest, RolloutEngine, SamplingParams
 from hybridrl.engines.config import EngineConfig
 from hybridrl.engines.sglang import payload as wire
+from hybridrl.engines.sglang.control import check_result, model_eos_ids, sglang_engine_class
 from hybridrl.engines.sglang.multimodal import ImageTokens, build_image_data
+from hybridrl.engines.sglang.partial import run_partial
 from hybridrl.engines.sglang.requests import (
     build_requests,
     build_turn_requests,
@@ -72,7 +76,6 @@ from hybridrl.topology import Topology
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = 'pip install "hybridrl[sglang]" (on a CUDA machine)'
 ALL_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants
 _GIB = 1 << 30
 _FUSED_NAMES = (".qkv_proj.", ".gate_up_proj.")
@@ -88,6 +91,7 @@ class SglangEngine(RolloutEngine):
     """An SGLang Engine shared by one engine TP group; takes HF-named full tensors (SGLang fuses and splits)."""
 
     weight_layout_style = "hf"
+    stops_early = True
 
     def __init__(
         self,
@@ -112,9 +116,9 @@ class SglangEngine(RolloutEngine):
         self.cfg, self.device = cfg, torch.device(device)
         topology = topology or Topology(1)
         self.tp_rank, self.tp_size = topology.engine_tp_rank, topology.engine_tp_size
-        factory = engine_factory if engine_factory is not None else _sglang_engine_class()
+        factory = engine_factory if engine_factory is not None else sglang_engine_class()
         self.tp = TpGroup(topology)
-        self.stop_ids = _model_eos_ids(Path(model_path))
+        self.stop_ids = model_eos_ids(Path(model_path))
         self.image_tokens = ImageTokens.from_model(Path(model_path))
         self.takes_images = self.image_tokens is not None  # a vision-language checkpoint: prompts may carry images
         self._backup = cfg.sglang.enable_weights_cpu_backup
@@ -168,6 +172,38 @@ class SglangEngine(RolloutEngine):
         indices = [(r.prompt_index, r.sample_index) for r in requests]
         return self._through_leader((ids, params, indices, _images([r.images for r in requests])))
 
+    def generate_partial(
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        groups: Sequence[object],
+        need: int,
+        wait_for: Sequence[int] = (),
+    ) -> list[Completion]:
+        """One completion per request, in order, stopping once `need` groups are complete and the requests `wait_for`
+        finished: the rest are aborted in SGLang and come back with their tokens and log-probs so far, finish_reason
+        'partial' (`RolloutEngine.generate_partial`, `sglang.partial`). Each request is seeded as in
+        `generate_requests` and capped by its own `max_new_tokens`. Every rank of the TP group passes the same
+        requests; the leader's engine runs them once and every rank gets its completions."""
+        self._check_can_generate()
+        self._warn_unseeded(params)
+        ids, sampling = build_turn_requests(requests, params, self.stop_ids)
+        for r, sp in zip(requests, sampling, strict=True):
+            if r.max_new_tokens is not None:
+                sp["max_new_tokens"] = r.max_new_tokens
+        indices = [(r.prompt_index, r.sample_index) for r in requests]
+        caps = tuple(sp["max_new_tokens"] for sp in sampling)
+        keys = self.tp.gather((params_key(ids, params, indices), caps, tuple(groups), need, tuple(wait_for)))
+
+        def run() -> list[Completion]:
+            if any(k != keys[0] for k in keys):
+                raise HybridRLError("generate_partial: every rank of an engine TP group must pass the same requests")
+            return self._engine.loop.run_until_complete(
+                run_partial(self._engine, requests, ids, sampling, groups, need, wait_for)
+            )
+
+        return self.tp.on_leader("generate_partial", run)
+
     def async_engine(self, longest: int | None = None) -> SglangRequestStream | None:
         """Requests one at a time through SGLang's request API (`Engine.async_generate`, `sglang.stream`), each joining
         its running batch as it arrives: the agent loop's turns. With engine.tp_size > 1 only inside `lead` (the
@@ -199,16 +235,19 @@ class SglangEngine(RolloutEngine):
         if self._weights_stale:
             raise RuntimeError("the engine's weights were released without a host copy; load_weights before generate")
 
-    def _through_leader(self, part: Part) -> list[Completion]:
-        """Gather every rank's part (prompts, params, and for requests their (prompt_index, sample_index)) on the
-        leader, generate the distinct ones in one engine call there, and hand each rank its completions."""
-        self._check_can_generate()
-        if part[1].seed is not None and not self.cfg.sglang.enable_deterministic_inference:
+    def _warn_unseeded(self, params: SamplingParams) -> None:
+        if params.seed is not None and not self.cfg.sglang.enable_deterministic_inference:
             _warn_once(
                 "seed",
                 "SGLang honours per-sample seeds only with engine.sglang.enable_deterministic_inference=true; "
                 "samples come from the engine's random_seed stream (not reproducible across layouts)",
             )
+
+    def _through_leader(self, part: Part) -> list[Completion]:
+        """Gather every rank's part (prompts, params, and for requests their (prompt_index, sample_index)) on the
+        leader, generate the distinct ones in one engine call there, and hand each rank its completions."""
+        self._check_can_generate()
+        self._warn_unseeded(part[1])
         parts = self.tp.gather(part)
         results: list[Any] | None = None
         if self.tp.is_leader:
@@ -341,9 +380,9 @@ class SglangEngine(RolloutEngine):
 
         def push() -> None:
             if not opened:
-                _check(self._engine.begin_weight_update(), "begin_weight_update")
+                check_result(self._engine.begin_weight_update(), "begin_weight_update")
             try:
-                _check(
+                check_result(
                     self._engine.update_weights_from_tensor(
                         named_tensors=payloads, load_format="flattened_bucket", flush_cache=False
                     ),
@@ -367,8 +406,8 @@ class SglangEngine(RolloutEngine):
             return
 
         def end() -> None:
-            _check(self._engine.end_weight_update(), "end_weight_update")
-            _check(self._engine.flush_cache(), "flush_cache")
+            check_result(self._engine.end_weight_update(), "end_weight_update")
+            check_result(self._engine.flush_cache(), "flush_cache")
 
         self._session_open = False
         self.tp.on_leader("end_weight_update", end)
@@ -430,57 +469,6 @@ def _images(images: Sequence[ImageInputs | None] | None) -> list[ImageInputs | N
 def _image_keys(images: list[ImageInputs | None] | None) -> tuple[str, ...]:
     """The images of a part by content, to tell equal tokens with other pictures apart."""
     return () if images is None else tuple(image_key(x) for x in images)
-
-
-def _sglang_engine_class() -> Callable[..., Any]:
-    """`sglang.Engine`, imported lazily (a CUDA-only install)."""
-    try:
-        import sglang
-    except ImportError as exc:
-        raise HybridRLError(f"engine=sglang needs SGLang: {INSTALL_HINT} ({exc})") from exc
-    if (
-        getattr(sglang, "__file__", None) is None
-    ):  # a bare folder named sglang on sys.path (e.g. tests/unit/engines/sglang)
-        raise HybridRLError(
-            f"engine=sglang needs SGLang: {INSTALL_HINT} (found only a namespace package {sglang.__path__})"
-        )
-    try:
-        return sglang.Engine
-    except Exception as exc:  # noqa: BLE001 -- its import chain fails in many ways without CUDA kernels
-        raise HybridRLError(
-            f"SGLang is installed but its Engine cannot be imported ({type(exc).__name__}: {exc}); "
-            f"it needs a CUDA machine with SGLang's own dependencies: {INSTALL_HINT}"
-        ) from exc
-
-
-def _ok(result: Any) -> tuple[bool, str]:
-    """(success, message) of an SGLang control call: a tuple, or an object with .success/.message."""
-    if result is None:
-        return True, ""
-    if isinstance(result, tuple):
-        return bool(result[0]), str(result[1]) if len(result) > 1 else ""
-    return bool(getattr(result, "success", True)), str(getattr(result, "message", ""))
-
-
-def _check(result: Any, what: str) -> None:
-    ok, message = _ok(result)
-    if not ok:
-        raise RuntimeError(f"{what} refused: {message}")
-
-
-def _model_eos_ids(path: Path) -> list[int]:
-    """EOS ids from config.json and generation_config.json (SGLang knows no tokenizer with skip_tokenizer_init)."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        f = path / name
-        if not f.is_file():
-            continue
-        value = json.loads(f.read_text()).get("eos_token_id")
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(v for v in value if isinstance(v, int))
-    return sorted(ids)
 
 
 def _warn_once(key: str, message: str) -> None:

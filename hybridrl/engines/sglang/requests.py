@@ -9,7 +9,8 @@ SGLang conventions this relies on (sglang 0.5.23, read from its source):
   log_softmax(logits) for greedy (`layers/sampler.py`). `SGLANG_RETURN_ORIGINAL_LOGPROB=1` would switch to unscaled
   logits, so the engine refuses to start with it set.
 - `output_ids` runs through the stop token (a matched EOS/stop id is kept), like our Completion.
-- `meta_info["finish_reason"]`: {"type": "stop"|"length"|"abort", ...}.
+- `meta_info["finish_reason"]`: {"type": "stop"|"length"|"abort", ...}; an aborted request (`abort_request(rid)`)
+  keeps the tokens and log-probs it sampled before the abort.
 - `sampling_seed` is honoured only with `enable_deterministic_inference=True`; otherwise SGLang samples from the
   stream of its `random_seed`.
 """
@@ -79,14 +80,18 @@ def build_turn_requests(
     return input_ids, sampling
 
 
-def parse_turn_outputs(outputs: Any, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """SGLang's outputs of `build_turn_requests`, each Completion under its request's prompt_index."""
-    out = parse_outputs(outputs, 1, len(requests))
+def parse_turn_outputs(
+    outputs: Any, requests: Sequence[GenerationRequest], abort_as: str | None = None
+) -> list[Completion]:
+    """SGLang's outputs of `build_turn_requests`, each Completion under its request's prompt_index (`abort_as`: as
+    in `parse_outputs`)."""
+    out = parse_outputs(outputs, 1, len(requests), abort_as=abort_as)
     return [dataclasses.replace(c, prompt_index=r.prompt_index) for c, r in zip(out, requests, strict=True)]
 
 
-def parse_outputs(outputs: Any, n: int, num_prompts: int) -> list[Completion]:
-    """SGLang's per-request dicts (prompt-major, n per prompt) as Completions."""
+def parse_outputs(outputs: Any, n: int, num_prompts: int, abort_as: str | None = None) -> list[Completion]:
+    """SGLang's per-request dicts (prompt-major, n per prompt) as Completions. An aborted request is an error, unless
+    `abort_as` names the finish_reason its tokens so far come back with (a partial rollout's 'partial')."""
     if isinstance(outputs, dict):  # a batch of one may come back unwrapped
         outputs = [outputs]
     if len(outputs) != n * num_prompts:
@@ -97,10 +102,14 @@ def parse_outputs(outputs: Any, n: int, num_prompts: int) -> list[Completion]:
         meta = out["meta_info"]
         finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, dict) else str(finish)
-        if kind not in ("stop", "length"):
+        if kind == "abort" and abort_as is not None:
+            kind = abort_as
+        elif kind not in ("stop", "length"):
             raise RuntimeError(f"SGLang sample {i}/{k % n} finished with {finish!r}")
         ids = [int(t) for t in out["output_ids"]]
         entries = meta.get("output_token_logprobs")
+        if entries is None and not ids:  # aborted before its first token, or nothing left to sample
+            entries = []
         if entries is None or len(entries) != len(ids):
             got = "none" if entries is None else len(entries)
             raise RuntimeError(

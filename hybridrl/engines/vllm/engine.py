@@ -19,6 +19,8 @@ Construction and teardown are in `vllm.construction`, weight delivery in `vllm.w
 - Agent turns (`rollout=agent`) join vLLM's running batch one by one through `async_engine` (`vllm.stream`:
   `LLMEngine.add_request` and `step`); with engine.tp_size > 1 the TP leader's schedule is replayed by the other
   ranks (`lead`, `follow`).
+- Partial rollouts (`rollout=partial`) stop early (`vllm.partial`): every request streams its tokens, and once enough
+  groups are complete the rest are aborted and come back with what they sampled so far.
 - TP on CPU uses shared memory named after VLLM_DIST_IDENT, which external_launcher fixes to "//" — two TP jobs
   on one host may collide (not checked); segments an exited worker left are removed first (`vllm.shm`).
 - Harmless noise, dropped at vLLM's loggers (`quiet.py`): "Chat template warmup failed" (no tokenizer),
@@ -55,6 +57,7 @@ from hybridrl.engines.vllm.construction import (
     local_device_index,
     teardown,
 )
+from hybridrl.engines.vllm.partial import run_partial
 from hybridrl.engines.vllm.quiet import quiet_vllm_logs
 from hybridrl.engines.vllm.shm import remove_stale_cpu_shm
 from hybridrl.engines.vllm.stream import VllmRequestStream, replay
@@ -70,6 +73,7 @@ class VllmEngine(RolloutEngine):
     """A vLLM `LLM` in this process, taking HF-named full tensors (vLLM fuses and TP-splits them itself)."""
 
     weight_layout_style = "hf"
+    stops_early = True
 
     def __init__(
         self,
@@ -170,6 +174,28 @@ class VllmEngine(RolloutEngine):
         sp = [self._request_params(params, r) for r in requests]
         outputs = self._llm.generate([self._input(r.prompt_ids) for r in requests], sp, use_tqdm=False)
         return [self._completion(r.prompt_index, o) for r, o in zip(requests, outputs, strict=True)]
+
+    def generate_partial(
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        groups: Sequence[object],
+        need: int,
+        wait_for: Sequence[int] = (),
+    ) -> list[Completion]:
+        """One completion per request, in order, stopping after the first engine step at whose end `need` groups are
+        complete and the requests `wait_for` finished; the requests still running are aborted and come back with
+        their tokens and log-probs so far, finish_reason 'partial' (`RolloutEngine.generate_partial`, `vllm.partial`).
+        Each request is seeded as in `generate_requests` and capped by its own `max_new_tokens`. Every rank of an
+        engine TP group runs it with the same requests and stops after the same step."""
+        self._check_awake()
+        sampling = []
+        for r in requests:
+            sp = self._request_params(params, r)
+            if r.max_new_tokens is not None:
+                sp.max_tokens = r.max_new_tokens
+            sampling.append(sp)
+        return run_partial(self._llm.llm_engine, requests, sampling, groups, need, wait_for)
 
     def async_engine(self, longest: int | None = None) -> VllmRequestStream | None:
         """Requests one at a time, each joining vLLM's running batch at its next step (`vllm.stream`), for the agent

@@ -79,6 +79,10 @@ class FakeSglangEngine:
         self.session = False
         self.delay = {"release_memory_occupation": 0.3}  # seconds; lets tests see who waits for whom
         self.async_delay = 0.0
+        self.token_delay = 0.0  # seconds per generated token of async_generate (0: answered at once)
+        self.aborted: list[str] = []  # rids passed to tokenizer_manager.abort_request, in order
+        self.running: set[str] = set()  # rids of async_generate calls not answered yet
+        self.tokenizer_manager = SimpleNamespace(abort_request=self._abort_request)
         self.loop = asyncio.new_event_loop()  # as sglang.Engine: the loop its tokenizer manager serves requests on
         self._record("__init__", kwargs, time.time())
 
@@ -108,17 +112,40 @@ class FakeSglangEngine:
         self._record("generate", args, t0)
         return out
 
-    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **kw):
-        """One request (flat input ids, one sampling dict), answered after `async_delay` seconds on `self.loop`."""
+    async def async_generate(
+        self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, rid=None, **kw
+    ):
+        """One request (flat input ids, one sampling dict), answered after `async_delay` seconds plus `token_delay`
+        per token on `self.loop`. Aborted by its `rid` (`tokenizer_manager.abort_request`), it is answered as SGLang
+        answers an aborted running request: after its next token, with finish_reason {"type": "abort"} and the
+        tokens and log-probs so far."""
         t0 = time.time()
         assert prompt is None and return_logprob and not kw.get("stream")
         assert asyncio.get_running_loop() is self.loop, "SGLang answers only on the loop its engine was made on"
-        await asyncio.sleep(self.async_delay)
-        args = dict(input_ids=input_ids, sampling_params=sampling_params)
+        self.running.add(rid)
+        try:
+            await asyncio.sleep(self.async_delay)
+            out = _output(input_ids, sampling_params)
+            for k in range(len(out["output_ids"])):
+                await asyncio.sleep(self.token_delay)
+                aborted = rid is not None and any(rid.startswith(prefix) for prefix in self.aborted)  # as SGLang
+                if aborted and k + 1 < len(out["output_ids"]):
+                    meta = dict(out["meta_info"], finish_reason={"type": "abort", "message": "Aborted"})
+                    meta["output_token_logprobs"] = meta["output_token_logprobs"][: k + 1]
+                    out = {"output_ids": out["output_ids"][: k + 1], "meta_info": meta}
+                    break
+        finally:
+            self.running.discard(rid)
+        args = dict(input_ids=input_ids, sampling_params=sampling_params, rid=rid)
         if kw.get("image_data") is not None:
             args["image_data"] = kw["image_data"]
         self._record("async_generate", args, t0)
-        return _output(input_ids, sampling_params)
+        return out
+
+    def _abort_request(self, rid: str = "", abort_all: bool = False):
+        """`TokenizerManager.abort_request`: the request `rid` stops after its next token."""
+        assert rid and not abort_all
+        self.aborted.append(rid)
 
     def release_memory_occupation(self, tags=None):
         t0 = time.time()

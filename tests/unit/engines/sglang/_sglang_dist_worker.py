@@ -9,6 +9,7 @@ Ends with os._exit (see shared/reference/PLATFORM_FACTS.md: interpreter exit aft
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -78,6 +79,12 @@ def scenario(rank: int, world: int, tp: int, model_dir: str, result: dict) -> No
         check("streamed", got, expected_turns(turns, params, stop_ids))
     else:
         check("streamed", eng.follow(), None)
+    # 2d. A partial rollout: every rank of the group passes the same requests, the leader's engine runs them once and
+    # aborts the unfinished ones; every rank gets the same completions: group 0 (1 token each) whole, group 1 cut.
+    partial = [GenerationRequest([6, g], g, j, max_new_tokens=1 if g == 0 else 40) for g in range(2) for j in range(2)]
+    got = eng.generate_partial(partial, params, [r.prompt_index for r in partial], need=1)
+    whole = expected_turns(partial[:2], dataclasses.replace(params, max_new_tokens=1), stop_ids)
+    check("partial", (got[:2], [c.finish_reason for c in got[2:]]), (whole, ["partial", "partial"]))
     # 3. Sleep: no rank may return before the leader's release finished (the stand-in takes 0.3 s).
     eng.sleep(2)
     result["sleep_returned"] = time.time()

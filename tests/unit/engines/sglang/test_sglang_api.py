@@ -104,6 +104,9 @@ def adapter_calls(tmp_path_factory) -> list[tuple[str, tuple, dict]]:
     eng.generate_requests([GenerationRequest([1, 2, 3], 4, 1)], SamplingParams(seed=1))
     stream = eng.async_engine()  # an agent turn through the request API, on the engine's loop
     stream.event_loop.run_until_complete(stream.generate(GenerationRequest([1, 2, 3], 4, 2), SamplingParams(seed=1)))
+    # A partial rollout: requests by id through async_generate, the long one aborted once the short one's group is done.
+    partial = [GenerationRequest([1, 2], 5, 0, max_new_tokens=1), GenerationRequest([1, 3], 6, 0, max_new_tokens=9)]
+    eng.generate_partial(partial, SamplingParams(seed=1), groups=[0, 1], need=1)
     eng.sleep(1)
     eng.wake_up(["weights"])
     eng.load_weights([("model.norm.weight", torch.ones(3))])
@@ -237,6 +240,29 @@ def test_wire_format_names_and_allow_list():
     allowed = SafeUnpickler.ALLOWED_GLOBALS
     assert ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata") in allowed
     assert ("types", "SimpleNamespace") in allowed  # our metadata fallback
+
+
+def test_abort_conventions_in_source():
+    """What partial rollouts rely on (`hybridrl.engines.sglang.partial`), in the installed source: abort by request id
+    through the tokenizer manager; a running request aborted without a status code finishes normally (its tokens and
+    log-probs so far) instead of raising; a waiting one is answered with its log-probs (none)."""
+    tree = ast.parse(sglang_source("srt/managers/tokenizer_manager.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TokenizerManager")
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    _signature_from_ast(methods["abort_request"]).bind(None, rid="hybridrl-partial-0-1")
+    assert "status_code is None" in ast.unparse(methods["_handle_abort_finish_reason"])
+    assert "self.add_logprob_to_meta_info(" in ast.unparse(methods["_handle_abort_req"])
+    scheduler = sglang_source("srt/managers/scheduler.py").read_text()
+    assert "req.to_finish = FINISH_ABORT()" in scheduler
+    engine = ast.parse(sglang_source("srt/entrypoints/engine.py").read_text())
+    init = next(
+        m
+        for c in engine.body
+        if isinstance(c, ast.ClassDef) and c.name == "Engine"
+        for m in c.body
+        if isinstance(m, ast.FunctionDef) and m.name == "__init__"
+    )
+    assert "self.tokenizer_manager =" in ast.unparse(init)
 
 
 def test_log_prob_and_seed_conventions_in_source():

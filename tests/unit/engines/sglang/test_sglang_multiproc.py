@@ -29,6 +29,10 @@ LEADER_CALLS = [
     "generate",  # agent turns outside `lead`: one batch per turn
     "async_generate",  # inside `lead`: one by one, the leader's own
     "async_generate",
+    "async_generate",  # a partial rollout: the group's requests once, through the request API
+    "async_generate",
+    "async_generate",
+    "async_generate",
     "release_memory_occupation",
     "resume_memory_occupation",
     "begin_weight_update",
@@ -71,7 +75,8 @@ def test_every_rank_gets_its_own_outputs(world):
     bad = [msg for res in results.values() for msg in res["checks"].values() if msg != "ok"]
     assert not bad, "\n".join(bad)
     assert all(
-        set(res["checks"]) == {"distinct", "identical", "turns", "streamed", "after_sync", "refused", "final", "leader"}
+        set(res["checks"])
+        == {"distinct", "identical", "turns", "streamed", "partial", "after_sync", "refused", "final", "leader"}
         for res in results.values()
     )
 

@@ -41,6 +41,20 @@ def lead_or_follow(eng, rank: int) -> list:
     return [[r.prompt_ids, c.token_ids, c.logprobs, c.finish_reason] for r, c in zip(requests, outs)]
 
 
+def stopped_early(eng, prompts: list) -> list:
+    """A partial rollout at TP 2: two samples of each prompt (group = prompt), prompt 0's capped at 3 tokens, stopped
+    once one group is complete; every rank steps its own engine and must stop after the same step."""
+    from hybridrl.engines.base import GenerationRequest, SamplingParams
+
+    requests = [
+        GenerationRequest(p, g, j, max_new_tokens=3 if g == 0 else None)
+        for g, p in enumerate(prompts)
+        for j in range(2)
+    ]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, seed=3)
+    return eng.generate_partial(requests, params, [r.prompt_index for r in requests], need=1)
+
+
 def main() -> None:
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     model, out_path = sys.argv[4], sys.argv[5]
@@ -68,6 +82,7 @@ def main() -> None:
     runs["perturbed"] = eng.generate(prompts, params)
     eng.load_weights(sd.items())
     runs["restored"] = eng.generate(prompts, params)
+    runs["partial"] = stopped_early(eng, prompts)
     turn_batched = eng.async_engine() is None  # outside `lead`: one batch per turn (the ranks' tools finish apart)
     runs["streamed"] = lead_or_follow(eng, rank)
     eng.shutdown()

@@ -65,6 +65,18 @@ def test_tp2_inside_our_process_group(vllm_tiny_path, vllm_hf_model, vllm_state_
     assert r0["group_alive_after_shutdown"] and r0["agent_turns_batched_per_turn"]
     runs = r0["runs"]
     assert runs["restored"] == runs["original"]
+    # Stopped early on both ranks after the same step: prompt 0's group whole, the others cut to what they sampled.
+    partial = runs.pop("partial")
+    assert [c[3] != "partial" for c in partial[:2]] == [True, True] and "partial" in {c[3] for c in partial[2:]}
+    assert all(len(c[1]) <= 3 for c in partial)
+    assert (
+        max(
+            (torch.tensor(lp) - hf_logprobs(vllm_hf_model, PROMPTS[i], ids, 1.0)).abs().max().item()
+            for i, ids, lp, _ in partial
+            if ids
+        )
+        < TOL
+    )
     assert runs["perturbed"] != runs["original"]
 
     new_model = type(vllm_hf_model)(vllm_hf_model.config).eval()
