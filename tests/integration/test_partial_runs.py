@@ -51,6 +51,28 @@ def test_nothing_over_sampled_is_the_synchronous_step(tmp_path):
 
 
 @pytest.mark.slow
+def test_with_no_tail_an_over_sampled_step_is_the_synchronous_step(tmp_path):
+    # Capped at 3 tokens, a group of 4 is rarely done before the cap: the groups complete together, nothing is left
+    # with a tail, the groups not needed restart and come first next step, in the places the synchronous step gives
+    # them. So every step trains the synchronous step's samples, drawn from the same streams.
+    short = [a if not a.startswith("engine.max_new_tokens") else "engine.max_new_tokens=3" for a in FAST]
+
+    def app_rows(name: str, *args: str) -> list[dict]:
+        r = run_app([*short, "trainer.steps=3", *args, f"hydra.run.dir={tmp_path / name}"], tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return rows(tmp_path / name)
+
+    sync, partial = app_rows("sync"), app_rows("partial", *PARTIAL)
+    assert {r["response/length_mean"] for r in sync} != {3.0}  # some responses stop before the cap
+    for a, b in zip(sync, partial, strict=True):
+        for key, value in a.items():
+            if not volatile(key):
+                assert b[key] == value, (a["step"], key)
+    assert [r["rollout/surplus_groups"] for r in partial] == [4, 4, 4]  # oversample=1.0: 4 groups more, restarted
+    assert all(r["rollout/carried"] == 0 for r in partial)
+
+
+@pytest.mark.slow
 def test_resume_with_samples_carried_across_the_checkpoint_matches_an_uninterrupted_run(tmp_path):
     args = [*FAST, *PARTIAL, "trainer.save_every=3", "trainer.steps=6"]
     a, b, _ = kill_and_resume(args, tmp_path)
