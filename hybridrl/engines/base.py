@@ -183,7 +183,8 @@ class RolloutEngine(abc.ABC):
         request i's group; a group is complete when all its requests have finished) and the requests `wait_for`
         (indices) have finished: every request still running then comes back with the tokens and log-probs sampled
         so far and finish_reason 'partial' (none sampled yet: an empty one). Each request's own `max_new_tokens`
-        caps it.
+        caps it. An engine may run on past that point while no unfinished request has a tail (more of its cap left
+        than any request has sampled): stopping then saves nothing worth a stale sample.
 
         This default cannot stop early (`stops_early` False): it runs every request to its end through
         `generate_requests` and cuts each to its own cap."""

@@ -5,16 +5,19 @@ In place of the synchronous generate → sleep → batch, step s runs::
     pool.expire(s, max_staleness)              # samples that would lag too far restart (rollout/dropped)
     fill the pool from the data loader up to B + extra groups   (B = data.train_batch_size, extra = oversample·B)
     generate every unfinished sample of those groups, its context prompt + its tokens so far, its cap what it has
-        left, until B groups are complete (every sample finished, kept ones counted) and every sample in its last
-        rollout within max_staleness has finished                     → dispatch.generate_partial
-    take B complete groups, in pool order: those this rollout completed, then kept ones → the training batch
+        left, until B groups are complete (every sample finished) and every sample in its last rollout within
+        max_staleness has finished                                    → dispatch.generate_partial
+    finish now every unfinished sample with no tail (its cap leaves no more than the rollout ran)
+    take B complete groups, in pool order → the training batch; complete groups not taken restart
     sleep; mode=drop: the unfinished samples restart
 
-Waiting for the samples whose next rollout would take them past `max_staleness` bounds staleness without dropping
-the tail: a long sample is carried once (with max_staleness=1) and then finished. Complete groups the step did not
-need (several complete in the same decode step as the B-th; with equal lengths every over-sampled group does) are
-kept, and fill a later step's batch only where that step's own completions fall short: trained first, they would
-make a step's batch a version old for no time saved; past `max_staleness` they restart.
+Three rules keep staleness where it buys time. Waiting for the samples whose next rollout would take them past
+`max_staleness` bounds staleness without dropping the tail: a long sample is carried once (with max_staleness=1)
+and then finished. Only a tail is carried: a sample whose cap leaves no more tokens than the rollout has run
+would save at most that many decode steps, so it finishes under the same weights (the native engine runs on
+instead of stopping where nothing has a tail, in the same random streams, so a rollout without a tail samples
+what the synchronous one does). Complete groups the step did not need (several complete in the decode step of
+the B-th) restart: nothing of them is a tail, and trained a step later they would only be a version old.
 
 The groups not taken stay in the pool, in order, and come first in the next step's rollout, so every prompt the
 loader gave is trained once, in order, and the loader's position plus the pool (saved in every checkpoint) is the
@@ -73,6 +76,7 @@ class _Counts:
     oversampled: int = 0
     generated: int = 0
     surplus: int = 0
+    tails_finished: int = 0
 
 
 def staleness_metrics(versions: list[list[int]], step: int) -> dict[str, float]:
@@ -150,6 +154,7 @@ class PartialRollout:
                 self.group.run_all(Phase.SLEEP)
             batch, metrics = self._batch(trained)
         counts.surplus = sum(g.complete for g in self.pool.groups)
+        counts.dropped += self.pool.restart_complete()  # nothing of them is a tail: trained later, only older
         if self.cfg.mode == "drop":
             counts.dropped += self.pool.reset_unfinished()
         metrics.update(staleness_metrics([self._model_versions(s) for g in trained for s in g.samples], step))
@@ -158,6 +163,7 @@ class PartialRollout:
         metrics["rollout/surplus_groups"] = float(counts.surplus)
         metrics["rollout/pending_groups"] = float(len(self.pool))
         metrics["rollout/generated_tokens"] = float(counts.generated)
+        metrics["rollout/tails_finished"] = float(counts.tails_finished)
         return batch, scores, extras, metrics
 
     def _fill(self, groups: int) -> None:
@@ -188,9 +194,14 @@ class PartialRollout:
                     slots.append(s)
             with self.timed(Phase.GENERATE):
                 outs = generate_partial(self.group, requests, groups, todo, due, step, sampling)
+            ran = 0
             for s, out in zip(slots, outs, strict=True):
-                counts.generated += len(out.response_ids if isinstance(out, Trajectory) else out.token_ids)
+                sampled = len(out.response_ids if isinstance(out, Trajectory) else out.token_ids)
+                counts.generated += sampled
+                ran = max(ran, sampled)
                 counts.dropped += self._apply(s, out, step)
+            if not self.agent:
+                self._finish_short_tails(step, sampling, window, first, ran, counts)
         counts.oversampled += len(window) - need
         taken = self.pool.take_complete(need, step)
         if len(taken) < need:
@@ -199,6 +210,34 @@ class PartialRollout:
                 "generate_partial stopped too soon"
             )
         return taken
+
+    def _finish_short_tails(
+        self, step: int, sampling: SamplingParams, window: list[PoolGroup], first: int, ran: int, counts: _Counts
+    ) -> None:
+        """Finish now, under the same weights, every unfinished sample of `window` whose cap leaves at most `ran`
+        tokens (the most any request of the rollout sampled): it has no tail, and carrying it would train a
+        version-old sample to save at most as many decode steps as the rollout ran. The native engine runs on
+        where nothing has a tail; this finishes the rest where something had one. Each continues in a stream of
+        its own (its group's place after the window's), so it never draws what its first part drew."""
+        requests, groups, slots = [], [], []
+        for place, g in enumerate(window):
+            prompt = self.prompts[g.prompt].token_ids
+            for j, s in enumerate(g.samples):
+                left = self.max_new - len(s.tokens)
+                if s.finished or not s.tokens or left > ran:
+                    continue
+                stream = first + len(window) + place
+                requests.append(GenerationRequest(list(prompt) + s.tokens, stream, j, max_new_tokens=left))
+                groups.append(place)
+                slots.append(s)
+        if not requests:
+            return
+        with self.timed(Phase.GENERATE):
+            outs = generate_partial(self.group, requests, groups, 0, list(range(len(requests))), step, sampling)
+        for s, out in zip(slots, outs, strict=True):
+            counts.generated += len(out.token_ids)
+            self._apply(s, out, step)
+        counts.tails_finished += len(requests)
 
     def _apply(self, s: PoolSample, out: Completion | Trajectory, step: int) -> int:
         """Add one request's output to its sample; 1 where tokens were sampled and dropped (an unfinished agent
@@ -253,7 +292,7 @@ class PartialRollout:
         first = 0
         while refill.needs_more:
             need = self.batch_size - refill.kept
-            first_next = first + need + self.extra
+            first_next = first + 2 * (need + self.extra)  # a round's places, then its short tails' (see _round)
             taken = self._round(step, sampling, need, first, counts)
             first = first_next
             batch, _ = self._batch(taken)

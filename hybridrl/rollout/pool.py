@@ -111,6 +111,10 @@ class RolloutPool:
                     dropped += s.reset()
         return dropped
 
+    def restart_complete(self) -> int:
+        """Restart every complete group (one a step did not train); returns how many samples held tokens."""
+        return sum(s.reset() for g in self.groups if g.complete for s in g.samples)
+
     def reset_unfinished(self) -> int:
         """Restart every unfinished sample that holds tokens; returns how many."""
         return sum(s.reset() for g in self.groups for s in g.samples if not s.finished and s.tokens)

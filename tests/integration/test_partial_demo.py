@@ -8,13 +8,19 @@ import sys
 
 import pytest
 
-from benchmarks.partial_demo import tail_mean
+from benchmarks.partial_demo import same_steps, tail_mean
 from tests.paths import REPO
 
 
 def test_the_tail_mean_is_over_the_last_fifth_of_the_steps():
     rows = [{"r": float(i)} for i in range(10)]  # the last 20%: steps 8 and 9
     assert tail_mean(rows, "r") == pytest.approx(8.5)
+
+
+def test_same_steps_counts_the_leading_steps_that_agree():
+    a = [{"r": x} for x in (0.1, 0.2, 0.3, 0.4)]
+    assert same_steps(a, [{"r": x} for x in (0.1, 0.2, 0.35, 0.4)], "r") == 2
+    assert same_steps(a, a[:3], "r") == 3
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@
 The scheduler runs as for `generate_requests` (continuous batching: requests beyond the batch's rows join as rows
 free up); after each step the finished requests count down their groups (`GroupCountdown`), and once `need` groups
 are complete and the `wait_for` requests finished, `Scheduler.stop` reads what was already launched and hands back
-every unfinished sequence as it is.
+every unfinished sequence as it is. Stopping only pays where something has a tail: if at that moment no unfinished
+request has more of its cap left than any request has sampled (`has_tail`), the call runs on to the end instead,
+each request in its own stream, so a rollout with no tail samples what `generate_requests` would, token for token.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from hybridrl.engines.base import Completion, GenerationRequest, GroupCountdown,
 from hybridrl.engines.native.base import check_requests
 from hybridrl.engines.native.frozen_heap import frozen_heap
 from hybridrl.engines.native.kv_cache import blocks_for
+from hybridrl.engines.native.scheduler import Scheduler
 from hybridrl.errors import HybridRLError
+
+
+def has_tail(scheduler: Scheduler, longest: int) -> bool:
+    """Whether some unfinished request's cap leaves more tokens than the `longest` any request has sampled so far (a
+    waiting one counts its whole cap): only then does stopping save decode steps worth carrying a sample to the next
+    weights. The rollout finishes the others after the stop (hybridrl/rollout/partial.py, the same rule)."""
+    return any(s.finish is None and s.max_new - s.launched > longest for s in [*scheduler.rows, *scheduler.waiting])
 
 
 class PartialGeneration:
@@ -38,7 +48,8 @@ class PartialGeneration:
         wait_for: Sequence[int] = (),
     ) -> list[Completion]:
         """One completion per request, in order; stops after the first scheduler step at whose end `need` groups are
-        complete and the requests `wait_for` finished (`RolloutEngine.generate_partial`). Every rank of an engine TP
+        complete, the requests `wait_for` finished and some request still has a tail (`RolloutEngine.generate_partial`;
+        with no tail left it runs every request to its end). Every rank of an engine TP
         group sees the same completions, so all ranks stop at the same step."""
         self._check_awake("generate")
         check_requests(requests)
@@ -56,10 +67,13 @@ class PartialGeneration:
                 longest = max(len(r.prompt_ids) + (r.max_new_tokens or params.max_new_tokens) for r in requests)
                 self.kv_allocator(0, blocks_for(longest - 1, self.block_size))
             with frozen_heap(), self._launches():
-                while scheduler.has_work and not countdown.done:
+                longest = 0  # the most tokens a request of this call has sampled
+                while scheduler.has_work and not (countdown.done and has_tail(scheduler, longest)):
                     for handle, completion in scheduler.step():
                         done[handle] = completion
                         countdown.finish(index[handle])
+                        longest = max(longest, len(completion.token_ids))
+                    longest = max([longest, *(s.launched for s in scheduler.rows)])
                 if scheduler.has_work:
                     done.update(scheduler.stop())
         except BaseException:

@@ -6,9 +6,11 @@ abort the rest and hand back what each sampled so far.
 It is the request stream `LLM.generate` runs (add every request, step until none is unfinished) with two changes:
 each request streams its new tokens and their log-probs at every step (`RequestOutputKind.DELTA`), so an unfinished
 request's tokens so far are known, and after each step the finished requests count down their groups
-(`GroupCountdown`); once `need` groups are complete and the `wait_for` requests finished, the others are aborted
-(`LLMEngine.abort_request`) and come back with finish_reason 'partial'. A request's tokens depend only on its context
-and its seed, so a request that finishes here draws what it draws run to its end.
+(`GroupCountdown`); once `need` groups are complete, the `wait_for` requests finished and some unfinished request
+still has a tail (more of its cap left than any request has sampled; with none it runs on to the end, so a rollout
+without a tail samples what `LLM.generate` would), the others are aborted (`LLMEngine.abort_request`) and come back
+with finish_reason 'partial'. A request's tokens depend only on its context and its seed, so a request that
+finishes here draws what it draws run to its end.
 
 With engine.tp_size > 1 every rank runs this on its own engine with the same requests: each rank's steps return the
 same tokens (the same logits after the TP collectives, the same per-request seeds), which `LLM.generate` relies on
@@ -25,6 +27,15 @@ from hybridrl.engines.base import Completion, GenerationRequest, GroupCountdown
 from hybridrl.errors import HybridRLError
 
 _calls = itertools.count()
+
+
+def _has_tail(
+    running: set[str], index: dict[str, int], tokens: list[list[int]], sampling: Sequence[Any], longest: int
+) -> bool:
+    """Whether some unfinished request's cap leaves more tokens than the `longest` any request has sampled (one
+    still waiting counts its whole cap): only then does stopping save steps worth carrying a sample to the next
+    weights (the native engine's rule, `engines/native/partial.has_tail`)."""
+    return any(sampling[index[r]].max_tokens - len(tokens[index[r]]) > longest for r in running)
 
 
 def run_partial(
@@ -61,7 +72,8 @@ def run_partial(
             sp.output_kind = RequestOutputKind.DELTA  # each step's new tokens, so an unfinished request's are known
             engine.add_request(ids[i], {"prompt_token_ids": [int(t) for t in request.prompt_ids]}, sp)
             running.add(ids[i])
-        while running and not countdown.done:
+        longest = 0  # the most tokens a request of this call has sampled
+        while running and not (countdown.done and _has_tail(running, index, tokens, sampling, longest)):
             for out in engine.step():
                 i = index.get(out.request_id)
                 if i is None or out.request_id not in running:
@@ -69,6 +81,7 @@ def run_partial(
                 (sample,) = out.outputs
                 new = list(sample.token_ids)
                 tokens[i] += new
+                longest = max(longest, len(tokens[i]))
                 logprobs[i] += [pos[t].logprob for pos, t in zip(sample.logprobs or [], new, strict=True)]
                 if out.finished:
                     if sample.finish_reason not in ("stop", "length"):

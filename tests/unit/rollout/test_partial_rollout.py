@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import pytest
 
+from hybridrl.engines.base import SamplingParams
 from hybridrl.rollout.pool import load_pool, save_pool
 from tests.unit.rollout.fakes import ClockGroup, make_prompts, partial_rollout, run_config
 
@@ -20,8 +21,6 @@ def trained_ids(batch) -> list[int]:
 
 
 def run(rollout, steps, sampling=None):
-    from hybridrl.engines.base import SamplingParams
-
     sampling = sampling or SamplingParams(n=2, max_new_tokens=10)
     return [rollout.rollout(step, sampling) for step in steps]
 
@@ -30,7 +29,7 @@ def test_a_long_sample_is_carried_until_it_finishes_and_its_staleness_counted():
     group = ClockGroup(LONG)
     r = partial_rollout(run_config("rollout.partial.max_staleness=3"), group, make_prompts(40))
     out = run(r, range(1, 6))
-    assert [trained_ids(b)[::2] for b, *_ in out] == [[1, 2], [3, 4], [5, 6], [0, 7], [9, 10]]
+    assert [trained_ids(b)[::2] for b, *_ in out] == [[1, 2], [3, 4], [5, 6], [0, 7], [8, 9]]
     m1, m4, m5 = out[0][3], out[3][3], out[4][3]
     assert (m1["rollout/carried"], m1["rollout/staleness_max"], m1["rollout/dropped"]) == (0, 0, 0)
     assert (m1["rollout/oversampled_groups"], m1["rollout/pending_groups"], m1["rollout/generated_tokens"]) == (
@@ -46,12 +45,13 @@ def test_a_long_sample_is_carried_until_it_finishes_and_its_staleness_counted():
     assert m4["rollout/staleness_le1_frac"] == pytest.approx(8 / 14)
     long_row = out[3][0]["response_mask"][0]
     assert int(long_row.sum()) == 8 and out[3][0].meta["finish_reason"][:2] == ["stop", "stop"]
-    # Step 4 completed prompt 8 too, not needed: it is kept, complete. Step 5 counts it and asks for one group more;
-    # 9 and 10 complete in the same engine step, and the step's own completions go first: 8 stays in reserve.
-    assert (m4["rollout/surplus_groups"], m1["rollout/surplus_groups"]) == (1, 0)
-    assert [c["need"] for c in group.calls if c["step"] == 5] == [1]
+    # Step 4 completed prompt 8 too, not needed: it restarts (its 2 samples counted) and comes first in step 5, whose
+    # window is 8, 9, 10, all complete in the same engine step: 8 and 9 are trained, 10 restarts.
+    assert (m4["rollout/surplus_groups"], m1["rollout/surplus_groups"], m4["rollout/dropped"]) == (1, 0, 2)
+    assert [c["need"] for c in group.calls if c["step"] == 5] == [2]
     assert (m5["rollout/carried"], m5["rollout/staleness_max"], m5["rollout/surplus_groups"]) == (0, 0, 1)
-    assert [g.prompt for g in r.pool.groups if g.complete] == [8]
+    assert [g.prompt for g in r.pool.groups] == [10, 11]  # 11: the rest of the loader's last batch
+    assert not any(s.tokens for g in r.pool.groups for s in g.samples)
 
 
 def test_carried_tokens_continue_from_their_context_with_the_cap_they_have_left():
@@ -71,6 +71,24 @@ def test_carried_tokens_continue_from_their_context_with_the_cap_they_have_left(
     assert out[-1][0]["engine_logprobs"][0, :8].tolist() == pytest.approx(want)
 
 
+def test_a_sample_with_no_tail_left_finishes_in_its_own_step():
+    # Cap 4, prompt 0's first sample needs 3 tokens: the rollout stops after 2 engine steps (groups 1 and 2 done),
+    # when that sample's cap leaves 2 tokens, no more than the 2 the rollout ran. It finishes in the same step, one
+    # token more, in a stream past the window's 3 places; nothing is carried and step 1 trains prompts 0 and 1.
+    group = ClockGroup(defaultdict(lambda: 2, {(0, 0): 3}))
+    r = partial_rollout(run_config("engine.max_new_tokens=4"), group, make_prompts(40))
+    ((batch, _, _, m),) = run(r, [1], SamplingParams(n=2, max_new_tokens=4))
+    assert [c["need"] for c in group.calls] == [2, 0]
+    tail = group.calls[1]
+    assert tail["wait_for"] == [0] and len(tail["requests"]) == 1
+    req = tail["requests"][0]
+    assert (req.prompt_ids, req.max_new_tokens, req.prompt_index, req.sample_index) == ([1000] * 3 + [0, 1], 2, 3, 0)
+    assert trained_ids(batch)[::2] == [0, 1]
+    assert batch["responses"][0, :3].tolist() == [0, 1, 2] and batch.meta["finish_reason"][0] == "stop"
+    assert (m["rollout/tails_finished"], m["rollout/carried"], m["rollout/staleness_max"]) == (1, 0, 0)
+    assert m["rollout/generated_tokens"] == 6 * 2 + 1
+
+
 def test_a_sample_in_its_last_rollout_within_the_bound_is_waited_for():
     group = ClockGroup(LONG)
     r = partial_rollout(run_config("rollout.partial.max_staleness=1"), group, make_prompts(40))
@@ -83,13 +101,13 @@ def test_a_sample_in_its_last_rollout_within_the_bound_is_waited_for():
 
 
 def test_a_sample_carried_past_max_staleness_restarts_and_is_counted():
-    r = partial_rollout(run_config("rollout.partial.max_staleness=1"), ClockGroup(LONG), make_prompts(40))
-    out = run(r, range(1, 6))
-    # Step 2 completes prompt 4 beside 0 and 3 and keeps it; step 3's own groups suffice, so at step 4 its tokens
-    # (from step 2) would lag 2 > 1: its 2 samples restart, counted, and it is generated again, first in line.
-    assert [m["rollout/dropped"] for *_, m in out] == [0, 0, 0, 2, 0]
-    assert all(m["rollout/staleness_max"] <= 1 for *_, m in out)
-    assert [trained_ids(b)[::2] for b, *_ in out][3] == [4, 7]
+    r = partial_rollout(run_config("rollout.partial.max_staleness=0"), ClockGroup(LONG), make_prompts(40))
+    out = run(r, range(1, 4))
+    # With max_staleness=0 nothing may lag: at steps 2 and 3 prompt 0's samples (the long one unfinished after 2
+    # tokens, its sibling finished) would lag 1, so both restart, counted; in 2 engine steps prompt 0 never completes.
+    assert [m["rollout/dropped"] for *_, m in out] == [0, 2, 2]
+    assert all(m["rollout/staleness_max"] == 0 for *_, m in out)
+    assert [trained_ids(b)[::2] for b, *_ in out] == [[1, 2], [3, 4], [5, 6]]
 
 
 def test_mode_drop_restarts_unfinished_samples_at_the_end_of_the_step():
@@ -155,9 +173,9 @@ def test_dynamic_sampling_rounds_complete_the_missing_groups():
     assert (m["batch/resample_rounds"], m["batch/filtered_groups"], m["batch/filled_groups"]) == (2, 2, 0)
     assert m["rollout/oversampled_groups"] == 3
     assert [(c["need"], [q.prompt_index for q in c["requests"]]) for c in group.calls] == [
-        (2, [0, 0, 1, 1, 2, 2]),  # round 1: places 0-2
-        (1, [5, 5, 6, 6]),  # round 3: after round 1's 3 places and round 2's 2 (which generated nothing)
+        (2, [0, 0, 1, 1, 2, 2]),  # round 1: places 0-2 (3-5 are for its short tails)
+        (1, [10, 10, 11, 11]),  # round 3: after round 1's 2 x 3 streams and round 2's 2 x 2 (it generated nothing)
     ]
-    # Round 3 completed prompt 4 too: not needed, kept complete for the next step (first in line).
-    assert [g.prompt for g in r.pool.groups] == [4, 5] and r.pool.groups[0].complete
-    assert m["rollout/surplus_groups"] == 1
+    # Round 3 completed prompt 4 too: not needed, it restarts (counted) and comes first next step.
+    assert [g.prompt for g in r.pool.groups] == [4, 5] and not any(g.complete for g in r.pool.groups)
+    assert (m["rollout/surplus_groups"], m["rollout/dropped"]) == (1, 2)

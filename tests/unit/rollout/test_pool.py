@@ -32,6 +32,15 @@ def test_expire_restarts_samples_whose_oldest_token_lags_too_far():
     assert pool.expire(step=6, max_staleness=2) == 1  # now [3, 3] too
 
 
+def test_restart_complete_restarts_whole_complete_groups_only():
+    done, open_ = ([1, 1], True), ([1], False)
+    pool = pool_of([done, done], [done, open_], [open_, ([], False)], [done, done])
+    assert pool.restart_complete() == 4  # groups 0 and 3, two samples each
+    assert [g.prompt for g in pool.groups] == [0, 1, 2, 3]  # in place, in order
+    assert not any(s.tokens for i in (0, 3) for s in pool.groups[i].samples)
+    assert pool.groups[1].samples[0].finished and pool.groups[2].samples[0].tokens == [0]  # the others untouched
+
+
 def test_take_complete_takes_this_steps_first_in_order_and_keeps_the_rest_in_order():
     done, open_ = ([1], True), ([1], False)
     pool = pool_of([done, open_], [done, done], [open_, open_], [done, done], [done, done], [done, done])

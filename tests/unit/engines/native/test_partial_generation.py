@@ -141,3 +141,25 @@ def test_a_stopped_sample_continued_with_its_tokens_stays_within_its_cap(model):
         else:
             assert c.finish_reason == "length" and total == PARAMS.max_new_tokens
     assert torch.isfinite(torch.tensor([x for _, o in stopped for x in o.logprobs])).all()
+
+
+@pytest.mark.parametrize("rest_cap, stops", [(4, False), (5, True)])
+def test_it_stops_only_where_a_request_has_a_tail(model, rest_cap, stops):
+    """Group 0 is capped at 1 token: it is complete after the first step, when every other request has sampled 2
+    (the prefill's token and one decode step's). Capped at 4, what they have left (2) is no more than that: no tail,
+    so the call runs on and samples what generate_requests does; capped at 5 (3 left) it stops there."""
+    engine = fused_engine(model, max_batch_size=16)
+    reqs = [
+        GenerationRequest(p, i, j, max_new_tokens=1 if i == 0 else rest_cap)
+        for i, p in enumerate(PROMPTS)
+        for j in range(GROUP)
+    ]
+    groups = [r.prompt_index for r in reqs]
+    full = engine.generate_requests(reqs, PARAMS)
+    outs = engine.generate_partial(reqs, PARAMS, groups, need=1)
+    if stops:
+        assert max(len(o.token_ids) for o in outs) == 2 and any(o.finish_reason == "partial" for o in outs)
+        assert all(o.token_ids == f.token_ids[: len(o.token_ids)] for o, f in zip(outs, full))
+    else:
+        assert [(o.token_ids, o.finish_reason) for o in outs] == [(f.token_ids, f.finish_reason) for f in full]
+        assert max(len(o.token_ids) for o in outs) == rest_cap
