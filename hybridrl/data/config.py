@@ -20,7 +20,8 @@ class SyntheticOptions:
 
     task: str = "copy"
     """copy | reverse | sort (the digits) | add (two numbers); for a vision-language model (data=synthetic_vl):
-    colour (the colour of one shape, a word) | count (how many shapes of a colour)."""
+    colour (the colour of one shape, a word) | count (how many shapes of a colour) | lower (the colour of the lower of
+    two shapes)."""
     min_digits: int = 2
     """Fewest digits in a prompt."""
     max_digits: int = 4

@@ -9,7 +9,9 @@ sample's picture by its file::
      "task": "colour"}
 
 colour: one shape; the answer is its colour (red, green, blue or yellow). count: one to four shapes of several colours;
-the question names a colour present in the picture and the answer is how many shapes have it (a digit). A picture is
+the question names a colour present in the picture and the answer is how many shapes have it (a digit). lower: two
+shapes of two colours in different rows; the answer is the colour of the lower one (a caption, which lists shapes in
+reading order, names the upper one first). A picture is
 a 4×4 grid of 28-pixel cells (112 pixels a side: one image token of a Qwen2-VL model per merged cell), each shape
 inside one cell. The `shapes` reward (hybridrl/rewards/shapes.py) scores an answer: whether its first word is the
 answer, and its format (that word alone, ended by EOS).
@@ -24,7 +26,7 @@ import random
 import shutil
 from pathlib import Path
 
-VISION_TASKS = ("colour", "count")
+VISION_TASKS = ("colour", "count", "lower")
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 200, 30)}
 CELL, GRID = 28, 4
 SIDE = CELL * GRID
@@ -32,6 +34,7 @@ SHAPES_FORMAT_VERSION = 2
 
 COLOUR_QUESTION = "What colour is the shape?"
 COUNT_QUESTION = "How many {colour} shapes?"
+LOWER_QUESTION = "What colour is the lower shape?"
 
 
 def draw(shapes: list[tuple[int, str, str]], rng: random.Random):
@@ -63,6 +66,13 @@ def make_row(task: str, rng: random.Random) -> tuple[dict, list[tuple[int, str, 
         asked = rng.choice(sorted({s[1] for s in shapes}))
         answer = sum(s[1] == asked for s in shapes)
         return {"prompt": "<image>" + COUNT_QUESTION.format(colour=asked), "answer": str(answer)}, shapes
+    if task == "lower":
+        top, bottom = rng.sample(names, 2)
+        upper_row = rng.randrange(GRID - 1)
+        lower_row = rng.randrange(upper_row + 1, GRID)
+        cells = [upper_row * GRID + rng.randrange(GRID), lower_row * GRID + rng.randrange(GRID)]
+        shapes = [(cells[0], top, rng.choice(kinds)), (cells[1], bottom, rng.choice(kinds))]
+        return {"prompt": "<image>" + LOWER_QUESTION, "answer": bottom}, shapes
     raise ValueError(f"unknown visual task {task!r}; expected one of {VISION_TASKS}")
 
 

@@ -9,8 +9,8 @@ from hybridrl.rewards.registry import register_reward
 
 
 def valid_answers(task: str | None) -> set[str] | None:
-    """The words an answer of `task` can be (colour names, or digits for count); None: any word."""
-    if task == "colour":
+    """The words an answer of `task` can be (colour names for colour and lower, digits for count); None: any word."""
+    if task in ("colour", "lower"):
         return set(COLOURS)
     if task == "count":
         return set("0123456789")

@@ -13,17 +13,24 @@ from hybridrl.rewards.base import RewardInput
 from hybridrl.rewards.shapes import shapes_reward
 
 
-def cells_with(img: Image.Image, rgb: tuple[int, int, int]) -> int:
-    """Grid cells holding at least one pixel of exactly `rgb` (each shape lies inside one cell, drawn unblended)."""
+def rows_with(img: Image.Image, rgb: tuple[int, int, int]) -> list[int]:
+    """The grid row of each cell holding at least one pixel of exactly `rgb` (each shape lies inside one cell, drawn
+    unblended)."""
     px = img.load()
-    return sum(
-        any(px[cx * CELL + x, cy * CELL + y] == rgb for x in range(CELL) for y in range(CELL))
+    return [
+        cy
         for cx in range(GRID)
         for cy in range(GRID)
-    )
+        if any(px[cx * CELL + x, cy * CELL + y] == rgb for x in range(CELL) for y in range(CELL))
+    ]
 
 
-@pytest.mark.parametrize("task", ["colour", "count"])
+def cells_with(img: Image.Image, rgb: tuple[int, int, int]) -> int:
+    """Grid cells holding at least one pixel of exactly `rgb`."""
+    return len(rows_with(img, rgb))
+
+
+@pytest.mark.parametrize("task", ["colour", "count", "lower"])
 def test_answers_are_what_the_pictures_show(tmp_path, task):
     folder = ensure_shapes_data(task, num_train=12, num_val=4, seed=3, cache_dir=str(tmp_path))
     assert ensure_shapes_data(task, num_train=12, num_val=4, seed=3, cache_dir=str(tmp_path)) == folder  # cached
@@ -35,6 +42,12 @@ def test_answers_are_what_the_pictures_show(tmp_path, task):
         if task == "colour":
             present = [name for name, rgb in COLOURS.items() if cells_with(img, rgb)]
             assert present == [row["answer"]], row
+        elif task == "lower":
+            rows_of = {name: rows_with(img, rgb) for name, rgb in COLOURS.items()}
+            shown = {name: r for name, r in rows_of.items() if r}
+            assert len(shown) == 2 and all(len(r) == 1 for r in shown.values()), row  # two shapes, two colours
+            upper, lower = sorted(shown, key=lambda name: shown[name])
+            assert shown[upper] < shown[lower] and row["answer"] == lower, row
         else:
             asked = next(name for name in COLOURS if f"How many {name} shapes?" in row["prompt"])
             assert str(cells_with(img, COLOURS[asked])) == row["answer"], row
@@ -53,6 +66,8 @@ def score(response, answer="blue", task="colour", finish="stop"):
         ("red", "colour", "blue", "stop", (0.25, 1.0, 0.0, 0.0)),  # a possible answer, wrong
         ("blu", "colour", "blue", "stop", (0.0, 0.0, 0.0, 0.0)),  # not a colour
         ("blue", "colour", "blue", "length", (0.875, 0.5, 1.0, 0.0)),  # cut off: half the format
+        ("green", "lower", "green", "stop", (1.0, 1.0, 1.0, 1.0)),
+        ("yellow square", "lower", "green", "length", (0.0, 0.0, 0.0, 0.0)),  # the upper shape's caption
         ("3", "count", "3", "stop", (1.0, 1.0, 1.0, 1.0)),
         ("three", "count", "3", "stop", (0.0, 0.0, 0.0, 0.0)),
         ("", "count", "3", "stop", (0.0, 0.0, 0.0, 0.0)),
