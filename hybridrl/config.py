@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.agent.config import AgentConfig, RolloutConfig
+from hybridrl.agent.config import AgentConfig
 from hybridrl.algorithms.config import AlgorithmConfig
 from hybridrl.data.config import DataConfig
 from hybridrl.engines.config import EngineConfig
@@ -22,6 +22,7 @@ from hybridrl.models.config import ModelConfig
 from hybridrl.reshard.config import ReshardConfig
 from hybridrl.rewards.config import RewardConfig
 from hybridrl.rewards.reward_model import RewardModelsConfig
+from hybridrl.rollout.config import RolloutConfig
 from hybridrl.topology import Topology
 from hybridrl.tracking.config import LoggerConfig
 from hybridrl.training.config import ReferenceConfig, TrainerConfig

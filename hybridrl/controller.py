@@ -43,7 +43,7 @@ from hybridrl.resume_policy import enforce_resume_policy
 from hybridrl.rewards.base import RewardScores
 from hybridrl.rewards.scoring import merge_scores
 from hybridrl.rollout.partial import PartialRollout
-from hybridrl.rollout_scoring import (
+from hybridrl.rollout.scoring import (
     completions_to_batch,
     correct_flags,
     generate_and_score,
@@ -431,7 +431,7 @@ class Controller:
         return out
 
     def _score_val(self, params: SamplingParams, step: int) -> tuple[list[float], list[bool], Batch]:
-        """Scores and exact-correctness of held-out completions (`rollout_scoring.correct_flags`)."""
+        """Scores and exact-correctness of held-out completions (`rollout.scoring.correct_flags`)."""
         batch, merged = generate_and_score(
             self.group, self.val_prompts, params, step, agent=self.cfg.rollout.name == "agent", vision=self.vision
         )

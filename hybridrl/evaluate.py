@@ -95,7 +95,7 @@ def evaluate(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
     """Generate and score; write the samples and the summary into `run_dir`; return the summary."""
     from hybridrl.eval_policy import policy_group, sampling
     from hybridrl.rewards.scoring import response_length
-    from hybridrl.rollout_scoring import correct_flags, generate_and_score
+    from hybridrl.rollout.scoring import correct_flags, generate_and_score
     from hybridrl.tracking.eval_metrics import eval_figures, figures_table
     from hybridrl.tracking.samples import sample_rows
 

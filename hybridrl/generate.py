@@ -37,7 +37,7 @@ def generate(cfg: DictConfig, run_dir: str) -> list[dict]:
     from hybridrl.data.prompts import Prompt, check_prompt, render_prompt
     from hybridrl.eval_policy import policy_group, sampling
     from hybridrl.rewards.scoring import response_text
-    from hybridrl.rollout_scoring import rollout_batch
+    from hybridrl.rollout.scoring import rollout_batch
 
     with in_phase("config"):
         app_cfg, run_cfg, checkpoint, model_path, tokenizer = prepare(cfg)

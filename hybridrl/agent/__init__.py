@@ -8,7 +8,7 @@ metrics = agent_metrics(trajs)                              # agent/turns_mean, 
 """
 
 from hybridrl.agent.batch import trajectories_to_batch
-from hybridrl.agent.config import AgentConfig, RolloutConfig
+from hybridrl.agent.config import AgentConfig
 from hybridrl.agent.engine import (
     AsyncGenerator,
     ContinuousEngine,
@@ -30,7 +30,6 @@ __all__ = [
     "LaneAware",
     "ParsedTurn",
     "RequestEngine",
-    "RolloutConfig",
     "Tool",
     "ToolCall",
     "ToolError",

@@ -1,10 +1,10 @@
-"""Config of the rollout mode (`rollout=single|agent`) and of the agent loop (`agent.*`).
+"""Config of the agent loop (`agent.*`), read when `rollout=agent`.
 
     python -m hybridrl rollout=agent agent.tools=[calculator,python] agent.max_turns=4
     python -m hybridrl rollout=agent 'agent.tools=[my_pkg.tools:WebSearch]' agent.tool_options.WebSearch.url=...
 
-`RolloutConfig` is the `rollout` group (`conf/rollout/*.yaml`); `AgentConfig` is the root's `agent` section,
-read only when `rollout.name=agent`. Checks run in `__post_init__` and name the key they reject.
+`AgentConfig` is the root's `agent` section, read only when `rollout.name=agent` (the `rollout` group's config is
+`hybridrl.rollout.config.RolloutConfig`). Checks run in `__post_init__` and name the key they reject.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridrl.errors import ConfigError
-from hybridrl.rollout.config import PartialConfig
 
-ROLLOUT_NAMES = ("single", "agent")
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 TOOL_ERROR_POLICIES = ("message", "stop")
 TRUNCATION_POLICIES = ("keep", "mask")
@@ -28,20 +26,6 @@ def tool_option_key(entry: str) -> str:
     """The key of an `agent.tools` entry in `agent.tool_options`: the name of a built-in, the class name of an
     import path (`my_pkg.tools:WebSearch` → `WebSearch`, so the CLI key has no dots or colon)."""
     return entry.rsplit(":", 1)[-1]
-
-
-@dataclass
-class RolloutConfig:
-    """How rollouts are produced (`rollout=single` is one generation per sample, `rollout=agent` the agent loop)."""
-
-    name: str = "single"
-    """single (one generation per sample) or agent (multi-turn tool calling, configured by `agent.*`)."""
-    partial: PartialConfig = field(default_factory=PartialConfig)
-    """Over-sampled, partial rollouts: stop once enough groups are complete, carry the rest (hybridrl/rollout/)."""
-
-    def __post_init__(self) -> None:
-        if self.name not in ROLLOUT_NAMES:
-            raise ConfigError(f"rollout.name must be one of {', '.join(ROLLOUT_NAMES)}, got {self.name!r}")
 
 
 @dataclass

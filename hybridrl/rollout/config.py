@@ -1,4 +1,5 @@
-"""Config of partial rollouts (`rollout.partial.*`): over-sample, stop when enough groups are complete, carry the rest.
+"""Config of the `rollout` group (`conf/rollout/*.yaml`): how rollouts are produced (`rollout=single|agent`), and
+partial rollouts (`rollout.partial.*`): over-sample, stop when enough groups are complete, carry the rest.
 
     python -m hybridrl rollout.partial.enabled=true rollout.partial.oversample=0.5 rollout.partial.max_staleness=1
     python -m hybridrl rollout=partial                                   # the same switch, as a config group entry
@@ -9,10 +10,11 @@ Checks run in `__post_init__` and name the key they reject.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybridrl.errors import ConfigError
 
+ROLLOUT_NAMES = ("single", "agent")
 PARTIAL_MODES = ("carry", "drop")
 
 
@@ -45,3 +47,17 @@ class PartialConfig:
     def extra_groups(self, train_batch_size: int) -> int:
         """Groups started beyond the `train_batch_size` a step trains on."""
         return math.ceil(self.oversample * train_batch_size - 1e-9)
+
+
+@dataclass
+class RolloutConfig:
+    """How rollouts are produced (`rollout=single` is one generation per sample, `rollout=agent` the agent loop)."""
+
+    name: str = "single"
+    """single (one generation per sample) or agent (multi-turn tool calling, configured by `agent.*`)."""
+    partial: PartialConfig = field(default_factory=PartialConfig)
+    """Over-sampled, partial rollouts: stop once enough groups are complete, carry the rest (hybridrl/rollout/)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in ROLLOUT_NAMES:
+            raise ConfigError(f"rollout.name must be one of {', '.join(ROLLOUT_NAMES)}, got {self.name!r}")

@@ -8,13 +8,14 @@ from importlib.resources import files
 import pytest
 from omegaconf import OmegaConf
 
-from hybridrl.agent.config import AgentConfig, RolloutConfig
+from hybridrl.agent.config import AgentConfig
 from hybridrl.agent.loop import AgentLoop
 from hybridrl.agent.tasks import calc_exact, calc_shaped, make_calc_rows
 from hybridrl.errors import ConfigError
 from hybridrl.models.chat_template import TOOL_TOKENS, install_chat_template, renders_tool_messages
 from hybridrl.models.tiny import build_tokenizer
 from hybridrl.rewards import RewardInput, resolve_reward
+from hybridrl.rollout.config import RolloutConfig
 
 # The tiny tokenizer's template before it rendered tools (Qwen's chat markup): plain conversations must render the
 # same under the tool template.

@@ -48,11 +48,12 @@ class Gate(Tool):
 
 
 def agent_worker(tiny_path, impl: str, deadline_s: float):
-    from hybridrl.agent.config import AgentConfig, RolloutConfig
+    from hybridrl.agent.config import AgentConfig
     from hybridrl.config import RunConfig
     from hybridrl.engines.config import EngineConfig, NativeOptions
     from hybridrl.models.config import ModelConfig
     from hybridrl.models.loading import load_tokenizer
+    from hybridrl.rollout.config import RolloutConfig
     from hybridrl.workers.worker import HybridWorker
 
     vocab = len(load_tokenizer(tiny_path))

@@ -47,11 +47,11 @@ def test_the_generated_tokens_count_and_drop_mode_drops(tmp_path, tokenizer):
 
 
 def test_the_controller_reads_the_context_from_the_models_config(tiny_path, tmp_path):
-    from hybridrl.agent.config import RolloutConfig
     from hybridrl.config import RunConfig
     from hybridrl.controller import Controller
     from hybridrl.engines.config import EngineConfig
     from hybridrl.models.config import ModelConfig
+    from hybridrl.rollout.config import RolloutConfig
 
     model = ModelConfig(name="hf", path=tiny_path)  # its config.json: max_position_embeddings 512
     single = RunConfig(model=model, engine=EngineConfig(max_new_tokens=24))

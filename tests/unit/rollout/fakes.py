@@ -15,7 +15,7 @@ from hybridrl.data.prompts import Prompt, PromptLoader
 from hybridrl.engines.base import Completion, GroupCountdown
 from hybridrl.phases import Phase
 from hybridrl.rollout.partial import PartialRollout
-from hybridrl.rollout_scoring import rollout_batch
+from hybridrl.rollout.scoring import rollout_batch
 from hybridrl.topology import Topology
 
 PROMPT_LEN = 3

@@ -25,7 +25,7 @@ from hybridrl.models.image_processor import VisionProcessor
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.models.tiny_vl import ensure_tiny_vl_model
 from hybridrl.models.vision import is_vision_param
-from hybridrl.rollout_scoring import completions_to_batch, prompt_images
+from hybridrl.rollout.scoring import completions_to_batch, prompt_images
 from hybridrl.training.config import TrainerConfig
 from hybridrl.training.vision import check_vision_training
 from hybridrl.workers.worker import HybridWorker
@@ -185,9 +185,8 @@ def test_an_engine_that_does_not_take_images_is_refused_at_setup(tiny_vl_path, m
 def test_rollouts_that_do_not_hold_images_are_refused_at_setup(tiny_vl_path, monkeypatch, rollout):
     from types import SimpleNamespace
 
-    from hybridrl.agent.config import RolloutConfig
     from hybridrl.models.loading import load_hf_config
-    from hybridrl.rollout.config import PartialConfig
+    from hybridrl.rollout.config import PartialConfig, RolloutConfig
     from hybridrl.workers import build
 
     monkeypatch.setattr(build, "build_engine", lambda *a, **k: SimpleNamespace(takes_images=True))
