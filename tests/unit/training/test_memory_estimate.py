@@ -76,8 +76,9 @@ def test_model_size_comes_from_config_json_alone(shapes, name):
 TOY = ModelDims(params=10_000, layers=2, hidden=8, q_dim=8, kv_dim=4, intermediate=16, vocab=50, tied=True)
 
 
-def test_phases_by_hand_for_a_known_shape():
-    inp = MemoryInputs(
+def toy_inputs(**changes) -> MemoryInputs:
+    """TOY on two ranks with 100 update and 200 log-prob tokens, half the logits kept, a small engine."""
+    return MemoryInputs(
         dims=TOY,
         world=2,
         compute_bytes=2,
@@ -85,8 +86,12 @@ def test_phases_by_hand_for_a_known_shape():
         logprob_tokens=200,
         kept_fraction=0.5,
         engine=EngineMemory(weights=20_000, kv_cache=5_000, workspace=1_000),
-        ref=True,
+        **changes,
     )
+
+
+def test_phases_by_hand_for_a_known_shape():
+    inp = toy_inputs(ref=True)
     p = estimate_phases(inp)
     # State per rank: float32 masters 4P/2, Adam 8P/2; gathered bf16 copy of the whole model 2P.
     assert p["update"]["params"] == 4 * 10_000 / 2 + 2 * 10_000
@@ -235,16 +240,7 @@ def test_moments_on_the_host_leave_two_streaming_slots_on_the_device():
     from hybridrl.training.host_optimizer import CHUNK_ELEMENTS
     from hybridrl.training.memory_estimate import host_bytes, streaming_slots
 
-    inp = MemoryInputs(
-        dims=TOY,
-        world=2,
-        compute_bytes=2,
-        update_tokens=100,
-        logprob_tokens=200,
-        kept_fraction=0.5,
-        engine=EngineMemory(weights=20_000, kv_cache=5_000, workspace=1_000),
-        optimizer_on_host=True,
-    )
+    inp = toy_inputs(optimizer_on_host=True)
     p = estimate_phases(inp)
     # The rank's 5,000 trained elements fit one chunk: one slot of both float32 moments; a model of many chunks
     # streams through two slots of a chunk each.
