@@ -107,13 +107,14 @@ def test_the_engine_serves_whole_calls_after_a_stopped_one(engine):
 
 def test_partial_rollout_run_with_vllm(tmp_path):
     """rollout=partial on engine=vllm end to end: vLLM stops early (no over-sample-only warning), and samples it
-    stopped are carried into the next step's rollout and trained there. Responses of up to 32 tokens, most ending
-    earlier, so the groups complete at different steps."""
+    stopped are carried into the next step's rollout and trained there. Responses of up to 64 tokens, most ending
+    earlier, so the groups complete at different steps and a sample cut then has a tail (at a cap of 32 the groups
+    complete after step 16, when no sample has more left than it has sampled, and nothing is cut)."""
     run_dir = tmp_path / "run"
     args = [
         "engine=vllm",
         "rollout=partial",
-        "engine.max_new_tokens=32",
+        "engine.max_new_tokens=64",
         "trainer.steps=3",
         "data.train_batch_size=4",
         "algorithm.group_size=4",
