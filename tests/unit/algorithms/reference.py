@@ -8,7 +8,7 @@ import math
 import torch
 
 
-def close(actual, expected, atol: float = 1e-6) -> None:
+def assert_close(actual, expected, atol: float = 1e-6) -> None:
     """`actual` equals `expected` within `atol`, compared in float64."""
     torch.testing.assert_close(
         torch.as_tensor(actual, dtype=torch.float64),
@@ -67,4 +67,4 @@ def micro_batches_equal_full_batch(loss_fn, mode: str, denominator) -> None:
     acc = x.clone().requires_grad_()
     for s in MICRO_BATCHES:
         loss_fn(acc[s], MICRO_MASK[s], norm, s).backward()
-    close(acc.grad, full.grad)
+    assert_close(acc.grad, full.grad)

@@ -14,7 +14,7 @@ from hybridrl.algorithms import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from tests.unit.algorithms.reference import close, scatter, whiten_ref
+from tests.unit.algorithms.reference import assert_close, scatter, whiten_ref
 
 # ---------------------------------------------------------------- GRPO
 
@@ -25,16 +25,16 @@ def test_grpo_advantages_hand_computed():
     # group 2 = [1, 1, 1, 1]: all equal -> 0
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     h = math.sqrt(3) / 2
-    close(grpo_advantages(rewards, 4, eps=0.0), [h, -h, -h, h, 0, 0, 0, 0])
+    assert_close(grpo_advantages(rewards, 4, eps=0.0), [h, -h, -h, h, 0, 0, 0, 0])
     # with eps: 0.5 / (0.5773503 + 1e-6) = 0.8660239
-    close(grpo_advantages(rewards, 4)[0], 0.5 / (1 / math.sqrt(3) + 1e-6))
+    assert_close(grpo_advantages(rewards, 4)[0], 0.5 / (1 / math.sqrt(3) + 1e-6))
     # no std (Dr. GRPO): r - mean
-    close(grpo_advantages(rewards, 4, norm_by_std=False), [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+    assert_close(grpo_advantages(rewards, 4, norm_by_std=False), [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
 
 
 def test_grpo_advantages_group_of_two():
     # [3, 1]: mean 2, unbiased std = sqrt((1 + 1) / 1) = sqrt(2) -> +-1/sqrt(2)
-    close(grpo_advantages(torch.tensor([3.0, 1.0]), 2, eps=0.0), [1 / math.sqrt(2), -1 / math.sqrt(2)])
+    assert_close(grpo_advantages(torch.tensor([3.0, 1.0]), 2, eps=0.0), [1 / math.sqrt(2), -1 / math.sqrt(2)])
 
 
 def test_grpo_advantages_equal_rewards_exactly_zero():
@@ -54,7 +54,7 @@ def test_grpo_advantages_bad_batch():
 def test_broadcast_to_tokens():
     adv = torch.tensor([2.0, -1.0])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    close(broadcast_to_tokens(adv, mask), [[2, 2, 0], [-1, 0, 0]])
+    assert_close(broadcast_to_tokens(adv, mask), [[2, 2, 0], [-1, 0, 0]])
 
 
 # ---------------------------------------------------------------- RLOO
@@ -63,7 +63,7 @@ def test_broadcast_to_tokens():
 def test_rloo_hand_computed():
     # [3, 1, 2]: 3 - (1+2)/2 = 1.5; 1 - (3+2)/2 = -1.5; 2 - (3+1)/2 = 0.  [0.5]*3: all equal -> exactly 0
     rewards = torch.tensor([3.0, 1.0, 2.0, 0.5, 0.5, 0.5])
-    close(rloo_advantages(rewards, 3), [1.5, -1.5, 0.0, 0.0, 0.0, 0.0])
+    assert_close(rloo_advantages(rewards, 3), [1.5, -1.5, 0.0, 0.0, 0.0, 0.0])
     assert torch.equal(rloo_advantages(torch.full((4,), 0.1), 2), torch.zeros(4))
 
 
@@ -75,7 +75,7 @@ def test_rloo_matches_leave_one_out_loop():
         start = (i // g) * g
         others = [rewards[j] for j in range(start, start + g) if j != i]
         expected.append(r - sum(others) / len(others))
-    close(rloo_advantages(torch.tensor(rewards), g), expected)
+    assert_close(rloo_advantages(torch.tensor(rewards), g), expected)
 
 
 # ---------------------------------------------------------------- REINFORCE++-baseline
@@ -88,6 +88,6 @@ def test_reinforce_pp_baseline_group_mean_then_batch_whitening():
     # tokens: 0.5 x3 (row 0), -0.5 (row 1), 0 x2 (row 2), 0 (row 3) -> whitened over all 7 tokens
     tokens = [0.5, 0.5, 0.5, -0.5, 0.0, 0.0, 0.0]
     m = [[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]]
-    close(reinforce_pp_baseline_advantages(rewards, mask, 2), scatter(m, whiten_ref(tokens)))
+    assert_close(reinforce_pp_baseline_advantages(rewards, mask, 2), scatter(m, whiten_ref(tokens)))
     # mean 1/7: the all-equal group's tokens are not 0 after batch whitening (token-weighted, as verl)
     assert reinforce_pp_baseline_advantages(rewards, mask, 2)[2, 0] < 0

@@ -17,7 +17,7 @@ from hybridrl.algorithms import ALGORITHMS, AlgorithmConfig, compute_advantages,
 from hybridrl.config import register_configs, validate
 from hybridrl.errors import ConfigError
 from tests.paths import REPO
-from tests.unit.algorithms.reference import close, gae_ref, scatter, whiten_ref
+from tests.unit.algorithms.reference import assert_close, gae_ref, scatter, whiten_ref
 
 register_configs()
 CONF = REPO / "conf" / "algorithm"
@@ -102,7 +102,7 @@ def test_each_algorithm_computes_its_papers_advantages(name):
     adv, returns = compute_advantages(
         cfg, torch.tensor(SCORES), mask, token_kl=torch.zeros(8, 3), values=torch.tensor(VALUES)
     )
-    close(adv, _expected(name), atol=1e-5)
+    assert_close(adv, _expected(name), atol=1e-5)
     assert (returns is not None) == (name == "ppo"), "only ppo trains a critic on returns"
 
 
@@ -114,7 +114,7 @@ def test_dapo_clips_higher_and_loads_no_reference():
         logp = torch.tensor([[math.log(1.25)]], requires_grad=True)
         loss, _ = policy_loss(cfg, logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
         loss.backward()
-        close(logp.grad, [[grad]])
+        assert_close(logp.grad, [[grad]])
     assert grpo.uses_reference and not dapo.uses_reference
 
 

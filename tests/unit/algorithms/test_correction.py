@@ -16,7 +16,7 @@ from hybridrl.algorithms import (
     sequence_tis_weights,
     truncated_is_weights,
 )
-from tests.unit.algorithms.reference import close
+from tests.unit.algorithms.reference import assert_close
 
 
 def test_truncated_is_weights():
@@ -24,10 +24,10 @@ def test_truncated_is_weights():
     engine = torch.tensor([0.0, -math.log(1.5), -math.log(4.0), -1e9])
     mask = torch.tensor([1, 1, 1, 0])
     w = truncated_is_weights(old, engine, mask, cap=2.0)
-    close(w, [1.0, 1.5, 2.0, 0.0])  # exp(0), exp(ln 1.5), min(4, cap 2), padding
+    assert_close(w, [1.0, 1.5, 2.0, 0.0])  # exp(0), exp(ln 1.5), min(4, cap 2), padding
     assert not w.requires_grad
     w_bool = truncated_is_weights(old, engine, mask.bool(), cap=2.0)
-    close(w_bool, w)
+    assert_close(w_bool, w)
 
 
 def test_mismatch_metrics():
@@ -36,11 +36,11 @@ def test_mismatch_metrics():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     m = mismatch_metrics(engine, trainer, mask, threshold=0.1)
     # Δ = engine - trainer = [0.05, 0.3, 0, -0.05]; padding Δ = 9 must not count
-    close(m["mismatch/logp_abs_mean"], 0.1)  # 0.4 / 4
-    close(m["mismatch/logp_abs_max"], 0.3)
-    close(m["mismatch/frac_above_threshold"], 0.25)  # only 0.3 > 0.1
+    assert_close(m["mismatch/logp_abs_mean"], 0.1)  # 0.4 / 4
+    assert_close(m["mismatch/logp_abs_max"], 0.3)
+    assert_close(m["mismatch/frac_above_threshold"], 0.25)  # only 0.3 > 0.1
     # trainer ppl / engine ppl = exp(1.0) / exp(0.925) = exp(mean Δ = 0.075) = 1.0778842
-    close(m["mismatch/ppl_ratio"], math.exp(0.075))
+    assert_close(m["mismatch/ppl_ratio"], math.exp(0.075))
 
 
 # rho = pi_trainer_old / pi_engine per token. Row 0: [1.5, 4.0, 0.25] (product 1.5, geometric mean
@@ -64,43 +64,43 @@ def test_rollout_correction_none():
 def test_token_tis():
     w, keep, m = _rc("tis", rollout_correction_cap=2.0)
     assert keep is None
-    close(w, [[1.5, 2.0, 0.25, 0], [0.8, 1.25, 0, 0]])
-    close(m["rollout_corr/weight_mean"], 5.8 / 5)
-    close(m["rollout_corr/weight_max"], 2.0)
-    close(m["rollout_corr/masked_frac"], 0.0)
-    close(m["rollout_corr/truncated_frac"], 1 / 5)
+    assert_close(w, [[1.5, 2.0, 0.25, 0], [0.8, 1.25, 0, 0]])
+    assert_close(m["rollout_corr/weight_mean"], 5.8 / 5)
+    assert_close(m["rollout_corr/weight_max"], 2.0)
+    assert_close(m["rollout_corr/masked_frac"], 0.0)
+    assert_close(m["rollout_corr/truncated_frac"], 1 / 5)
 
 
 def test_sequence_tis_geometric_mean():
     w, keep, m = _rc("seq_tis", rollout_correction_cap=2.0)
     assert keep is None
-    close(w, [[GEO0, GEO0, GEO0, 0], [1.0, 1.0, 0, 0]])
-    close(m["rollout_corr/weight_mean"], (3 * GEO0 + 2) / 5)
-    close(m["rollout_corr/truncated_frac"], 0.0)
+    assert_close(w, [[GEO0, GEO0, GEO0, 0], [1.0, 1.0, 0, 0]])
+    assert_close(m["rollout_corr/weight_mean"], (3 * GEO0 + 2) / 5)
+    assert_close(m["rollout_corr/truncated_frac"], 0.0)
     # cap 1.1 truncates row 0 (3 of 5 tokens)
     w, _, m = _rc("seq_tis", rollout_correction_cap=1.1)
-    close(w, [[1.1, 1.1, 1.1, 0], [1.0, 1.0, 0, 0]])
-    close(m["rollout_corr/truncated_frac"], 3 / 5)
+    assert_close(w, [[1.1, 1.1, 1.1, 0], [1.0, 1.0, 0, 0]])
+    assert_close(m["rollout_corr/truncated_frac"], 3 / 5)
     assert not sequence_tis_weights(OLD.clone().requires_grad_(), ENGINE, RC_MASK, 2.0).requires_grad
 
 
 def test_token_masked_is():
     w, keep, m = _rc("token_mis", rollout_correction_lower=0.5, rollout_correction_upper=2.0)
     # 4.0 > 2 and 0.25 < 0.5 are dropped
-    close(keep, [[1, 0, 0, 0], [1, 1, 0, 0]])
-    close(w, [[1.5, 0, 0, 0], [0.8, 1.25, 0, 0]])
-    close(m["rollout_corr/masked_frac"], 2 / 5)
-    close(m["rollout_corr/weight_mean"], 3.55 / 3)
-    close(m["rollout_corr/weight_max"], 1.5)
+    assert_close(keep, [[1, 0, 0, 0], [1, 1, 0, 0]])
+    assert_close(w, [[1.5, 0, 0, 0], [0.8, 1.25, 0, 0]])
+    assert_close(m["rollout_corr/masked_frac"], 2 / 5)
+    assert_close(m["rollout_corr/weight_mean"], 3.55 / 3)
+    assert_close(m["rollout_corr/weight_max"], 1.5)
     assert "rollout_corr/truncated_frac" not in m
 
 
 def test_sequence_masked_is():
     w, keep, m = _rc("seq_mis", rollout_correction_lower=0.9, rollout_correction_upper=1.1)
     # row 0's geometric mean 1.1447 > 1.1: the whole sequence is dropped; row 1 (1.0) stays
-    close(keep, [[0, 0, 0, 0], [1, 1, 0, 0]])
-    close(w, [[0, 0, 0, 0], [1.0, 1.0, 0, 0]])
-    close(m["rollout_corr/masked_frac"], 3 / 5)
-    close(m["rollout_corr/weight_mean"], 1.0)
+    assert_close(keep, [[0, 0, 0, 0], [1, 1, 0, 0]])
+    assert_close(w, [[0, 0, 0, 0], [1.0, 1.0, 0, 0]])
+    assert_close(m["rollout_corr/masked_frac"], 3 / 5)
+    assert_close(m["rollout_corr/weight_mean"], 1.0)
     with pytest.raises(ValueError, match="level"):
         masked_is(OLD, ENGINE, RC_MASK, 0.5, 2.0, "batch")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.algorithms import GroupRefill, groups_with_signal, overlong_penalty
-from tests.unit.algorithms.reference import close
+from tests.unit.algorithms.reference import assert_close
 
 # ---------------------------------------------------------------- overlong penalty
 
@@ -15,10 +15,10 @@ from tests.unit.algorithms.reference import close
 def test_overlong_penalty_hand_computed():
     # max 20, buffer 4 -> expected 16; exceed = len - 16; penalty = min(-exceed / 4 * factor, 0)
     lengths = torch.tensor([10, 16, 17, 18, 20])
-    close(overlong_penalty(lengths, 20, 4, 1.0), [0.0, 0.0, -0.25, -0.5, -1.0])
-    close(overlong_penalty(lengths, 20, 4, 0.5), [0.0, 0.0, -0.125, -0.25, -0.5])
+    assert_close(overlong_penalty(lengths, 20, 4, 1.0), [0.0, 0.0, -0.25, -0.5, -1.0])
+    assert_close(overlong_penalty(lengths, 20, 4, 0.5), [0.0, 0.0, -0.125, -0.25, -0.5])
     # buffer = max: every token is in the zone (verl allows it)
-    close(overlong_penalty(torch.tensor([0, 4, 8]), 8, 8, 1.0), [0.0, -0.5, -1.0])
+    assert_close(overlong_penalty(torch.tensor([0, 4, 8]), 8, 8, 1.0), [0.0, -0.5, -1.0])
     with pytest.raises(ValueError, match="overlong buffer"):
         overlong_penalty(lengths, 20, 21, 1.0)
 

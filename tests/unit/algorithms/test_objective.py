@@ -18,7 +18,7 @@ from hybridrl.algorithms import (
     policy_loss,
     ppo_clip_loss,
 )
-from tests.unit.algorithms.reference import close
+from tests.unit.algorithms.reference import assert_close
 
 # ---------------------------------------------------------------- compute_advantages
 
@@ -46,13 +46,15 @@ def test_outcome_estimators_subtract_the_sequence_kl_from_the_score():
     # rloo, groups of 2: [0.95 - (-0.1), -0.1 - 0.95] = [1.05, -1.05];  [-0.06 - 1.02, 1.02 + 0.06]
     cfg = AlgorithmConfig(name="rloo", group_size=2, kl_in="reward", kl_coef=0.1, kl_estimator="k1")
     adv, _ = compute_advantages(cfg, SCORES, MASK, token_kl=TOKEN_KL)
-    close(adv, [[1.05, 1.05, 0], [-1.05, 0, 0], [-1.08, -1.08, -1.08], [1.08, 1.08, 0]])
+    assert_close(adv, [[1.05, 1.05, 0], [-1.05, 0, 0], [-1.08, -1.08, -1.08], [1.08, 1.08, 0]])
     # dr_grpo: r - mean, no KL in the reward: [0.5, -0.5, -0.5, 0.5]
     cfg = AlgorithmConfig(name="dr_grpo", group_size=2, norm_adv_by_std=False)
-    close(compute_advantages(cfg, SCORES, MASK)[0], [[0.5, 0.5, 0], [-0.5, 0, 0], [-0.5, -0.5, -0.5], [0.5, 0.5, 0]])
+    assert_close(
+        compute_advantages(cfg, SCORES, MASK)[0], [[0.5, 0.5, 0], [-0.5, 0, 0], [-0.5, -0.5, -0.5], [0.5, 0.5, 0]]
+    )
     # grpo with std: [1, 0] -> +-1/sqrt(2) (unbiased std sqrt(0.5), eps 1e-6)
     h = 0.5 / (math.sqrt(0.5) + 1e-6)
-    close(
+    assert_close(
         compute_advantages(AlgorithmConfig(group_size=2, kl_in="none"), SCORES, MASK)[0],
         [[h, h, 0], [-h, 0, 0], [-h, -h, -h], [h, h, 0]],
     )
@@ -68,7 +70,7 @@ def test_reinforce_pp_puts_the_kl_on_every_token():
     xs = [0.465, 0.97, -0.1]
     mean = sum(xs) / 3
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / 2 + 1e-8)
-    close(adv, [[(0.465 - mean) / std, (0.97 - mean) / std, 0], [(-0.1 - mean) / std, 0, 0]])
+    assert_close(adv, [[(0.465 - mean) / std, (0.97 - mean) / std, 0], [(-0.1 - mean) / std, 0, 0]])
 
 
 def test_ppo_gae_through_the_dispatcher():
@@ -80,11 +82,11 @@ def test_ppo_gae_through_the_dispatcher():
     adv, ret = compute_advantages(
         cfg, torch.tensor([1.0]), torch.ones(1, 3), token_kl=torch.tensor([[0.1, 0.2, 0.3]]), values=values
     )
-    close(ret, [[0.690125, 0.7475, 0.85]])
+    assert_close(ret, [[0.690125, 0.7475, 0.85]])
     xs = [0.190125, 0.1475, 0.05]
     mean = sum(xs) / 3
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / 2 + 1e-8)
-    close(adv, [[(x - mean) / std for x in xs]])
+    assert_close(adv, [[(x - mean) / std for x in xs]])
     with pytest.raises(ValueError, match="critic's values"):
         compute_advantages(cfg, torch.tensor([1.0]), torch.ones(1, 3), token_kl=torch.zeros(1, 3))
     with pytest.raises(ValueError, match="token_kl"):
@@ -97,7 +99,7 @@ def test_reinforce_pp_baseline_through_the_dispatcher():
     # centered [0.5, -0.5, -0.5, 0.5] on 2 + 1 + 3 + 2 tokens, whitened over the 8 tokens
     # (mean 0: four tokens at +0.5, four at -0.5; unbiased var = 8 * 0.25 / 7)
     std = math.sqrt(8 * 0.25 / 7 + 1e-8)
-    close(adv, [[0.5 / std, 0.5 / std, 0], [-0.5 / std, 0, 0], [-0.5 / std] * 3, [0.5 / std, 0.5 / std, 0]])
+    assert_close(adv, [[0.5 / std, 0.5 / std, 0], [-0.5 / std, 0, 0], [-0.5 / std] * 3, [0.5 / std, 0.5 / std, 0]])
 
 
 # ---------------------------------------------------------------- policy_loss
@@ -113,8 +115,8 @@ def test_policy_loss_dispatch():
     ref, ref_m = ppo_clip_loss(logp, old, adv, mask, 0.2, 0.28, 3.0, "token-mean", normalizer=4.0)
     assert torch.equal(loss, ref) and m.keys() == ref_m.keys()
     gspo = AlgorithmConfig(name="gspo", loss_agg_mode="seq-mean-token-mean", clip_ratio_low=0.3, clip_ratio_high=0.3)
-    close(policy_loss(gspo, logp, old, adv, mask)[0], (-math.exp(0.2) + math.exp(-0.1)) / 2)
+    assert_close(policy_loss(gspo, logp, old, adv, mask)[0], (-math.exp(0.2) + math.exp(-0.1)) / 2)
     cispo = AlgorithmConfig(name="cispo", clip_ratio_low=10.0)
     # weights exp(logp), e^0.3 = 1.35 capped at 1.2, no lower bound: loss = sum(-w*A*logp) / 5 tokens
     expected = -(math.exp(0.1) * 0.1 + 1.2 * 0.3 + math.exp(-0.2) * 0.2 + math.exp(-0.1) * 0.1) / 5
-    close(policy_loss(cispo, logp, old, adv, mask)[0], expected)
+    assert_close(policy_loss(cispo, logp, old, adv, mask)[0], expected)

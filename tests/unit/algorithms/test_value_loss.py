@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.algorithms import LOSS_AGG_MODES, aggregation_denominator, clipped_value_loss, explained_variance
-from tests.unit.algorithms.reference import close, micro_batches_equal_full_batch
+from tests.unit.algorithms.reference import assert_close, micro_batches_equal_full_batch
 
 
 def test_clipped_value_loss_hand_computed():
@@ -23,12 +23,12 @@ def test_clipped_value_loss_hand_computed():
     returns = torch.tensor([[1.5, 1.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
     loss, m = clipped_value_loss(values, old, returns, mask, 0.2, "token-mean")
-    close(loss, 0.25)
-    close(m["vf_clipfrac"], 1 / 3)
-    close(m["vpred_mean"], 3.7 / 3)
+    assert_close(loss, 0.25)
+    assert_close(m["vf_clipfrac"], 1 / 3)
+    assert_close(m["vpred_mean"], 3.7 / 3)
     loss.backward()
     # token 0: the clipped term wins and is flat in v -> 0; token 1: (v - R) / 3; token 2: (v - R) / 3
-    close(values.grad, [[0.0, 1 / 3, 0.5 / 3, 0.0]])
+    assert_close(values.grad, [[0.0, 1 / 3, 0.5 / 3, 0.0]])
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
@@ -46,4 +46,4 @@ def test_explained_variance():
     ev = explained_variance(
         torch.tensor([[1.0, 2.0, 2.0, 7.0]]), torch.tensor([[1.0, 2.0, 3.0, 0.0]]), torch.tensor([[1, 1, 1, 0]])
     )
-    close(ev, 1 - (1 / 3) / (1 + 1e-5))
+    assert_close(ev, 1 - (1 / 3) / (1 + 1e-5))
