@@ -180,26 +180,10 @@ class PartialRollout:
         window = self.pool.groups[:size]
         todo = need - sum(g.complete for g in self.pool.groups)  # an earlier round's wider window may hold some
         if todo > 0:
-            requests, groups, slots, due = [], [], [], []
-            for place, g in enumerate(window):
-                prompt = self.prompts[g.prompt].token_ids
-                for j, s in enumerate(g.samples):
-                    if s.finished:
-                        continue
-                    if s.versions and step - s.versions[0] >= self.cfg.max_staleness:
-                        due.append(len(requests))  # its last rollout within the bound: it finishes in this one
-                    left = None if self.agent else self.max_new - len(s.tokens)
-                    requests.append(GenerationRequest(list(prompt) + s.tokens, first + place, j, max_new_tokens=left))
-                    groups.append(place)
-                    slots.append(s)
-            with self.timed(Phase.GENERATE):
-                outs = generate_partial(self.group, requests, groups, todo, due, step, sampling)
-            ran = 0
-            for s, out in zip(slots, outs, strict=True):
-                sampled = len(out.response_ids if isinstance(out, Trajectory) else out.token_ids)
-                counts.generated += sampled
-                ran = max(ran, sampled)
-                counts.dropped += self._apply(s, out, step)
+            requests, groups, slots = self._continuations(window, first, lambda s: not s.finished)
+            # A sample whose last rollout within the bound is this one finishes in it.
+            due = [i for i, s in enumerate(slots) if s.versions and step - s.versions[0] >= self.cfg.max_staleness]
+            ran = self._generate(requests, groups, slots, todo, due, step, sampling, counts)
             if not self.agent:
                 self._finish_short_tails(step, sampling, window, first, ran, counts)
         counts.oversampled += len(window) - need
@@ -219,25 +203,55 @@ class PartialRollout:
         version-old sample to save at most as many decode steps as the rollout ran. The native engine runs on
         where nothing has a tail; this finishes the rest where something had one. Each continues in a stream of
         its own (its group's place after the window's), so it never draws what its first part drew."""
+        requests, groups, slots = self._continuations(
+            window,
+            first + len(window),
+            lambda s: not s.finished and bool(s.tokens) and self.max_new - len(s.tokens) <= ran,
+        )
+        if requests:
+            self._generate(requests, groups, slots, 0, list(range(len(requests))), step, sampling, counts)
+            counts.tails_finished += len(requests)
+
+    def _continuations(
+        self, window: list[PoolGroup], first: int, select: Callable[[PoolSample], bool]
+    ) -> tuple[list[GenerationRequest], list[int], list[PoolSample]]:
+        """A request for each sample of `window` that `select` keeps: its prompt and tokens so far as the context,
+        the random stream of its group's place counted from `first`, its cap what it has left (none for agent
+        trajectories); with each request's group (its place in the window) and its sample."""
         requests, groups, slots = [], [], []
         for place, g in enumerate(window):
             prompt = self.prompts[g.prompt].token_ids
             for j, s in enumerate(g.samples):
-                left = self.max_new - len(s.tokens)
-                if s.finished or not s.tokens or left > ran:
+                if not select(s):
                     continue
-                stream = first + len(window) + place
-                requests.append(GenerationRequest(list(prompt) + s.tokens, stream, j, max_new_tokens=left))
+                left = None if self.agent else self.max_new - len(s.tokens)
+                requests.append(GenerationRequest(list(prompt) + s.tokens, first + place, j, max_new_tokens=left))
                 groups.append(place)
                 slots.append(s)
-        if not requests:
-            return
+        return requests, groups, slots
+
+    def _generate(
+        self,
+        requests: list[GenerationRequest],
+        groups: list[int],
+        slots: list[PoolSample],
+        need: int,
+        due: list[int],
+        step: int,
+        sampling: SamplingParams,
+        counts: _Counts,
+    ) -> int:
+        """Generate `requests` until `need` groups are complete and the `due` ones finished, and add each output to
+        its sample; returns the most tokens any request sampled."""
         with self.timed(Phase.GENERATE):
-            outs = generate_partial(self.group, requests, groups, 0, list(range(len(requests))), step, sampling)
+            outs = generate_partial(self.group, requests, groups, need, due, step, sampling)
+        ran = 0
         for s, out in zip(slots, outs, strict=True):
-            counts.generated += len(out.token_ids)
-            self._apply(s, out, step)
-        counts.tails_finished += len(requests)
+            sampled = len(out.response_ids if isinstance(out, Trajectory) else out.token_ids)
+            counts.generated += sampled
+            ran = max(ran, sampled)
+            counts.dropped += self._apply(s, out, step)
+        return ran
 
     def _apply(self, s: PoolSample, out: Completion | Trajectory, step: int) -> int:
         """Add one request's output to its sample; 1 where tokens were sampled and dropped (an unfinished agent
