@@ -8,15 +8,10 @@ end through `generate_requests` (one `LLM.generate`), then cut to its own cap.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from hybridrl.engines.base import GenerationRequest, RolloutEngine, SamplingParams
-from tests.unit.engines.vllm.vllm_helpers import TOL, make_engine, max_logprob_error
+from tests.unit.engines.vllm.vllm_helpers import TOL, make_engine, max_logprob_error, run_with_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -110,25 +105,8 @@ def test_partial_rollout_run_with_vllm(tmp_path):
     stopped are carried into the next step's rollout and trained there. Responses of up to 64 tokens, most ending
     earlier, so the groups complete at different steps and a sample cut then has a tail (at a cap of 32 the groups
     complete after step 16, when no sample has more left than it has sampled, and nothing is cut)."""
-    run_dir = tmp_path / "run"
-    args = [
-        "engine=vllm",
-        "rollout=partial",
-        "engine.max_new_tokens=64",
-        "trainer.steps=3",
-        "data.train_batch_size=4",
-        "algorithm.group_size=4",
-        "logger.progress_bar=false",
-        f"hydra.run.dir={run_dir}",
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
-    r = subprocess.run(
-        [sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
-    )
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-4000:]
+    log, rows = run_with_vllm(tmp_path, "rollout=partial", "engine.max_new_tokens=64")
     assert "cannot stop a rollout early" not in log
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert all(row["rollout/oversampled_groups"] == 2 for row in rows)  # ⌈0.5 · 4⌉ groups beyond the batch
     # A carried sample holds tokens of an earlier rollout: one that vLLM stopped and handed back 'partial'.

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -48,3 +52,18 @@ def perturbed(sd: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Ten
     """Every tensor moved by half its std: a different policy, the same shapes."""
     g = torch.Generator().manual_seed(seed)
     return {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=g) if v.numel() > 1 else v for k, v in sd.items()}
+
+
+def run_with_vllm(tmp_path: Path, *overrides: str, steps: int = 3) -> tuple[str, list[dict]]:
+    """`python -m hybridrl engine=vllm` for `steps` steps of 4 prompts x 4 samples with `overrides`, in tmp_path/run;
+    its log and its metrics rows (asserting it exited 0)."""
+    run_dir = tmp_path / "run"
+    args = ["engine=vllm", *overrides, f"trainer.steps={steps}", "data.train_batch_size=4", "algorithm.group_size=4"]
+    args += ["logger.progress_bar=false", f"hydra.run.dir={run_dir}"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+    r = subprocess.run(
+        [sys.executable, "-m", "hybridrl", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    return log, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
