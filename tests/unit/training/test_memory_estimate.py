@@ -181,8 +181,9 @@ def test_the_1_5b_update_estimate_is_near_the_peak_measured_on_the_h200(shapes):
     assert plan.fits
 
 
-def test_plan_prints_the_table_and_exits_2_naming_what_fits(shapes, capsys):
-    args = [
+def grpo_7b_on_one_h200(shapes) -> list[str]:
+    """The plan's arguments for 7B GRPO, 16 prompts x 8 samples x 256 new tokens, on one H200 (139.8 GiB)."""
+    return [
         "model=hf",
         f"model.path={shapes['7b']}",
         "data.train_batch_size=16",
@@ -190,6 +191,10 @@ def test_plan_prints_the_table_and_exits_2_naming_what_fits(shapes, capsys):
         "trainer.device=cuda",
         "trainer.device_memory_gb=139.8",
     ]
+
+
+def test_plan_prints_the_table_and_exits_2_naming_what_fits(shapes, capsys):
+    args = grpo_7b_on_one_h200(shapes)
     assert main(args) == 2
     out, err = capsys.readouterr()
     assert out.splitlines()[0].split()[:3] == ["phase", "params", "grads"]
@@ -280,16 +285,9 @@ def test_the_gradient_reduction_is_the_update_peak_when_activations_are_small():
 
 
 def test_7b_full_parameter_grpo_gets_a_fitting_proposal_on_one_h200(shapes, capsys):
-    """Issue 46's run: 7B, 16 prompts x 8 x 256, one H200. The first proposal keeps every parameter trained on one
-    device, moves the moments to the host, and fits when applied."""
-    args = [
-        "model=hf",
-        f"model.path={shapes['7b']}",
-        "data.train_batch_size=16",
-        "engine.max_new_tokens=256",
-        "trainer.device=cuda",
-        "trainer.device_memory_gb=139.8",
-    ]
+    """7B full-parameter GRPO, 16 prompts x 8 x 256, on one H200. The first proposal keeps every parameter trained on
+    one device, moves the moments to the host, and fits when applied."""
+    args = grpo_7b_on_one_h200(shapes)
     assert main(args) == 2
     err = capsys.readouterr().err
     first = err.split("these fit: ")[1].split(" (")[0]
