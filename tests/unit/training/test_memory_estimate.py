@@ -168,8 +168,8 @@ def test_eager_activation_count_matches_what_torch_saves(dtype, b):
 
 
 def test_the_1_5b_update_estimate_is_near_the_peak_measured_on_the_h200(shapes):
-    """Issue 46's table: the 1.5B actor, 128 rows, prompt 256 + 512 new, micro-batch 16 rows, compiled layers, peak
-    54 GB on one H200; the estimate must be within 15% of it."""
+    """The 1.5B actor's update as measured on one H200: 128 rows, prompt 256 + 512 new, micro-batch 16 rows,
+    compiled layers, peak 54 GB; the estimate must be within 15% of it."""
     cfg = RunConfig(
         model=ModelConfig(name="hf", path=shapes["1.5b"]),
         trainer=TrainerConfig(device="cuda", micro_batch_size=16, device_memory_gb=139.8),
