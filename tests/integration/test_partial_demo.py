@@ -52,4 +52,7 @@ def test_the_demo_compares_one_seed_and_prints_json(tmp_path):
     )
     assert out["max_abs_difference"] == pytest.approx(abs(seed["difference"]))
     assert out["within_0_05"] == (out["max_abs_difference"] <= 0.05)
-    assert (tmp_path / "runs" / "partial_3" / "metrics.jsonl").exists()
+    assert 0 <= seed["partial"]["steps_carrying"] <= 5
+    assert out["max_new_tokens"] == 16
+    for run in ("sync_3", "partial_3"):  # both runs sample with room for tails
+        assert "- engine.max_new_tokens=16" in (tmp_path / "runs" / run / ".hydra" / "overrides.yaml").read_text()
