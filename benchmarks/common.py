@@ -147,14 +147,17 @@ def build_model(shape: str, device: torch.device) -> torch.nn.Module:
 
 def make_model_dir(shape: str, device: torch.device, root: str | None = None) -> str:
     """The model folder to run: `root` when it holds a model, else a random-init bf16 Qwen2 of `shape` (and the tiny
-    byte-level tokenizer) saved to `root` or a temporary folder. Benchmarks feed token ids and never decode them."""
+    byte-level tokenizer) saved to `root` or a temporary folder. Benchmarks feed token ids and never decode them; the
+    multi-turn workload's tool turns are rendered by its chat template, whose tool tags are tokens of their own, as in
+    Qwen2.5's tokenizer, so a tool turn has about as many tokens as there (spelled in bytes it would have 70 instead
+    of 41 around 16 tokens of tool output; about 30 with Qwen2.5's)."""
     root = Path(root or tempfile.mkdtemp(prefix=f"bench_{shape}_"))
     if not (root / "config.json").exists():
         torch.manual_seed(0)
         model = build_model(shape, device)
         model.config.eos_token_id = 2  # the tokenizer's <|im_end|>
         model.save_pretrained(root, safe_serialization=True)
-        build_tokenizer().save_pretrained(root)
+        build_tokenizer(tool_tokens=True).save_pretrained(root)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

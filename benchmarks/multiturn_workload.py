@@ -42,7 +42,8 @@ TURN_CAP = 4
 """A turn's token cap (engine.max_new_tokens) in mean turn lengths: about 2% of turns reach it (e^-4) and end their
 trajectory there, as a turn cut by its cap does in a run."""
 TOOL_TURN_MARKUP = 96
-"""Room for the chat template's tokens around a tool result (the byte-level tokenizer's are about 50)."""
+"""Room for the chat template's tokens around a tool result (the benchmarks' tokenizer spends 25: its tool tags are
+tokens, the role names bytes)."""
 FIRST_STOP_ID = 300
 """Stop ids start here, past every special token of the benchmarks' tokenizer."""
 

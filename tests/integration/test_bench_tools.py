@@ -312,3 +312,21 @@ def test_the_kernel_bench_times_attention_on_the_engines_block_tables(group, pro
     want = engine_tables(rows, group, prompt_len, new_tokens, bs)
     assert torch.equal(seen[0][:, : want.shape[1]], want), (seen[0], want)
     assert not seen[0][:, want.shape[1] :].any()
+
+
+def test_the_benchmark_models_tool_turn_has_its_tags_as_tokens(tmp_path):
+    """The multi-turn workload's tool turn, rendered by the benchmark model's tokenizer: each tag one token, as in
+    Qwen2.5's tokenizer, the role names and the tool's 16 characters one byte each."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from benchmarks.common import make_model_dir
+    from hybridrl.agent.render import TurnRenderer
+
+    tok = AutoTokenizer.from_pretrained(make_model_dir("tiny", torch.device("cpu"), str(tmp_path / "m")))
+    ids = TurnRenderer(tok).tool_turn_ids([{"role": "tool", "name": "sleep", "content": "x" * 16}])
+    pieces = [tok.decode([i]) for i in ids]
+    before = ["<|im_end|>", "\n", "<|im_start|>", *"user", "\n", "<tool_response>", "\n"]
+    after = ["\n", "</tool_response>", "<|im_end|>", "\n", "<|im_start|>", *"assistant", "\n"]
+    assert pieces == [*before, *["x"] * 16, *after]
+    assert len(ids) == 41
