@@ -22,6 +22,7 @@ import pickle
 import queue
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -104,6 +105,9 @@ class PeerLink:
         self.rank, self.group, self.events = rank, group, events
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.broken = False
+        self.broken_at: float | None = None
+        """When the connection broke (time.monotonic()): told apart from the launcher's SIGTERM by time, not by when
+        the controller reads the event."""
         self.busy = False  # between sending a command and its answer
         self.thread = threading.Thread(target=self._serve, daemon=True, name=f"hybridrl-link-{rank}")
         self.thread.start()
@@ -124,6 +128,7 @@ class PeerLink:
                 send_message(msg, self.rank, self.group)
                 answer = recv_message(self.rank, self.group)
             except Exception as e:  # noqa: BLE001 - a broken connection: the follower is gone
+                self.broken_at = time.monotonic()
                 self.broken = True
                 self.events.put((seq, self.rank, "died", error_summary(e), None))
                 return

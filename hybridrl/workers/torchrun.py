@@ -148,7 +148,7 @@ class TorchrunWorkerGroup(WorkerGroup):
                     answers.ok(rank, value)
                 elif kind == "raised":
                     answers.failed(Failure("raised", rank, raised_message(rank, phase, value), tb))
-                elif self.terminated_at is not None:  # gone after the launcher's SIGTERM: stopped, not a cause
+                elif self._stopped_with_the_others(rank):
                     answers.pending.discard(rank)
                     log.warning("also: worker rank %d stopped during %r (the launcher's SIGTERM)", rank, phase)
                 else:
@@ -159,6 +159,15 @@ class TorchrunWorkerGroup(WorkerGroup):
             self._stop()
             raise WorkerFailure(sigterm_message(phase), phase=phase)
         return answers.results(on_failure=self._stop)
+
+    def _stopped_with_the_others(self, rank: int) -> bool:
+        """Rank `rank`'s link broke after the launcher's SIGTERM: it was stopped with every rank, not a cause. A link
+        that broke before the signal belongs to the rank whose death made the launcher stop the others, even when
+        the signal is handled before its event is read."""
+        if self.terminated_at is None:
+            return False
+        broken_at = getattr(self.channels[rank], "broken_at", None)
+        return broken_at is None or broken_at >= self.terminated_at
 
     def _stopped_by_launcher(self, answers: Answers) -> bool:
         """The launcher's SIGTERM came and, a short grace later, still no rank was seen failing."""
