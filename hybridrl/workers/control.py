@@ -104,13 +104,17 @@ class PeerLink:
     def __init__(self, rank: int, group: Any, events: queue.Queue) -> None:
         self.rank, self.group, self.events = rank, group, events
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.broken = False
         self.broken_at: float | None = None
         """When the connection broke (time.monotonic()): told apart from the launcher's SIGTERM by time, not by when
         the controller reads the event."""
         self.busy = False  # between sending a command and its answer
         self.thread = threading.Thread(target=self._serve, daemon=True, name=f"hybridrl-link-{rank}")
         self.thread.start()
+
+    @property
+    def broken(self) -> bool:
+        """Whether the follower is gone (the link's thread has ended)."""
+        return self.broken_at is not None
 
     def submit(self, seq: int, name: str, args: tuple = (), kwargs: dict | None = None) -> None:
         """Send command number `seq`; its answer arrives on the events queue."""
@@ -129,7 +133,6 @@ class PeerLink:
                 answer = recv_message(self.rank, self.group)
             except Exception as e:  # noqa: BLE001 - a broken connection: the follower is gone
                 self.broken_at = time.monotonic()
-                self.broken = True
                 self.events.put((seq, self.rank, "died", error_summary(e), None))
                 return
             finally:
@@ -146,7 +149,7 @@ class WorkerThread:
     def __init__(self, host: WorkerHost, events: queue.Queue) -> None:
         self.host, self.events = host, events
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.broken = False  # it cannot break: it lives in this process
+        self.broken_at: float | None = None  # it cannot break: it lives in this process
         self.busy = False
         self.thread = threading.Thread(target=self._serve, daemon=True, name="hybridrl-worker-0")
         self.thread.start()

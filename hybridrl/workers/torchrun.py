@@ -166,7 +166,7 @@ class TorchrunWorkerGroup(WorkerGroup):
         the signal is handled before its event is read."""
         if self.terminated_at is None:
             return False
-        broken_at = getattr(self.channels[rank], "broken_at", None)
+        broken_at = self.channels[rank].broken_at
         return broken_at is None or broken_at >= self.terminated_at
 
     def _stopped_by_launcher(self, answers: Answers) -> bool:
