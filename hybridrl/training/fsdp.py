@@ -120,16 +120,28 @@ def reshard_units(root: torch.nn.Module) -> None:
             m.reshard()
 
 
+#: Graphs dynamo may compile per code object of the trainer's layers: roles (actor, reference, critic) × gradients on
+#: or off × static and dynamic sizes is 12; the margin covers graph breaks' resume functions, which count alike.
+RECOMPILE_LIMIT = 64
+
+
 def compile_layers(model: torch.nn.Module) -> None:
     """torch.compile the forward of every decoder layer (before FSDP wraps them).
 
     Only the layer's own computation is compiled: FSDP2's gather/free hooks run around it in eager mode.
     All layers share one code object, so they share the compiled graphs (parameters are graph inputs).
     If compiling fails on this machine (no compiler, an unsupported op), PyTorch warns and runs eagerly.
+
+    The actor's, the reference's and the critic's layers share that code object too, and dynamo keys a graph on
+    whether gradients are on (log-prob passes against the update) and whether the parameters require them (a frozen
+    reference): with the static and the dynamic-size graph of each, a GRPO run with a reference reaches dynamo's
+    default of 8 graphs per code object, past which the variants left run uncompiled. The limit is raised to
+    `RECOMPILE_LIMIT` so that every variant a run makes compiles once.
     """
     import torch._dynamo
 
     torch._dynamo.config.suppress_errors = True
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     for layer in decoder_layers(model):
         layer.forward = torch.compile(layer.forward, dynamic=None)
 

@@ -36,3 +36,36 @@ def test_packed_passes_stop_recompiling_after_the_first_steps(tiny_path, process
         counts.append(compile_count())
     assert counts[0] > 0
     assert counts[2:] == [counts[2]] * 4, counts
+
+
+def test_compiled_layers_compile_more_variants_than_dynamos_default(monkeypatch):
+    """The actor's, reference's and critic's layers share one code object, and dynamo keys graphs on gradients on or
+    off and on frozen parameters: more variants than dynamo's default 8 a code object, which a GRPO run with a
+    reference reached on a GPU. `compile_layers` lets each of them compile instead of running eagerly."""
+    from hybridrl.training.fsdp import compile_layers
+
+    class Layer(torch.nn.Module):
+        def __init__(self, dtype: torch.dtype, frozen: bool) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(4, dtype=dtype), requires_grad=not frozen)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * self.weight).sin()
+
+    class Model(torch.nn.Module):
+        def __init__(self, layers: list[Layer]) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(layers)
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # dynamo's default, whatever ran before
+    dtypes = (torch.float32, torch.float64, torch.bfloat16)
+    layers = [Layer(dtype, frozen) for dtype in dtypes for frozen in (False, True)]
+    compile_layers(Model(layers))
+    before = compile_count()
+    for layer in layers:
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                layer(torch.ones(4, dtype=layer.weight.dtype))
+    assert compile_count() - before == 2 * len(layers)  # 12 variants of one code object, each compiled
