@@ -149,7 +149,10 @@ def engine_memory(cfg: RunConfig, dims: ModelDims, gpu: bool, device_bytes: floa
     b = DTYPE_BYTES.get(e.dtype, 2 if gpu else 4)
     weights = b * dims.params / tp
     replicas = cfg.cluster.world_size // tp
-    seqs = max(1, cfg.data.train_batch_size // max(1, replicas)) * cfg.algorithm.group_size
+    groups = cfg.data.train_batch_size
+    if cfg.rollout.partial.enabled:  # the over-sampled groups are in flight too
+        groups += cfg.rollout.partial.extra_groups(groups)
+    seqs = max(1, groups // max(1, replicas)) * cfg.algorithm.group_size
     longest = longest_sequence(cfg)
     per_token_kv = dims.kv_bytes_per_token(b) / tp
     if e.name == "vllm" and gpu and device_bytes and not e.vllm.kv_cache_memory_gb:
@@ -383,10 +386,11 @@ def check_fit(cfg: RunConfig) -> Plan | None:
 
 def estimate_report(estimate_gb: dict[str, float], measured: dict[str, dict[str, float]]) -> dict[str, dict]:
     """`memory/estimate_gb/<phase>` and, where the device measured a peak, `memory/estimate_ratio/<phase>` (measured
-    peak / estimate): the worker's memory report adds these."""
+    peak / estimate): the worker's memory report adds these. The estimate is what a phase needs, so trainer state
+    that lazy offload left on the device only because there was room (`lazily_kept_gb`) is taken out of the peak."""
     out: dict[str, dict] = {"estimate_gb": dict(estimate_gb)}
     ratios = {
-        p: measured[p]["peak_allocated_gb"] / gb
+        p: (measured[p]["peak_allocated_gb"] - measured[p].get("lazily_kept_gb", 0.0)) / gb
         for p, gb in estimate_gb.items()
         if gb > 0 and "peak_allocated_gb" in measured.get(p, {})
     }

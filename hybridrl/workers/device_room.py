@@ -81,6 +81,11 @@ class DeviceRoom:
         gb = self.stats.get(f"{prefix}_gb", 0.0) + moved / 1e9
         self.stats.update({f"{prefix}_s": seconds, f"{prefix}_gb": gb, f"{prefix}_gbps": gb / max(seconds, 1e-9)})
 
+    def kept_bytes(self) -> int:
+        """Device bytes of deferred parts still on the device (in flight included): state the engine never needed
+        moved, kept there by choice rather than by need."""
+        return sum(o.device_bytes() for _, o in self.pending if o.in_flight or not o.offloaded)
+
     def take_stats(self) -> dict[str, float]:
         """The figures of the offloads freed since the last call (then forgotten)."""
         out, self.stats = self.stats, {}

@@ -75,6 +75,9 @@ class HybridWorker:
             # trainer state out, then maps the engine's), the sum overstates by the smaller.
             peak = torch.cuda.max_memory_allocated(self.device) + engine.take_peak_mapped_bytes()
             self.memory[phase]["peak_allocated_gb"] = peak / 2**30
+            if phase in ("wake", "generate") and self.room.pending:
+                # Lazy offload's trainer state, still on the device: in the peak, but not what the phase needs.
+                self.memory[phase]["lazily_kept_gb"] = self.room.kept_bytes() / 2**30
             torch.cuda.reset_peak_memory_stats(self.device)
 
     # -- phase commands -------------------------------------------------------------------

@@ -220,6 +220,9 @@ def test_estimate_sits_beside_the_measured_peaks():
     report = estimate_report({"update": 2.0, "logprob": 1.0}, {"update": {"peak_allocated_gb": 2.5}, "logprob": {}})
     assert report == {"estimate_gb": {"update": 2.0, "logprob": 1.0}, "estimate_ratio": {"update": 1.25}}
     assert json.dumps(report)
+    # Trainer state lazy offload kept on the device beside the engine is in the peak, not in what generate needs.
+    report = estimate_report({"generate": 2.0}, {"generate": {"peak_allocated_gb": 7.0, "lazily_kept_gb": 4.6}})
+    assert report["estimate_ratio"] == {"generate": pytest.approx(1.2)}
 
 
 def test_a_worker_reports_the_estimate_with_its_memory(tiny_path, tokenizer, process_group):
@@ -296,3 +299,18 @@ def test_7b_full_parameter_grpo_gets_a_fitting_proposal_on_one_h200(shapes, caps
     out = capsys.readouterr().out
     # 7.6B trained parameters x 8 bytes of moments = 56.74 GiB in host memory.
     assert "fits: peak" in out and "actor optimizer 56.74" in out
+
+
+def test_partial_rollouts_size_the_kv_cache_for_the_over_sampled_groups():
+    """With rollout.partial the engine holds (B + extra) · n sequences at once, each up to prompt + max_new_tokens."""
+    from hybridrl.config import DataConfig
+    from hybridrl.plan import engine_memory
+    from hybridrl.training.memory_estimate import ModelDims
+
+    dims = ModelDims(params=1000, layers=2, hidden=8, q_dim=8, kv_dim=4, intermediate=16, vocab=50, tied=True)
+    cfg = RunConfig(data=DataConfig(train_batch_size=4, max_prompt_tokens=10))
+    cfg.engine.max_new_tokens, cfg.engine.native.max_batch_size, cfg.algorithm.group_size = 30, 1000, 2
+    per_sequence = (10 + 30) * 2 * 2 * 4 * 2  # tokens x (keys, values) x layers x kv_dim x bf16 bytes
+    assert engine_memory(cfg, dims, True, None).kv_cache == 4 * 2 * per_sequence
+    cfg.rollout.partial.enabled, cfg.rollout.partial.oversample = True, 0.75
+    assert engine_memory(cfg, dims, True, None).kv_cache == (4 + 3) * 2 * per_sequence

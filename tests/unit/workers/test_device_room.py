@@ -35,6 +35,7 @@ def test_moves_largest_first_until_the_allocation_fits():
 
     room.make_room(80)  # 100 free >= 80 + 10: nothing moves
     assert not small.offloaded and not big.offloaded and mid.in_flight
+    assert room.kept_bytes() == 30 + 300 + 60  # all of it still on the device, by choice
     assert tb.untyped_storage().nbytes() == 300
 
     def offload_big():  # moving the big one out gives its bytes back to the device
@@ -45,6 +46,7 @@ def test_moves_largest_first_until_the_allocation_fits():
     room.make_room(200)  # 100 < 210: the largest goes first, then 400 >= 210 is enough
     assert tb.untyped_storage().nbytes() == 0 and big.offloaded and not big.in_flight
     assert not small.offloaded and mid.in_flight
+    assert room.kept_bytes() == 30 + 60  # the big one left
     stats = room.take_stats()
     assert stats["offload/big/offload_gb"] == pytest.approx(300 / 1e9)
     assert room.take_stats() == {}
