@@ -8,7 +8,7 @@ In place of the synchronous generate → sleep → batch, step s runs::
         left, until B groups are complete (every sample finished) and every sample in its last rollout within
         max_staleness has finished                                    → dispatch.generate_partial
     finish now every unfinished sample with no tail (its cap leaves no more than the rollout ran)
-    take B complete groups, in pool order → the training batch; complete groups not taken restart
+    take B complete groups, in pool order → the training batch; complete groups not taken restart (surplus)
     sleep; mode=drop: the unfinished samples restart
 
 Three rules keep staleness where it buys time. Waiting for the samples whose next rollout would take them past
@@ -153,8 +153,10 @@ class PartialRollout:
             with self.timed(Phase.SLEEP):
                 self.group.run_all(Phase.SLEEP)
             batch, metrics = self._batch(trained)
+        # Nothing of them is a tail: trained later they would only be older. Counted as groups (surplus), not as
+        # dropped samples: they were not cut for their staleness, and they come first in the next step.
         counts.surplus = sum(g.complete for g in self.pool.groups)
-        counts.dropped += self.pool.restart_complete()  # nothing of them is a tail: trained later, only older
+        self.pool.restart_complete()
         if self.cfg.mode == "drop":
             counts.dropped += self.pool.reset_unfinished()
         metrics.update(staleness_metrics([self._model_versions(s) for g in trained for s in g.samples], step))

@@ -45,9 +45,10 @@ def test_a_long_sample_is_carried_until_it_finishes_and_its_staleness_counted():
     assert m4["rollout/staleness_le1_frac"] == pytest.approx(8 / 14)
     long_row = out[3][0]["response_mask"][0]
     assert int(long_row.sum()) == 8 and out[3][0].meta["finish_reason"][:2] == ["stop", "stop"]
-    # Step 4 completed prompt 8 too, not needed: it restarts (its 2 samples counted) and comes first in step 5, whose
-    # window is 8, 9, 10, all complete in the same engine step: 8 and 9 are trained, 10 restarts.
-    assert (m4["rollout/surplus_groups"], m1["rollout/surplus_groups"], m4["rollout/dropped"]) == (1, 0, 2)
+    # Step 4 completed prompt 8 too, not needed: it restarts (a surplus group; no sample of it is dropped for its
+    # staleness) and comes first in step 5, whose window is 8, 9, 10, all complete in the same engine step: 8 and 9
+    # are trained, 10 restarts.
+    assert (m4["rollout/surplus_groups"], m1["rollout/surplus_groups"], m4["rollout/dropped"]) == (1, 0, 0)
     assert [c["need"] for c in group.calls if c["step"] == 5] == [2]
     assert (m5["rollout/carried"], m5["rollout/staleness_max"], m5["rollout/surplus_groups"]) == (0, 0, 1)
     assert [g.prompt for g in r.pool.groups] == [10, 11]  # 11: the rest of the loader's last batch
@@ -176,6 +177,6 @@ def test_dynamic_sampling_rounds_complete_the_missing_groups():
         (2, [0, 0, 1, 1, 2, 2]),  # round 1: places 0-2 (3-5 are for its short tails)
         (1, [10, 10, 11, 11]),  # round 3: after round 1's 2 x 3 streams and round 2's 2 x 2 (it generated nothing)
     ]
-    # Round 3 completed prompt 4 too: not needed, it restarts (counted) and comes first next step.
+    # Round 3 completed prompt 4 too: not needed, it restarts (a surplus group, not dropped) and comes first next step.
     assert [g.prompt for g in r.pool.groups] == [4, 5] and not any(g.complete for g in r.pool.groups)
-    assert (m["rollout/surplus_groups"], m["rollout/dropped"]) == (1, 2)
+    assert (m["rollout/surplus_groups"], m["rollout/dropped"]) == (1, 0)
