@@ -204,9 +204,16 @@ def init_single_process(device: torch.device) -> None:
 
 def bench_controller(cfg: RunConfig, prompts: list[list[int]] | list[Prompt], run_dir: str | None = None):
     """The run's own controller and worker group for `cfg`, fed `prompts` (token ids, or whole `Prompt`s when a
-    reward model needs their text) instead of a data set."""
+    reward model needs their text) instead of a data set. Like a run, it first checks the memory plan
+    (`trainer.check_fit`): a workload that will not fit the device stops here, before any weights load, with the
+    plan's line naming the shortfall and the settings that fit."""
     from hybridrl.controller import Controller
+    from hybridrl.plan import FitError, check_fit
 
+    try:
+        check_fit(cfg)
+    except FitError as e:
+        raise SystemExit(f"does not fit: {e}") from e
     run_dir = run_dir or tempfile.mkdtemp(prefix="bench_run_")
     controller = Controller(cfg, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), "bench")
     controller.setup(prompts=[p if isinstance(p, Prompt) else Prompt(p, "", {}) for p in prompts])

@@ -274,7 +274,8 @@ def main() -> None:
     else:
         run_full = args.full in ("auto", "run")
     if run_full:
-        full_cfg = bench_config(path, device, [*common, "trainer.lr=1e-6"])
+        # --full decides (auto: by the estimate above), not the run's memory plan: `run` is there to see where it fails.
+        full_cfg = bench_config(path, device, [*common, "trainer.lr=1e-6", "trainer.check_fit=false"])
         full, controller = run_variant("full", full_cfg, prompts, device, args.warmup, args.steps)
         controller.cleanup()
         result["full"] = full

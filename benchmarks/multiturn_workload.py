@@ -141,12 +141,19 @@ def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) 
         "seconds_warm": seconds,
         "seconds_warm_runs": [s for s, _, _ in warm],
         "tokens_per_s": tokens / seconds,
-        "scheduler": counters,
+        **engine_step_figures(counters, seconds),
     }
+    return out, [t.model_tokens for t in trajs]
+
+
+def engine_step_figures(counters: dict[str, int], seconds: float) -> dict:
+    """The scheduler's counts of one run (`scheduler`) and, from a native engine, its mean rows per engine step and
+    milliseconds per engine step: how much of the rows a workload fills, and what a step costs it."""
+    out: dict = {"scheduler": counters}
     if counters:
         out["mean_rows_per_step"] = counters["row_steps"] / max(1, counters["steps"])
         out["ms_per_engine_step"] = seconds / max(1, counters["steps"]) * 1e3
-    return out, [t.model_tokens for t in trajs]
+    return out
 
 
 def time_single_turn(
@@ -167,20 +174,23 @@ def time_single_turn(
 
     def run():
         fresh_prefix_cache(engine)
-        return timed(lambda: asyncio.run(all_at_once()), device)
+        before = scheduler_counters(engine)
+        seconds, completions = timed(lambda: asyncio.run(all_at_once()), device)
+        return seconds, completions, counter_deltas(before, scheduler_counters(engine))
 
-    cold, _ = run()
+    cold, _, _ = run()
     warm = [run() for _ in range(WARM_RUNS)]
-    seconds = statistics.median(s for s, _ in warm)
-    completions = warm[-1][1]
+    seconds = statistics.median(s for s, _, _ in warm)
+    _, completions, counters = warm[-1]
     tokens = sum(len(c.token_ids) for c in completions)
     return {
         "tokens": tokens,
         "stopped_at_eos": sum(c.finish_reason == "stop" for c in completions),
         "seconds_cold": cold,
         "seconds_warm": seconds,
-        "seconds_warm_runs": [s for s, _ in warm],
+        "seconds_warm_runs": [s for s, _, _ in warm],
         "tokens_per_s": tokens / seconds,
+        **engine_step_figures(counters, seconds),
     }
 
 

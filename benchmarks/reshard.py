@@ -166,6 +166,8 @@ def run_rank(rank: int, args, path: str) -> None:
     dist.barrier()
     roles.shutdown()
     dist.destroy_process_group()
+    if args.workers > 1:  # a spawned rank skips the interpreter's teardown too, as the run's workers do
+        exit_now()
 
 
 def main() -> None:

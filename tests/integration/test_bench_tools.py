@@ -82,6 +82,9 @@ def check_engine_multiturn(out: dict) -> None:
         # Later turns join the running batch inside a decode step only when join_step_tokens allows it.
         assert (agent["scheduler"]["step_joins"] > 0) == name.startswith("join_step_tokens=512"), (name, agent)
         assert "tokens_per_s_vs_first" in agent
+        # Both sides report the engine's steps: never more rows a step than the engine has.
+        for side in (agent, single):
+            assert side["scheduler"]["steps"] > 0 and 0 < side["mean_rows_per_step"] <= case["rows"], side
 
 
 def check_step(out: dict) -> None:
@@ -330,3 +333,21 @@ def test_the_benchmark_models_tool_turn_has_its_tags_as_tokens(tmp_path):
     after = ["\n", "</tool_response>", "<|im_end|>", "\n", "<|im_start|>", *"assistant", "\n"]
     assert pieces == [*before, *["x"] * 16, *after]
     assert len(ids) == 41
+
+
+def test_a_workload_that_does_not_fit_stops_before_the_controller_is_built(tmp_path, monkeypatch):
+    """A benchmark checks the run's memory plan as a run does: on a (pretend) device too small, it stops with the
+    plan's line before any worker starts or any weights load."""
+    import torch
+
+    import hybridrl.controller
+    from benchmarks.common import bench_config, bench_controller, make_model_dir
+
+    def no_controller(*args, **kwargs):
+        raise AssertionError("the controller was built for a workload that does not fit")
+
+    monkeypatch.setattr(hybridrl.controller, "Controller", no_controller)
+    path = make_model_dir("tiny", torch.device("cpu"), str(tmp_path / "model"))
+    cfg = bench_config(path, torch.device("cpu"), ["trainer.device_memory_gb=0.01"])
+    with pytest.raises(SystemExit, match=r"does not fit: .* in its \w+ phase, .* GiB more than"):
+        bench_controller(cfg, [[5, 6, 7]])
