@@ -63,6 +63,9 @@ class TinyVLOptions:
     pretrain_steps: int = 0
     """Steps of language-model pre-training on digit text when the model is first made (as model.tiny's); 0 = none.
     Part of the cache key."""
+    tower_steps: int = 0
+    """Then steps teaching the vision tower alone what each picture cell holds (hybridrl/models/pretrain_vl.py says
+    why captions alone are not enough on every machine); 0 = none. Part of the cache key."""
     caption_steps: int = 0
     """Then steps on captioned pictures of shapes, every other one on digit text (hybridrl/models/pretrain_vl.py
     says why a random vision tower needs them); 0 = none. Part of the cache key."""
@@ -70,7 +73,7 @@ class TinyVLOptions:
     def __post_init__(self) -> None:
         if self.arch not in ("qwen2_vl", "qwen2_5_vl"):
             raise ConfigError(f"model.tiny_vl.arch must be qwen2_vl or qwen2_5_vl, got {self.arch!r}")
-        for key in ("pretrain_steps", "caption_steps"):
+        for key in ("pretrain_steps", "tower_steps", "caption_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"model.tiny_vl.{key} must be >= 0, got {getattr(self, key)}")
         if self.image_size < 28 or self.image_size % 28:

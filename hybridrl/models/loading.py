@@ -40,7 +40,7 @@ def resolve_model_path(cfg: ModelConfig) -> str:
                 image_size=v.image_size,
                 seed=v.seed,
                 pretrain_spec=PretrainSpec(steps=v.pretrain_steps, seed=v.seed),
-                caption_spec=CaptionSpec(steps=v.caption_steps, seed=v.seed),
+                caption_spec=CaptionSpec(steps=v.caption_steps, seed=v.seed, tower_steps=v.tower_steps),
             )
         )
     if cfg.path is None:

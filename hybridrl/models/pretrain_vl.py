@@ -1,4 +1,4 @@
-"""Pre-training of the tiny vision-language model, run once when it is made: digit text, then captions of pictures.
+"""Pre-training of the tiny vision-language model, run once when it is made: digit text, its tower, then captions.
 
 Why it needs one: a randomly initialized vision tower passes almost nothing of a picture on (measured on the tiny
 Qwen2-VL: its output varies by about 4% of its energy from one picture to another), and neither RL nor supervised
@@ -6,16 +6,23 @@ training of the language model on top of it finds a shape's colour within 300 st
 see, on a task of its own:
 
     stage 1   the tiny text model's digit text (`hybridrl.models.pretrain`)
+    tower     the vision tower alone (with its merger), taught what each picture cell holds: a linear probe on each
+              merged output token (one per 28-pixel cell) names the cell's shape (empty, or a colour and a kind),
+              and is thrown away after. Without it, whether captions alone teach the tower to see depends on the
+              machine: the same 1,000 caption steps saw a shape's colour 0.66 of the time on an AMD EPYC and at
+              chance (0.24) on an Intel Xeon, float rounding taking the two runs to different ends
     stage 2   captions, as an instruction-tuned VLM learns them: a user turn with a picture of one to four shapes
               (`hybridrl.data.shapes.draw`, other draws than any task's) and "Describe the picture.", the assistant's
               turn listing the shapes in reading order, ``red square, blue circle<|im_end|>`` (the loss covers that
-              turn alone); every other step is digit text again, so stage 1 is not forgotten
+              turn alone); every other step is digit text again, so stage 1 is not forgotten. After the tower
+              stage the tower stays frozen here: trained along, the captions undid what it had learned
 
 What it does not teach: any other question, or an answer of one word. On `data.synthetic.task=colour` ("What colour
 is the shape?") the pre-trained model describes the shape (``blue circle``) and is never exactly right: RL has to learn
 to answer with the colour alone.
 
-Deterministic for a seed (one thread, seeded pictures and text).
+Deterministic for a seed on one machine (one thread, seeded pictures and text); another CPU's float rounding makes
+another model.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from hybridrl.models.pretrain import PretrainSpec, pretrain_batches, warmup_cosi
 
 DESCRIBE = "Describe the picture."
 CAPTIONS_FORMAT_VERSION = 2  # 2: captions as a chat turn answering DESCRIBE
+KINDS = ("square", "circle")
+#: What the tower's probe names for each cell: 0 empty, then every colour × kind.
+CELL_CLASSES = 1 + len(COLOURS) * len(KINDS)
 
 
 @dataclass(frozen=True)
@@ -44,17 +54,37 @@ class CaptionSpec:
     """Peak AdamW learning rate (linear warmup over 5% of the steps, cosine to 10% after)."""
     seed: int = 0
     """Seed of the pictures, the text and the order."""
+    tower_steps: int = 0
+    """Steps training the vision tower alone to name each cell's shape, before the captions; 0 = none."""
 
     def key(self) -> dict:
-        """The spec as plain data, with the version of the text it trains on (for the cache key)."""
-        return {**asdict(self), "format": CAPTIONS_FORMAT_VERSION}
+        """The spec as plain data, with the version of the text it trains on (for the cache key); without
+        `tower_steps` when 0, so the models made before it keep their keys."""
+        out = {**asdict(self), "format": CAPTIONS_FORMAT_VERSION}
+        if not self.tower_steps:
+            del out["tower_steps"]
+        return out
 
 
 def caption_example(rng: random.Random) -> tuple[object, str]:
     """A picture of one to four shapes and its caption (shapes in reading order: row by row, left to right)."""
-    cells = sorted(rng.sample(range(GRID * GRID), rng.randint(1, 4)))
-    shapes = [(c, rng.choice(list(COLOURS)), rng.choice(("square", "circle"))) for c in cells]
+    shapes = random_shapes(rng)
     return draw(shapes, rng), ", ".join(f"{colour} {kind}" for _, colour, kind in shapes)
+
+
+def random_shapes(rng: random.Random) -> list[tuple[int, str, str]]:
+    """One to four shapes of random colours and kinds in distinct cells, in reading order."""
+    cells = sorted(rng.sample(range(GRID * GRID), rng.randint(1, 4)))
+    return [(c, rng.choice(list(COLOURS)), rng.choice(KINDS)) for c in cells]
+
+
+def cell_labels(shapes: list[tuple[int, str, str]]) -> list[int]:
+    """What each of the picture's cells holds, in reading order: 0 empty, else 1 + colour index · kinds + kind
+    index. The processor orders an image's merged tokens the same way, one per 28-pixel cell."""
+    labels = [0] * (GRID * GRID)
+    for cell, colour, kind in shapes:
+        labels[cell] = 1 + list(COLOURS).index(colour) * len(KINDS) + KINDS.index(kind)
+    return labels
 
 
 def caption_batch(rng: random.Random, n: int, tokenizer, image_processor, merge: int, image_token_id: int) -> dict:
@@ -96,19 +126,61 @@ def pretrain_vl(model, tokenizer, image_processor, text: PretrainSpec, captions:
     """Stage 1 (digit text, `text.steps`) then stage 2 (captions, `captions.steps`) on `model` in place; the losses
     of each stage."""
     from hybridrl.models.pretrain import pretrain
-    from hybridrl.models.vision import image_token_ids
+    from hybridrl.models.vision import image_token_ids, vision_tower
 
-    losses = {"text": pretrain(model, tokenizer, text), "captions": []}
-    if captions.steps <= 0:
+    losses = {"text": pretrain(model, tokenizer, text), "tower": [], "captions": []}
+    if captions.steps <= 0 and captions.tower_steps <= 0:
         return losses
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(captions.seed)
-            losses["captions"] = _captions(model, tokenizer, image_processor, text, captions, image_token_ids)
+            if captions.tower_steps > 0:
+                losses["tower"] = _tower(model, image_processor, captions)
+            if captions.steps > 0:
+                # A tower taught to see stays as it is while the language model learns to read it (LLaVA's
+                # instruction stage keeps its encoder frozen too); trained together, the captions undid its seeing.
+                frozen = list(vision_tower(model).parameters()) if captions.tower_steps > 0 else []
+                for p in frozen:
+                    p.requires_grad_(False)
+                try:
+                    losses["captions"] = _captions(model, tokenizer, image_processor, text, captions, image_token_ids)
+                finally:
+                    for p in frozen:
+                        p.requires_grad_(True)
     finally:
         torch.set_num_threads(threads)
+    return losses
+
+
+def _tower(model, image_processor, spec: CaptionSpec) -> list[float]:
+    """Trains the vision tower and its merger to say what each cell holds, through a linear probe on the merged
+    tokens (cross-entropy over `CELL_CLASSES`); the probe is dropped, the language model untouched."""
+    from hybridrl.models.vision import vision_tower
+
+    tower = vision_tower(model)
+    probe = torch.nn.Linear(int(model.config.text_config.hidden_size), CELL_CLASSES)
+    params = [*tower.parameters(), *probe.parameters()]
+    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
+    rng = random.Random(f"tower/{spec.seed}")
+    tower.train()
+    losses = []
+    for _ in range(spec.tower_steps):
+        pictures, labels = [], []
+        for _ in range(spec.batch_size):
+            shapes = random_shapes(rng)
+            pictures.append(draw(shapes, rng))
+            labels += cell_labels(shapes)
+        out = image_processor(images=pictures, return_tensors="pt")
+        merged = tower(out["pixel_values"], grid_thw=out["image_grid_thw"]).pooler_output  # [cells of all, hidden]
+        loss = torch.nn.functional.cross_entropy(probe(merged), torch.tensor(labels))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+    tower.eval()
     return losses
 
 

@@ -188,7 +188,7 @@ def ensure_tiny_vl_model(
     caption_spec = caption_spec or CaptionSpec()
     if pretrain_spec.steps > 0:  # a random-init model keeps the key it always had
         spec["pretrain"] = pretrain_spec.key()
-    if caption_spec.steps > 0:
+    if caption_spec.steps > 0 or caption_spec.tower_steps > 0:
         spec["captions"] = caption_spec.key()
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     root = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -206,10 +206,12 @@ def ensure_tiny_vl_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
         model = model_class(config).from_config(config, dtype=torch.float32)
-    if pretrain_spec.steps > 0 or caption_spec.steps > 0:
+    if pretrain_spec.steps > 0 or caption_spec.steps > 0 or caption_spec.tower_steps > 0:
         log.info(
-            "making the tiny VL model: %d steps on digit text, %d on captioned pictures, once (cached in %s)",
+            "making the tiny VL model: %d steps on digit text, %d of its vision tower alone, %d on captioned"
+            " pictures, once (cached in %s)",
             pretrain_spec.steps,
+            caption_spec.tower_steps,
             caption_spec.steps,
             target,
         )
