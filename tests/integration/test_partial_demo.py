@@ -55,5 +55,13 @@ def test_the_demo_compares_one_seed_and_prints_json(tmp_path):
     partial_rows = [json.loads(line) for line in (tmp_path / "runs" / "partial_3" / "metrics.jsonl").open()]
     assert seed["partial"]["steps_carrying"] == sum(row["rollout/carried"] > 0 for row in partial_rows)
     assert out["max_new_tokens"] == 16
-    for run in ("sync_3", "partial_3"):  # both runs sample with room for tails
-        assert "- engine.max_new_tokens=16" in (tmp_path / "runs" / run / ".hydra" / "overrides.yaml").read_text()
+    overrides = {
+        run: (tmp_path / "runs" / run / ".hydra" / "overrides.yaml").read_text() for run in ("sync_3", "partial_3")
+    }
+    for run in overrides.values():  # both runs sample with room for tails
+        assert "- engine.max_new_tokens=16" in run
+    # The partial run masks carried tokens by how far the policy moved since they were sampled; the synchronous one
+    # keeps the recipe's (no correction).
+    assert out["correction"] == "token_mis"
+    assert "- algorithm.rollout_correction=token_mis" in overrides["partial_3"]
+    assert "rollout_correction" not in overrides["sync_3"]
