@@ -123,8 +123,8 @@ def caption_batch(rng: random.Random, n: int, tokenizer, image_processor, merge:
 
 
 def pretrain_vl(model, tokenizer, image_processor, text: PretrainSpec, captions: CaptionSpec) -> dict[str, list]:
-    """Stage 1 (digit text, `text.steps`) then stage 2 (captions, `captions.steps`) on `model` in place; the losses
-    of each stage."""
+    """Stage 1 (digit text, `text.steps`), the tower stage (`captions.tower_steps`), then stage 2 (captions,
+    `captions.steps`) on `model` in place; the losses of each stage."""
     from hybridrl.models.pretrain import pretrain
     from hybridrl.models.vision import image_token_ids, vision_tower
 

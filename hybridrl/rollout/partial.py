@@ -120,7 +120,7 @@ class PartialRollout:
         self.pool = RolloutPool(self.group_size)
         self._index = {id(p): i for i, p in enumerate(prompts)}
         if self.cfg.max_staleness and cfg.algorithm.rollout_correction == "none":
-            # Measured on the CPU demo: uncorrected carried tokens pulled three seeds of three into a worse policy.
+            # Measured on the CPU demo: uncorrected carried tokens pulled five seeds of five into a worse policy.
             log.warning(
                 "rollout.partial trains tokens up to %d weight version(s) old (rollout.partial.max_staleness) with "
                 "algorithm.rollout_correction=none; algorithm.rollout_correction=token_mis (or tis) masks or weights "
