@@ -27,6 +27,7 @@ import shutil
 from pathlib import Path
 
 VISION_TASKS = ("colour", "count", "lower")
+KINDS = ("square", "circle")
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 200, 30)}
 CELL, GRID = 28, 4
 SIDE = CELL * GRID
@@ -55,14 +56,13 @@ def draw(shapes: list[tuple[int, str, str]], rng: random.Random):
 def make_row(task: str, rng: random.Random) -> tuple[dict, list[tuple[int, str, str]]]:
     """One row (prompt with its <image> mark, answer) and the shapes its picture shows."""
     names = list(COLOURS)
-    kinds = ("square", "circle")
     if task == "colour":
         colour = rng.choice(names)
-        shapes = [(rng.randrange(GRID * GRID), colour, rng.choice(kinds))]
+        shapes = [(rng.randrange(GRID * GRID), colour, rng.choice(KINDS))]
         return {"prompt": "<image>" + COLOUR_QUESTION, "answer": colour}, shapes
     if task == "count":
         cells = rng.sample(range(GRID * GRID), rng.randint(1, 4))
-        shapes = [(c, rng.choice(names), rng.choice(kinds)) for c in cells]
+        shapes = [(c, rng.choice(names), rng.choice(KINDS)) for c in cells]
         asked = rng.choice(sorted({s[1] for s in shapes}))
         answer = sum(s[1] == asked for s in shapes)
         return {"prompt": "<image>" + COUNT_QUESTION.format(colour=asked), "answer": str(answer)}, shapes
@@ -71,7 +71,7 @@ def make_row(task: str, rng: random.Random) -> tuple[dict, list[tuple[int, str, 
         upper_row = rng.randrange(GRID - 1)
         lower_row = rng.randrange(upper_row + 1, GRID)
         cells = [upper_row * GRID + rng.randrange(GRID), lower_row * GRID + rng.randrange(GRID)]
-        shapes = [(cells[0], top, rng.choice(kinds)), (cells[1], bottom, rng.choice(kinds))]
+        shapes = [(cells[0], top, rng.choice(KINDS)), (cells[1], bottom, rng.choice(KINDS))]
         return {"prompt": "<image>" + LOWER_QUESTION, "answer": bottom}, shapes
     raise ValueError(f"unknown visual task {task!r}; expected one of {VISION_TASKS}")
 

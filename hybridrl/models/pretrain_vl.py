@@ -32,12 +32,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hybridrl.data.shapes import COLOURS, GRID, draw
+from hybridrl.data.shapes import COLOURS, GRID, KINDS, draw
 from hybridrl.models.pretrain import PretrainSpec, pretrain_batches, warmup_cosine_adamw
 
 DESCRIBE = "Describe the picture."
 CAPTIONS_FORMAT_VERSION = 2  # 2: captions as a chat turn answering DESCRIBE
-KINDS = ("square", "circle")
 #: What the tower's probe names for each cell: 0 empty, then every colour × kind.
 CELL_CLASSES = 1 + len(COLOURS) * len(KINDS)
 
