@@ -184,10 +184,11 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
     t, m, world = cfg.trainer, cfg.model, cfg.cluster.world_size
     gpu = plans_for_gpu(cfg)
     b = 2 if gpu and t.param_dtype != "float32" else 4
-    per_unit, _ = unit_layout(dims.layers, dims.params, world, t.fsdp_layers_per_unit, t.reshard_after_forward)
+    lora = lora_params(path, m.trust_remote_code, m.lora.rank, list(m.lora.target_modules)) if m.lora.enabled else 0
+    sharded = lora if lora and world == 1 else dims.params  # one rank with LoRA: FSDP holds the adapters alone
+    per_unit, _ = unit_layout(dims.layers, sharded, t.fsdp_layers_per_unit, t.reshard_after_forward)
     root = dims.vocab * dims.hidden * (1 if dims.tied else 2) / dims.params
     gathered = 1.0 if per_unit >= dims.layers else min(1.0, 2 * per_unit / dims.layers + root)
-    lora = lora_params(path, m.trust_remote_code, m.lora.rank, list(m.lora.target_modules)) if m.lora.enabled else 0
     logprob_budget = t.logprob_max_tokens_per_micro_batch or t.max_tokens_per_micro_batch
     critic_budget = cfg.critic.micro_batching(t).max_tokens
     critic_rows = cfg.critic.batching(t)[1]

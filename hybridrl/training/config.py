@@ -104,8 +104,8 @@ class TrainerConfig:
     fused_optimizer: bool = True
     """On GPU, torch's fused AdamW (one kernel over all parameters) instead of its foreach chain."""
     fsdp_layers_per_unit: int = 0
-    """Decoder layers per FSDP unit at world size > 1 (each unit gathers and reduces its parameters together);
-    0 = auto (all layers in one unit up to 2B parameters, else 4 per unit). One rank always uses one unit."""
+    """Decoder layers per FSDP unit (each unit gathers and reduces its parameters together); 0 = auto (all layers in
+    one unit up to 2B trained parameters, else 4 per unit)."""
     reshard_after_forward: Optional[bool] = None
     """Free a unit's gathered parameters after its forward (re-gathered for the backward); None = auto (only when
     there is more than one unit per model and the model is over 2B parameters)."""

@@ -58,19 +58,20 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-#: Models up to this many parameters shard as one unit at world size > 1 by default (their gathered copy is small
-#: next to the device, and per-layer hooks made the update CPU-bound on the H200).
+#: Models up to this many parameters shard as one unit by default (their gathered copy is small next to the device,
+#: and per-layer hooks made the update CPU-bound on the H200). Larger ones are cut into units of 4 layers, on one rank
+#: too: a single unit reduces the whole model's gradients at once, in float32 beside their bf16 form and the float32
+#: shard (three model-sized buffers, 85 GiB at 7B, where the 7B step on one H200 ran out of memory).
 ONE_UNIT_PARAMS = 2_000_000_000
 
 
 def unit_layout(
-    num_layers: int, num_params: int, world: int, layers_per_unit: int = 0, reshard_after_forward: bool | None = None
+    num_layers: int, num_params: int, layers_per_unit: int = 0, reshard_after_forward: bool | None = None
 ) -> tuple[int, bool]:
     """(decoder layers per FSDP unit, whether to reshard after forward) for `trainer.fsdp_layers_per_unit` and
-    `trainer.reshard_after_forward` (0 / None = auto); a unit of `num_layers` means the root is the only unit."""
-    if world == 1:
-        per_unit = num_layers
-    elif layers_per_unit:
+    `trainer.reshard_after_forward` (0 / None = auto); a unit of `num_layers` means the root is the only unit.
+    `num_params` counts what FSDP manages (not a frozen base it ignores)."""
+    if layers_per_unit:
         per_unit = min(layers_per_unit, num_layers)
     else:
         per_unit = num_layers if num_params <= ONE_UNIT_PARAMS else 4
@@ -89,17 +90,17 @@ def shard_model(
 ) -> torch.nn.Module:
     """fully_shard groups of decoder layers (`unit_layout`), then the root (embeddings, final norm, heads).
 
-    Layer units bound memory (one unit gathered at a time) and overlap its all-gather with compute; each unit
-    costs hooks on the CPU at every forward and backward, and a collective each. On one rank there is nothing to
-    shard or to communicate, so the root is the only unit: one gather-and-cast per forward and one gradient
-    reduction per backward (on the H200 the per-unit hooks took about a fifth of a 1.5B update's CPU time, and
-    the update was CPU-bound). Parameters stay DTensors with mixed precision either way. `ignored_params` stay
+    Layer units bound memory (one unit gathered and one unit's gradients reduced at a time) and overlap its
+    all-gather with compute; each unit costs hooks on the CPU at every forward and backward, and a collective each.
+    Up to `ONE_UNIT_PARAMS` the root is the only unit: one gather-and-cast per forward and one gradient reduction per
+    backward (on the H200 the per-unit hooks took about a fifth of a 1.5B update's CPU time, and the update was
+    CPU-bound). Parameters stay DTensors with mixed precision either way. `ignored_params` stay
     plain tensors outside FSDP (a frozen LoRA base on one rank: FSDP would otherwise hold it twice, sharded and
     unsharded, with nothing to shard).
     """
     layers = decoder_layers(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    per_unit, reshard = unit_layout(len(layers), n_params, mesh.size(), layers_per_unit, reshard_after_forward)
+    n_params = sum(p.numel() for p in model.parameters() if p not in (ignored_params or ()))
+    per_unit, reshard = unit_layout(len(layers), n_params, layers_per_unit, reshard_after_forward)
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
     if ignored_params:
         kwargs["ignored_params"] = ignored_params
