@@ -145,6 +145,14 @@ class TurnBatchingAdapter:
                     fut.set_result(cap_completion(c, p.max_new_tokens))
 
 
+async def settle(gen: object) -> None:
+    """Return once `gen` has stopped touching its engine, where it can say so (`idle`: the native engine's driver
+    may still read a step it launched ahead after the last completion). Call it before the engine sleeps."""
+    idle = getattr(gen, "idle", None)
+    if idle is not None:
+        await idle()
+
+
 def as_async_engine(engine: object, longest: int | None = None) -> AsyncGenerator:
     """What serves the loop's requests (see the module docstring): `engine` itself when its `generate` is a coroutine
     function taking a request; its `async_engine(longest)` where it offers one; `TurnBatchingAdapter(engine)` when it

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from hybridrl.agent.engine import LaneAware, as_async_engine
+from hybridrl.agent.engine import LaneAware, as_async_engine, settle
 from hybridrl.agent.loop import AgentLoop, Trajectory
 from hybridrl.engines.base import Completion, GenerationRequest, GroupCountdown, SamplingParams
 
@@ -76,6 +76,7 @@ async def _run(
         for _ in range(lanes):  # all lanes count before any asks, as AgentLoop.generate does
             gen.join()
     await asyncio.gather(*(lane() for _ in range(lanes)))
+    await settle(gen)
     return [
         o
         if o is not None

@@ -150,8 +150,9 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
     def async_engine(self, longest: int | None = None) -> AsyncEngine | None:
         """Requests one at a time, each joining the running batch (`AsyncEngine`: agent turns); the KV cache, where it
         is sized by demand, first sized for sequences of `longest` tokens, as `generate_requests` sizes it for its call
-        (a pool grows only while no sequence holds blocks). With engine.tp_size > 1 only inside `lead`, whose schedule
-        the group's other ranks replay (`follow`); else None."""
+        (a pool grows only while no sequence holds blocks). On a GPU its driver steps the engine in a thread of its own.
+        With engine.tp_size > 1 only inside `lead`, whose schedule the group's other ranks replay (`follow`); else
+        None."""
         if self.tp.size > 1 and self._lockstep is None:
             return None
         if longest and not self.scheduler.has_work:
@@ -159,7 +160,7 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
             self.size_for(longest)
             if self._lockstep is not None:
                 self._lockstep.send(SIZE, longest)
-        return AsyncEngine(self, self._lockstep)
+        return AsyncEngine(self, self._lockstep, threaded=self.device.type == "cuda")
 
     def size_for(self, longest: int) -> None:
         """The KV cache (where it is sized by demand) and the block tables sized for sequences of `longest` tokens

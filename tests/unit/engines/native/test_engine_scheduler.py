@@ -276,7 +276,7 @@ def test_cache_limits_fail_clearly(model):
         engine.generate([[]], SamplingParams(max_new_tokens=2))
 
 
-def _conversations(engine_like, params, turns: int = 3, trajectories: int = 6):
+def _conversations(engine_like, params, turns: int = 3, trajectories: int = 6, threaded: bool = False):
     """Multi-turn loops: generate, 'run a tool' (sleep a random-ish while), append tool tokens, generate again."""
 
     async def trajectory(t: int, agent: AsyncEngine) -> list:
@@ -289,34 +289,84 @@ def _conversations(engine_like, params, turns: int = 3, trajectories: int = 6):
         return outs
 
     async def main():
-        agent = AsyncEngine(engine_like)
-        return await asyncio.gather(*(trajectory(t, agent) for t in range(trajectories)))
+        agent = AsyncEngine(engine_like, threaded=threaded)
+        out = await asyncio.gather(*(trajectory(t, agent) for t in range(trajectories)))
+        await agent.idle()
+        return out
 
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("kind", ["fused", "hf"])
+@pytest.mark.parametrize("kind", ["fused", "fused-threaded", "hf"])
 def test_async_engine_serves_concurrent_trajectories(model, kind):
     """Every turn of every trajectory equals the same request generated alone (continuous batching for the fused
-    engine, per-arrival batches for the HF one)."""
+    engine, stepped in the event loop's thread or in a driver thread as on a GPU; per-arrival batches for the HF
+    one)."""
     params = SamplingParams(max_new_tokens=6, seed=8, stop_token_ids=[4, 12])
-    engine = fused(model, max_batch_size=4) if kind == "fused" else HFEngine(model, [EOS], PAD, max_batch_size=4)
-    results = _conversations(engine, params)
+    engine = fused(model, max_batch_size=4) if kind != "hf" else HFEngine(model, [EOS], PAD, max_batch_size=4)
+    results = _conversations(engine, params, threaded=kind == "fused-threaded")
     solo = fused(model)
     for t, turns in enumerate(results):
         for turn, (context, out) in enumerate(turns):
             same([out], solo.generate_requests([GenerationRequest(context, t, turn)], params))
-    if kind == "fused":
+    if kind != "hf":
         assert not engine.has_work and engine.cache.allocator.held == 0
 
 
+def test_the_driver_thread_steps_while_the_loop_is_busy(model):
+    """Threaded, the engine keeps stepping while the event loop's thread is held (as by a turn's host work): a
+    request's completion arrives without the loop doing anything for it, and `idle` returns once the driver ended."""
+    import time
+
+    engine = fused(model)
+    params = SamplingParams(max_new_tokens=6, seed=3)
+
+    async def main():
+        agent = AsyncEngine(engine, threaded=True)
+        task = asyncio.ensure_future(agent.generate(GenerationRequest(PROMPTS[0], 0), params))
+        await asyncio.sleep(0)  # the request is handed over
+        deadline = time.monotonic() + 30
+        while engine.has_work or agent._inbox:  # the loop's thread busy: no await
+            assert time.monotonic() < deadline, "the driver did not step"
+            time.sleep(0.001)
+        out = await task
+        await agent.idle()
+        return out, agent._thread
+
+    out, thread = asyncio.run(main())
+    assert thread is None
+    same([out], fused(model).generate_requests([GenerationRequest(PROMPTS[0], 0)], params))
+
+
+def test_the_driver_thread_reports_a_failed_step_to_every_waiter(model, monkeypatch):
+    engine = fused(model)
+    params = SamplingParams(max_new_tokens=6, seed=3)
+
+    def broken():
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "step", broken)
+
+    async def main():
+        agent = AsyncEngine(engine, threaded=True)
+        got = await asyncio.gather(
+            *(agent.generate(GenerationRequest(PROMPTS[i], i), params) for i in range(3)), return_exceptions=True
+        )
+        await agent.idle()
+        return got
+
+    got = asyncio.run(main())
+    assert all(isinstance(e, RuntimeError) and "device lost" in str(e) for e in got)
+
+
 @pytest.mark.interpreted
-def test_async_engine_reports_engine_errors_to_every_waiter(model):
+@pytest.mark.parametrize("threaded", [False, True])
+def test_async_engine_reports_engine_errors_to_every_waiter(model, threaded):
     engine = fused(model, max_model_len=10)
     params = SamplingParams(max_new_tokens=8, seed=0)
 
     async def main():
-        agent = AsyncEngine(engine)
+        agent = AsyncEngine(engine, threaded=threaded)
         return await asyncio.gather(
             agent.generate(GenerationRequest(PROMPTS[1], 0), params),
             agent.generate(GenerationRequest(PROMPTS[2], 1), params),
