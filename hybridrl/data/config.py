@@ -9,7 +9,8 @@ from typing import Optional
 from hybridrl.data.shapes import VISION_TASKS
 from hybridrl.errors import ConfigError
 
-# calc: the agent loop's tool task; colour and count: the visual tasks of vision-language models (data/shapes.py)
+# calc: the agent loop's tool task; colour, count, lower and shape: the visual tasks of vision-language models
+# (data/shapes.py)
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add", "calc", *VISION_TASKS)
 DATA_SOURCES = ("synthetic", "jsonl", "hf")
 

@@ -1,9 +1,9 @@
 """The built-in visual task: small pictures of coloured shapes, and a question with a one-word answer.
 
-`data=synthetic_vl` (`data.synthetic.task=colour|count`) draws the pictures once, deterministically from the seed,
-into a folder under $HYBRIDRL_CACHE (PNG files and train/val JSONL files naming them by relative path), and reads that
-folder exactly as it reads a user's JSONL file with images (`data.image_key=images`), so samples.jsonl names each
-sample's picture by its file::
+`data=synthetic_vl` (`data.synthetic.task=colour|count|lower|shape`) draws the pictures once, deterministically from
+the seed, into a folder under $HYBRIDRL_CACHE (PNG files and train/val JSONL files naming them by relative path), and
+reads that folder exactly as it reads a user's JSONL file with images (`data.image_key=images`), so samples.jsonl
+names each sample's picture by its file::
 
     {"prompt": "<image>What colour is the shape?", "images": ["images/train-00017.png"], "answer": "blue",
      "task": "colour"}
@@ -11,7 +11,8 @@ sample's picture by its file::
 colour: one shape; the answer is its colour (red, green, blue or yellow). count: one to four shapes of several colours;
 the question names a colour present in the picture and the answer is how many shapes have it (a digit). lower: two
 shapes of two colours in different rows; the answer is the colour of the lower one (a caption, which lists shapes in
-reading order, names the upper one first). A picture is
+reading order, names the upper one first). shape: one shape of any colour; the answer is its kind (square or circle;
+a caption names the colour first). A picture is
 a 4×4 grid of 28-pixel cells (112 pixels a side: one image token of a Qwen2-VL model per merged cell), each shape
 inside one cell. The `shapes` reward (hybridrl/rewards/shapes.py) scores an answer: whether its first word is the
 answer, and its format (that word alone, ended by EOS).
@@ -26,7 +27,7 @@ import random
 import shutil
 from pathlib import Path
 
-VISION_TASKS = ("colour", "count", "lower")
+VISION_TASKS = ("colour", "count", "lower", "shape")
 KINDS = ("square", "circle")
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 200, 30)}
 CELL, GRID = 28, 4
@@ -36,6 +37,7 @@ SHAPES_FORMAT_VERSION = 2
 COLOUR_QUESTION = "What colour is the shape?"
 COUNT_QUESTION = "How many {colour} shapes?"
 LOWER_QUESTION = "What colour is the lower shape?"
+SHAPE_QUESTION = "Which shape is it?"
 
 
 def draw(shapes: list[tuple[int, str, str]], rng: random.Random):
@@ -73,6 +75,10 @@ def make_row(task: str, rng: random.Random) -> tuple[dict, list[tuple[int, str, 
         cells = [upper_row * GRID + rng.randrange(GRID), lower_row * GRID + rng.randrange(GRID)]
         shapes = [(cells[0], top, rng.choice(KINDS)), (cells[1], bottom, rng.choice(KINDS))]
         return {"prompt": "<image>" + LOWER_QUESTION, "answer": bottom}, shapes
+    if task == "shape":
+        kind = rng.choice(KINDS)
+        shapes = [(rng.randrange(GRID * GRID), rng.choice(names), kind)]
+        return {"prompt": "<image>" + SHAPE_QUESTION, "answer": kind}, shapes
     raise ValueError(f"unknown visual task {task!r}; expected one of {VISION_TASKS}")
 
 

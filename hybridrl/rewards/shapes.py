@@ -3,7 +3,7 @@ and its format."""
 
 from __future__ import annotations
 
-from hybridrl.data.shapes import COLOURS
+from hybridrl.data.shapes import COLOURS, KINDS
 from hybridrl.rewards.base import RewardInput, per_sample
 from hybridrl.rewards.registry import register_reward
 
@@ -14,6 +14,8 @@ def valid_answers(task: str | None) -> set[str] | None:
         return set(COLOURS)
     if task == "count":
         return set("0123456789")
+    if task == "shape":
+        return set(KINDS)
     return None
 
 

@@ -10,7 +10,8 @@ Two places state them, with one grammar for a figure:
       | `python -m hybridrl` | `reward/correct` | first 0.10, last 0.80 | ±0.05 |
 
 A figure is one or more of: `first V` / `last V` (the metric's mean over the first / last 20% of the steps that log
-it, as plots.png and the run's summary give them), `step N V` (its value at step N), `all < V` (every step below V);
+it, as plots.png and the run's summary give them), `step N V` (its value at step N), `all < V` (every step below V),
+`gain > V` (last minus first: how much the run learned);
 the tolerance is `±T` (absolute). Where runs of other seeds spread wider than a useful tolerance, a figure states a
 bound instead, which needs no tolerance: `last > V`, `first < V`, `step N > V` (the values every seed tried
 reached). The metric `wall_s` is the run's wall time in seconds, start-up included, with the tiny model already
@@ -33,8 +34,8 @@ TABLE_START, TABLE_END = "<!-- expected-figures -->", "<!-- /expected-figures --
 
 @dataclass(frozen=True)
 class Check:
-    """One figure: `kind` first | last | step | all_below | wall, at step `step` (kind step), expected `value`; `op`
-    "=" (within the tolerance), ">" or "<" (a bound)."""
+    """One figure: `kind` first | last | gain | step | all_below | wall, at step `step` (kind step), expected
+    `value`; `op` "=" (within the tolerance), ">" or "<" (a bound)."""
 
     kind: str
     value: float
@@ -85,8 +86,8 @@ def parse_figure(body: str, source: str, overrides: tuple[str, ...]) -> Expectat
     try:
         while i < len(rest):
             word = rest[i]
-            if word not in ("first", "last", "step", "all"):
-                raise ValueError(f"{source}: unknown figure {word!r} in {body!r} (first, last, step N, all <)")
+            if word not in ("first", "last", "step", "all", "gain"):
+                raise ValueError(f"{source}: unknown figure {word!r} in {body!r} (first, last, step N, all <, gain >)")
             step = None
             if word == "step":
                 step = int(rest[i + 1])
@@ -94,6 +95,8 @@ def parse_figure(body: str, source: str, overrides: tuple[str, ...]) -> Expectat
             op = rest[i + 1] if rest[i + 1] in ("<", ">") else "="
             if word == "all" and op != "<":
                 raise ValueError(f"{source}: 'all' takes '< V', got {body!r}")
+            if word == "gain" and op != ">":
+                raise ValueError(f"{source}: 'gain' takes '> V', got {body!r}")
             value = float(rest[i + 2] if op != "=" else rest[i + 1])
             kind = "all_below" if word == "all" else word
             exp.checks.append(Check(kind, value, step, "<" if kind == "all_below" else op))
@@ -158,9 +161,9 @@ def measure(check: Check, rows: list[dict], metric: str, wall_s: float | None = 
     values = [(r["step"], r[metric]) for r in rows if r.get(metric) is not None]
     if not values:
         raise AssertionError(f"the run logged no {metric}")
-    if check.kind in ("first", "last"):
+    if check.kind in ("first", "last", "gain"):
         first, last = first_last_means([v for _, v in values])
-        return first if check.kind == "first" else last
+        return {"first": first, "last": last, "gain": last - first}[check.kind]
     if check.kind == "step":
         at = [v for s, v in values if s == check.step]
         if not at:

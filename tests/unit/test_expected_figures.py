@@ -46,6 +46,8 @@ def test_the_grammar():
     assert bounds.checks == [Check("first", -0.47), Check("last", 0.10, op=">")] and bounds.tolerance == 0.05
     e = parse_figure("val/accuracy step 150 > 0.5, first < 0.1", "x", ())
     assert e.checks == [Check("step", 0.5, 150, ">"), Check("first", 0.1, op="<")]
+    e = parse_figure("reward/correct first < 0.35 last > 0.60 gain > 0.30", "x", ())
+    assert e.checks == [Check("first", 0.35, op="<"), Check("last", 0.60, op=">"), Check("gain", 0.30, op=">")]
     wall = parse_figure("wall_s 40 x2", "x", ())
     assert wall.checks == [Check("wall", 40.0)] and wall.tolerance == 2.0
     bad_lines = (
@@ -54,6 +56,8 @@ def test_the_grammar():
         "reward/mean last > 0.5 first 0.1",
         "reward/mean last >",
         "reward/mean all > 0.5",
+        "reward/mean gain < 0.5",
+        "reward/mean gain 0.5 ±0.1",
         "wall_s 40 ±2",
         "reward/mean",
     )
@@ -67,6 +71,8 @@ def test_a_figure_moved_past_its_tolerance_fails():
     assert measure(Check("first", 0), rows, "r") == pytest.approx(0.15)
     assert measure(Check("last", 0), rows, "r") == pytest.approx(0.95)
     assert measure(Check("step", 0, 5), rows, "r") == pytest.approx(0.5)
+    assert measure(Check("gain", 0, op=">"), rows, "r") == pytest.approx(0.8)  # 0.95 - 0.15
+    assert holds(Check("gain", 0.7, op=">"), 0.8, 0) and not holds(Check("gain", 0.85, op=">"), 0.8, 0)
     assert holds(Check("last", 0.90), 0.95, 0.05) and not holds(Check("last", 0.89), 0.95, 0.05)
     assert holds(Check("step", 0.5, 5), 0.5, 0.0)
     assert holds(Check("all_below", 1.01, op="<"), measure(Check("all_below", 1.01), rows, "r"), 0)

@@ -25,12 +25,20 @@ def rows_with(img: Image.Image, rgb: tuple[int, int, int]) -> list[int]:
     ]
 
 
+def box_fill(img: Image.Image, rgb: tuple[int, int, int]) -> float:
+    """The share of the bounding box of `rgb`'s pixels that they cover: 1 for a square, about pi/4 for a circle."""
+    px = img.load()
+    hits = [(x, y) for x in range(img.size[0]) for y in range(img.size[1]) if px[x, y] == rgb]
+    xs, ys = [x for x, _ in hits], [y for _, y in hits]
+    return len(hits) / ((max(xs) - min(xs) + 1) * (max(ys) - min(ys) + 1))
+
+
 def cells_with(img: Image.Image, rgb: tuple[int, int, int]) -> int:
     """Grid cells holding at least one pixel of exactly `rgb`."""
     return len(rows_with(img, rgb))
 
 
-@pytest.mark.parametrize("task", ["colour", "count", "lower"])
+@pytest.mark.parametrize("task", ["colour", "count", "lower", "shape"])
 def test_answers_are_what_the_pictures_show(tmp_path, task):
     folder = ensure_shapes_data(task, num_train=12, num_val=4, seed=3, cache_dir=str(tmp_path))
     assert ensure_shapes_data(task, num_train=12, num_val=4, seed=3, cache_dir=str(tmp_path)) == folder  # cached
@@ -42,6 +50,9 @@ def test_answers_are_what_the_pictures_show(tmp_path, task):
         if task == "colour":
             present = [name for name, rgb in COLOURS.items() if cells_with(img, rgb)]
             assert present == [row["answer"]], row
+        elif task == "shape":
+            (colour,) = [name for name, rgb in COLOURS.items() if cells_with(img, rgb)]
+            assert row["answer"] == ("square" if box_fill(img, COLOURS[colour]) > 0.95 else "circle"), row
         elif task == "lower":
             rows_of = {name: rows_with(img, rgb) for name, rgb in COLOURS.items()}
             shown = {name: r for name, r in rows_of.items() if r}
@@ -68,6 +79,9 @@ def score(response, answer="blue", task="colour", finish="stop"):
         ("blue", "colour", "blue", "length", (0.875, 0.5, 1.0, 0.0)),  # cut off: half the format
         ("green", "lower", "green", "stop", (1.0, 1.0, 1.0, 1.0)),
         ("yellow square", "lower", "green", "length", (0.0, 0.0, 0.0, 0.0)),  # the upper shape's caption
+        ("circle", "shape", "circle", "stop", (1.0, 1.0, 1.0, 1.0)),
+        ("green sq", "shape", "square", "length", (0.0, 0.0, 0.0, 0.0)),  # a caption: the colour first
+        ("square", "shape", "circle", "stop", (0.25, 1.0, 0.0, 0.0)),
         ("3", "count", "3", "stop", (1.0, 1.0, 1.0, 1.0)),
         ("three", "count", "3", "stop", (0.0, 0.0, 0.0, 0.0)),
         ("", "count", "3", "stop", (0.0, 0.0, 0.0, 0.0)),
