@@ -145,12 +145,23 @@ class TurnBatchingAdapter:
                     fut.set_result(cap_completion(c, p.max_new_tokens))
 
 
-async def settle(gen: object) -> None:
+async def settle(gen: object, abandon: bool = False) -> None:
     """Return once `gen` has stopped touching its engine, where it can say so (`idle`: the native engine's driver
-    may still read a step it launched ahead after the last completion). Call it before the engine sleeps."""
+    may still read a step it launched ahead after the last completion). Call it before the engine sleeps; `abandon`
+    when the rollout failed (what still runs is dropped)."""
     idle = getattr(gen, "idle", None)
     if idle is not None:
-        await idle()
+        await idle(abandon)
+
+
+async def gather_settled(gen: object, lanes: list) -> None:
+    """Run the trajectory `lanes` to their end, then `settle(gen)`; if one fails, abandon the rest first."""
+    try:
+        await asyncio.gather(*lanes)
+    except BaseException:
+        await settle(gen, abandon=True)
+        raise
+    await settle(gen)
 
 
 def as_async_engine(engine: object, longest: int | None = None) -> AsyncGenerator:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridrl.agent.config import AgentConfig
-from hybridrl.agent.engine import LaneAware, as_async_engine, settle
+from hybridrl.agent.engine import LaneAware, as_async_engine, gather_settled
 from hybridrl.agent.parsers import ParsedTurn, get_parser
 from hybridrl.agent.render import TurnRenderer
 from hybridrl.agent.runner import ToolOutcome, ToolRunner
@@ -139,8 +139,7 @@ class AgentLoop:
         if aware:
             for _ in range(lanes):  # all lanes count before any asks, or the first request would run alone
                 gen.join()
-        await asyncio.gather(*(lane() for _ in range(lanes)))
-        await settle(gen)
+        await gather_settled(gen, [lane() for _ in range(lanes)])
         return out  # type: ignore[return-value]
 
     def generate_sync(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from hybridrl.agent.engine import LaneAware, as_async_engine, settle
+from hybridrl.agent.engine import LaneAware, as_async_engine, gather_settled
 from hybridrl.agent.loop import AgentLoop, Trajectory
 from hybridrl.engines.base import Completion, GenerationRequest, GroupCountdown, SamplingParams
 
@@ -75,8 +75,7 @@ async def _run(
     if aware:
         for _ in range(lanes):  # all lanes count before any asks, as AgentLoop.generate does
             gen.join()
-    await asyncio.gather(*(lane() for _ in range(lanes)))
-    await settle(gen)
+    await gather_settled(gen, [lane() for _ in range(lanes)])
     return [
         o
         if o is not None

@@ -55,6 +55,7 @@ class AsyncEngine:
         self._inbox: deque[tuple[GenerationRequest, SamplingParams, asyncio.Future]] = deque()
         self._inbox_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._abandoned = False  # `idle(abandon=True)`: the driver stops at its next step
 
     async def generate(self, request: GenerationRequest, params: SamplingParams) -> Completion:
         """The completion of one request (params.n is ignored), keyed like `generate_requests`: the same request
@@ -103,18 +104,23 @@ class AsyncEngine:
             if not isinstance(e, Exception):
                 raise
 
-    async def idle(self) -> None:
+    async def idle(self, abandon: bool = False) -> None:
         """Return once the engine has stopped stepping: after the last completion a GPU engine may still read a step
-        it launched ahead, and nothing else may touch the engine (sleep, a weight update) before it has."""
+        it launched ahead, and nothing else may touch the engine (sleep, a weight update) before it has. `abandon`
+        (the rollout failed): the driver stops after its current step, leaving what runs to the engine's next
+        sleep, which drops it."""
         if self.threaded:
             with self._inbox_lock:
+                self._abandoned = abandon
                 thread = self._thread
             if thread is not None:
                 await asyncio.to_thread(thread.join, IDLE_DEADLINE_S)
                 if thread.is_alive():
                     raise HybridRLError(f"native engine: its driver did not stop within {IDLE_DEADLINE_S} s")
         elif self._driver is not None and not self._driver.done():
-            await self._driver
+            if abandon:
+                self._driver.cancel()
+            await asyncio.gather(self._driver, return_exceptions=True)
 
     # -- the driver thread (threaded) ------------------------------------------------------------------------
     def _hand_over(self, request: GenerationRequest, params: SamplingParams, future: asyncio.Future) -> None:
@@ -131,7 +137,7 @@ class AsyncEngine:
         with self._inbox_lock:
             taken = list(self._inbox)
             self._inbox.clear()
-            if not taken and not self.engine.has_work:
+            if self._abandoned or (not taken and not self.engine.has_work):
                 self._thread = None
                 return False
         for request, params, future in taken:

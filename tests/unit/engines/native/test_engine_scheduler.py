@@ -338,6 +338,28 @@ def test_the_driver_thread_steps_while_the_loop_is_busy(model):
     same([out], fused(model).generate_requests([GenerationRequest(PROMPTS[0], 0)], params))
 
 
+def test_a_failed_rollout_stops_the_driver_thread(model):
+    """A trajectory that raises ends the rollout: the driver stops at its next step instead of serving the rest, so
+    nothing steps the engine once the phase has failed (its next sleep drops what was left)."""
+    from hybridrl.agent.engine import gather_settled
+
+    engine = fused(model)
+    params = SamplingParams(max_new_tokens=400)  # unseeded, no stop ids: runs long unless stopped
+
+    async def failing(agent):
+        await agent.generate(GenerationRequest(PROMPTS[1], 1), SamplingParams(max_new_tokens=2))
+        raise ValueError("a tool broke")
+
+    async def main():
+        agent = AsyncEngine(engine, threaded=True)
+        with pytest.raises(ValueError, match="a tool broke"):
+            await gather_settled(agent, [agent.generate(GenerationRequest(PROMPTS[0], 0), params), failing(agent)])
+        return agent._thread
+
+    assert asyncio.run(main()) is None
+    assert engine.has_work  # the long request was left, not finished
+
+
 def test_the_driver_thread_reports_a_failed_step_to_every_waiter(model, monkeypatch):
     engine = fused(model)
     params = SamplingParams(max_new_tokens=6, seed=3)
