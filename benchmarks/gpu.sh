@@ -24,7 +24,8 @@
 #                 4,096), synchronous steps then rollout.partial (carry, oversample 1.5, max_staleness 1); micro-
 #                 batches of 16,384 tokens (by rows, 16 × 4,224 tokens, the update needs about 155 GiB). Over-sampling
 #                 below about 1.3 cannot stop early on this mix (docs/partial-rollouts.md); 1.5 keeps 640 sequences
-#                 in flight, about 79 GiB of engine, so this group needs the H200
+#                 in flight, about 79 GiB of engine, so this group needs the H200. Both sides train with
+#                 algorithm.rollout_correction=token_mis, which partial rollouts need (docs/partial-rollouts.md)
 #   lengths       benchmarks.step 1.5B on log-normal response lengths, packed against padded
 #                 (trainer.padding_free=false), and on fixed lengths
 #   fit           benchmarks.step 0.5B and 1.5B with default settings: memory/estimate_gb/* beside the measured
@@ -122,7 +123,7 @@ for group in "$@"; do
     partial)
       bench step_1.5b_partial_heavy_n4096 600 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --prompts 32 \
         --group 8 --new-tokens 4096 --lengths heavy --partial --oversample 1.5 --max-staleness 1 --warmup 2 \
-        --steps 3 --max-tokens 16384 ;;
+        --steps 3 --max-tokens 16384 --set algorithm.rollout_correction=token_mis ;;
     lengths)
       for v in true false; do
         bench step_1.5b_lognormal_padding_free_$v 420 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b \
