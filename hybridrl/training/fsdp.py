@@ -60,8 +60,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 #: Models up to this many parameters shard as one unit by default (their gathered copy is small next to the device,
 #: and per-layer hooks made the update CPU-bound on the H200). Larger ones are cut into units of 4 layers, on one rank
-#: too: a single unit reduces the whole model's gradients at once, in float32 beside their bf16 form and the float32
-#: shard (three model-sized buffers, 85 GiB at 7B, where the 7B step on one H200 ran out of memory).
+#: too: a single unit reduces the whole model's gradients at once, a float32 copy and a float32 output beside their
+#: bf16 form and the float32 gradients (85 GiB of gradient memory at 7B, where the 7B step on one H200 ran out).
 ONE_UNIT_PARAMS = 2_000_000_000
 
 
