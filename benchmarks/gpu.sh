@@ -4,8 +4,10 @@
 #   OUT=/tmp/out bash benchmarks/gpu.sh kernel engine trainer step     # any groups below, in any order
 #
 # One GPU (an H200 for the figures in benchmarks/RESULTS.md):
-#   kernel        CUDA tests of the native engine: its Triton kernels, the sampler and log-prob kernels, the engine and
-#                 its scheduler, fixed-address memory and graphs surviving sleep
+#   kernel        CUDA tests of the native engine: kernel_ops then kernel_engine (together longer than one 600 s call
+#                 on an H100; each alone fits one)
+#   kernel_ops    its Triton kernels, the sampler and log-prob kernels (tests/gpu)
+#   kernel_engine the fused engine and its scheduler: fixed-address memory, graphs surviving sleep, the driver thread
 #   kernel_sweep  benchmarks.kernels: launch sweeps of the decode GEMMs and attention at the 0.5B and 1.5B shapes
 #   engine        benchmarks.engine: 0.5B, 64 prompts × 256 new against HF generate (with a profile); 1.5B GRPO-shaped,
 #                 32 prompts × 8 samples × 512 new
@@ -73,10 +75,14 @@ bench() {  # bench NAME TIMEOUT_S MODULE ARGS...: python -m benchmarks.MODULE AR
   run "$name" "$limit" $PY -m "benchmarks.$module" "$@" --out "$OUT/$name.json"
 }
 
-for group in "$@"; do
+groups=()  # kernel is kernel_ops then kernel_engine
+for g in "$@"; do if [[ $g == kernel ]]; then groups+=(kernel_ops kernel_engine); else groups+=("$g"); fi; done
+for group in "${groups[@]}"; do
   case $group in
-    kernel)
-      run kernel_tests 480 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu \
+    kernel_ops)
+      run kernel_tests_ops 420 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu ;;
+    kernel_engine)
+      run kernel_tests_engine 420 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
         tests/unit/engines/native/test_fused_engine.py tests/unit/engines/native/test_engine_scheduler.py ;;
     kernel_sweep)
       bench kernel_sweep 540 kernels --what linear attention --shapes 0.5b 1.5b ;;
