@@ -186,7 +186,7 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
     b = 2 if gpu and t.param_dtype != "float32" else 4
     lora = lora_params(path, m.trust_remote_code, m.lora.rank, list(m.lora.target_modules)) if m.lora.enabled else 0
     sharded = lora if lora and world == 1 else dims.params  # one rank with LoRA: FSDP holds the adapters alone
-    per_unit, _ = unit_layout(dims.layers, sharded, t.fsdp_layers_per_unit, t.reshard_after_forward)
+    per_unit, reshard = unit_layout(dims.layers, sharded, t.fsdp_layers_per_unit, t.reshard_after_forward)
     root = dims.vocab * dims.hidden * (1 if dims.tied else 2) / dims.params
     gathered = 1.0 if per_unit >= dims.layers else min(1.0, 2 * per_unit / dims.layers + root)
     logprob_budget = t.logprob_max_tokens_per_micro_batch or t.max_tokens_per_micro_batch
@@ -207,6 +207,7 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
         logits_path="chunked" if t.logprob_chunk_size else ("fused" if gpu and t.fused_logprobs else "torch"),
         chunk=t.logprob_chunk_size,
         gathered_fraction=gathered,
+        reshard_after_forward=reshard,
         offload=frozenset(t.offload_parts()) if gpu else frozenset(),
         ref=cfg.algorithm.uses_reference and not m.lora.enabled,
         ref_offload=gpu and cfg.ref.resolve_offload(t),

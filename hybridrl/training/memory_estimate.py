@@ -129,6 +129,8 @@ class MemoryInputs:
     chunk: int = 0
     gathered_fraction: float = 1.0
     """Share of the model gathered at once by FSDP (1: one unit, the whole model)."""
+    reshard_after_forward: bool = False
+    """Units free their gathered parameters after each forward (`trainer.reshard_after_forward`)."""
     offload: frozenset[str] = field(default_factory=frozenset)
     """Actor parts in host memory during the rollout ("params", "optimizer")."""
     ref: bool = False
@@ -223,14 +225,16 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
     )
     phases["generate"] = {"params": resident, "engine": inp.engine.total, "others": others}
     # Log-probs: the actor's state (its Adam moments come back behind the pass), its gathered copy, and the
-    # reference's copy beside it (at world size 1 the actor's stays gathered through the reference's pass).
+    # reference's copy beside it: the actor's stays gathered through the reference's pass unless its units reshard
+    # after each forward, when one model's units are gathered at a time.
+    ref_gathered = b * d.params * inp.gathered_fraction if inp.ref and not inp.reshard_after_forward else 0.0
     phases["logprob"] = {
         "params": actor_params + gathered,
         "optimizer": actor_optim,
         "activations": nograd_bytes_per_token(d, b) * inp.logprob_tokens / sp,
         "logits": logits_bytes(kept_lp, d.vocab, b, inp.logits_path, False, inp.chunk),
         "engine": engine_in_training,
-        "others": ref_params + (b * d.params * inp.gathered_fraction if inp.ref else 0.0) + critic_params,
+        "others": ref_params + ref_gathered + critic_params,
     }
     others_update = (0.0 if inp.ref_offload else ref_params) + others_critic_after(inp, critic_params, critic_optim)
     backward = {

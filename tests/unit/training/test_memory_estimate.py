@@ -105,6 +105,10 @@ def test_phases_by_hand_for_a_known_shape():
     assert p["update"]["others"] == 2 * 10_000 / 2
     assert p["logprob"]["others"] == 2 * 10_000 / 2 + 2 * 10_000
     assert p["logprob"]["logits"] == 100 * 50 * 2
+    # Units that reshard after each forward: half the model gathered at once, the actor's units freed before the
+    # reference's are gathered, so the pass holds one such copy (in `params`), not two.
+    units = estimate_phases(inp.with_(gathered_fraction=0.5, reshard_after_forward=True))["logprob"]
+    assert (units["params"], units["others"]) == (4 * 10_000 / 2 + 2 * 10_000 * 0.5, 2 * 10_000 / 2)
     # The rollout: the engine, the actor's state and the reference, nothing offloaded.
     assert p["generate"] == {"params": 4 * 10_000 / 2 + 8 * 10_000 / 2, "engine": 26_000, "others": 10_000}
     off = estimate_phases(inp.with_(offload=frozenset({"params", "optimizer"}), ref_offload=True))
