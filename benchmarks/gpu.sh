@@ -129,7 +129,7 @@ for group in "${groups[@]}"; do
     partial)
       bench step_1.5b_partial_heavy_n4096 600 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b --prompts 32 \
         --group 8 --new-tokens 4096 --lengths heavy --partial --oversample 1.5 --max-staleness 1 --warmup 2 \
-        --steps 3 --max-tokens 16384 --set algorithm.rollout_correction=token_mis ;;
+        --steps 4 --max-tokens 16384 --set algorithm.rollout_correction=token_mis ;;
     lengths)
       for v in true false; do
         bench step_1.5b_lognormal_padding_free_$v 420 step --device cuda --shape 1.5b --model-dir $MODELS/1.5b \

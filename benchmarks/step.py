@@ -31,9 +31,10 @@ process: tokens/s, MFU (6·N·tokens/s over the dense bf16 peak) and their ratio
 With --partial the same controller runs --warmup + --steps synchronous steps, then as many with partial rollouts
 (rollout.partial, carry: --oversample groups over data.train_batch_size, at most --max-staleness versions behind),
 both training --prompts × --group samples per step; the JSON then holds `sync` and `partial` (each the figures below,
-the partial one with its staleness, carried and dropped samples), `speedup` (the sync step's median over the partial
-one's) and each side's engine idle share (`perf/engine_rows_idle`: rows the rollout could have kept busy that sat
-idle). The engine's rows are raised to hold every over-sampled request at once.
+the partial one with its staleness, carried and dropped samples), `speedup` (trained samples per second over all the
+timed steps, partial over sync: partial steps alternate between short and long ones, so a median step says nothing;
+time an even number of them) and each side's engine idle share (`perf/engine_rows_idle`: rows the rollout could have
+kept busy that sat idle). The engine's rows are raised to hold every over-sampled request at once.
 
 JSON: the labels (`shape`, `device`, `gpu`, versions, `workers`, `engine_tp`, `algorithm`, `trainer_offload`,
 `overrides`, `rollout`: the batch shape), `step_s_median`, `phases_s_median` ({time/<phase>: s}), the switching
@@ -385,8 +386,12 @@ def partial_figures(steps: list[dict]) -> dict:
 
 def side(steps: list[dict], args, path: str, gpu: bool) -> dict:
     """One side of the comparison: the step figures, the trained samples per step and the engine's idle share."""
+    seconds = sum(m["time/step"] for m in steps)
     return {
         **step_figures(steps, args, path, gpu),
+        "step_s_mean": seconds / len(steps),
+        "samples_per_s": sum(m["batch/samples"] for m in steps) / seconds,
+        "generate_s_mean": sum(m["time/generate"] for m in steps) / len(steps),
         "trained_samples_per_step": median_of(steps, lambda m: m["batch/samples"]),
         "response_length_mean": median_of(steps, lambda m: m["response/length_mean"]),
         "engine_rows_mean": median_of(steps, lambda m: m.get("perf/engine_rows_mean", 0.0)),
@@ -405,9 +410,8 @@ def sync_and_partial(controller, args, timing: dict, path: str, gpu: bool) -> di
     return {
         "sync": sync_side,
         "partial": partial_side,
-        "speedup": sync_side["step_s_median"] / partial_side["step_s_median"],
-        "rollout_speedup": sync_side["phases_s_median"]["time/generate"]
-        / partial_side["phases_s_median"]["time/generate"],
+        "speedup": partial_side["samples_per_s"] / sync_side["samples_per_s"],
+        "rollout_speedup": sync_side["generate_s_mean"] / partial_side["generate_s_mean"],
         "partial_config": {"oversample": args.oversample, "max_staleness": args.max_staleness, "mode": "carry"},
     }
 
