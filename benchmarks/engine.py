@@ -38,9 +38,10 @@ and the K/V the rows attend at mid-generation; `unique` counts a shared prompt o
 measured step over that bound. Times are the device's named in `gpu` (or the CPU's).
 
 JSON: the labels (`shape`, `model_dir`, `device`, `gpu`, versions, `engine`, `dtype`, `prompt_len`, `new_tokens`,
-`overrides`, `variants`) and one object per case run with its workload and `variants` ({name: figures}); single adds
-`hf_generate`; a multiturn variant holds `agent` (the generate phase's figures: tokens, turns, mean turn length,
-seconds, tokens/s, the scheduler's counts), `single_turn` and `vs_single_turn`.
+`overrides`, `variants`, `switch_interval_ms`) and one object per case run with its workload and `variants` ({name:
+figures}); single adds `hf_generate`; a multiturn variant holds `agent` (the generate phase's figures: tokens, turns,
+mean turn length, seconds, tokens/s, the scheduler's counts, the CUDA graphs each warm run captured), `single_turn` and
+`vs_single_turn`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -146,6 +148,15 @@ def parser() -> argparse.ArgumentParser:
         default=4.8,
         metavar="TB_S",
         help="GPU: the device's memory bandwidth in TB/s, the roofline's bound (default: H200 HBM3e, datasheet)",
+    )
+    ap.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="the interpreter's thread switch interval for this process (sys.setswitchinterval; Python's default 5 "
+        "ms): how long a thread waiting for the GIL, such as the engine's driver thread on a GPU, may wait while the "
+        "event loop's thread runs the agents",
     )
     ap.add_argument(
         "--profile",
@@ -398,6 +409,8 @@ RUN_CASE = {"single": case_single, "grpo": case_grpo, "multiturn": case_multitur
 def main() -> None:
     """Run the benchmark the command line describes and print its JSON."""
     args = parser().parse_args()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     device = pick_device(args.device)
     path = make_model_dir(args.shape, device, args.model_dir)
     cases = CASES if args.case == "all" else (args.case,)
@@ -419,6 +432,7 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "overrides": args.set,
         "variants": [name for name, _ in variants],
+        "switch_interval_ms": sys.getswitchinterval() * 1e3,
     }
     for case in cases:
         note(f"case {case}")

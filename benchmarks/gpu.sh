@@ -17,6 +17,8 @@
 #   multiturn     benchmarks.engine --case multiturn, 0.5B: the run's agent rollout (the worker's generate phase,
 #                 rollout=agent), 512 trajectories on 256 rows × 4 turns cut at random points, a 50 ms tool; turns of
 #                 256 tokens, then 64; each against the same tokens single-turn
+#   multiturn_gil the 64-token multi-turn row with the interpreter's thread switch interval at 5 ms (Python's default)
+#                 and at 0.5 ms: how long the engine's driver thread waits for the GIL while the agents run
 #   trainer       benchmarks.trainer 1.5B, batch 8 × 1024: the actor's update in several configurations against plain
 #                 FSDP2, with profiles ($TRAINER_VARIANTS overrides the list)
 #   step          benchmarks.step 1.5B: a GRPO step with trainer.offload=params,optimizer (lazy, then eager) and none
@@ -109,6 +111,12 @@ for group in "${groups[@]}"; do
       for n in 256 64; do
         bench engine_0.5b_multiturn_512on256x4_t$n 420 engine --device cuda --case multiturn --shape 0.5b \
           --model-dir $MODELS/0.5b --trajectories 512 --max-rows 256 --turns 4 --turn-tokens $n --tool-ms 50
+      done ;;
+    multiturn_gil)  # the 64-token multi-turn row at Python's default thread switch interval and at 0.5 ms
+      for ms in 5 0.5; do
+        bench engine_0.5b_multiturn_512on256x4_t64_switch${ms}ms 300 engine --device cuda --case multiturn --shape 0.5b \
+          --model-dir $MODELS/0.5b --trajectories 512 --max-rows 256 --turns 4 --turn-tokens 64 --tool-ms 50 \
+          --switch-interval-ms $ms
       done ;;
     trainer)
       bench trainer_1.5b 420 trainer --device cuda --shape 1.5b --model-dir $MODELS/1.5b --profile "$OUT" \

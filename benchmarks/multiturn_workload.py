@@ -119,14 +119,15 @@ def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) 
 
     def run():
         fresh_prefix_cache(engine)
+        engine.take_stats()  # from here on: this run's graph captures
         before = scheduler_counters(engine)
         seconds, trajs = timed(lambda: worker.generate(prompts, 0, params), device)
-        return seconds, trajs, counter_deltas(before, scheduler_counters(engine))
+        return seconds, trajs, counter_deltas(before, scheduler_counters(engine)), engine.take_stats()
 
-    cold, _, _ = run()
+    cold, _, _, _ = run()
     warm = [run() for _ in range(WARM_RUNS)]
-    seconds = statistics.median(s for s, _, _ in warm)
-    _, trajs, counters = warm[-1]
+    seconds = statistics.median(s for s, *_ in warm)
+    _, trajs, counters, _ = warm[-1]
     tokens = sum(t.model_tokens for t in trajs)
     turns = sum(t.turns for t in trajs)
     out = {
@@ -139,7 +140,11 @@ def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) 
         "cut_by_turn_cap": sum(t.end_reason == "max_new_tokens" for t in trajs),
         "seconds_cold": cold,
         "seconds_warm": seconds,
-        "seconds_warm_runs": [s for s, _, _ in warm],
+        "seconds_warm_runs": [s for s, *_ in warm],
+        # CUDA graphs captured in each warm run, and the host seconds they took: a rollout's first use of a step
+        # shape runs eagerly, its second captures (runner.MIXED_CAPTURE_USE)
+        "graph_captures_warm_runs": [st.get("engine/graph_captures", 0.0) for *_, st in warm],
+        "graph_capture_s_warm_runs": [st.get("engine/graph_capture_s", 0.0) for *_, st in warm],
         "tokens_per_s": tokens / seconds,
         **engine_step_figures(counters, seconds),
     }
@@ -188,7 +193,11 @@ def time_single_turn(
         "stopped_at_eos": sum(c.finish_reason == "stop" for c in completions),
         "seconds_cold": cold,
         "seconds_warm": seconds,
-        "seconds_warm_runs": [s for s, _, _ in warm],
+        "seconds_warm_runs": [s for s, *_ in warm],
+        # CUDA graphs captured in each warm run, and the host seconds they took: a rollout's first use of a step
+        # shape runs eagerly, its second captures (runner.MIXED_CAPTURE_USE)
+        "graph_captures_warm_runs": [st.get("engine/graph_captures", 0.0) for *_, st in warm],
+        "graph_capture_s_warm_runs": [st.get("engine/graph_capture_s", 0.0) for *_, st in warm],
         "tokens_per_s": tokens / seconds,
         **engine_step_figures(counters, seconds),
     }

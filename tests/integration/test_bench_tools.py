@@ -63,6 +63,7 @@ def check_engine_grpo(out: dict) -> None:
 
 
 def check_engine_multiturn(out: dict) -> None:
+    assert out["switch_interval_ms"] == pytest.approx(0.5)  # --switch-interval-ms, as the process ran with it
     case = out["multiturn"]
     assert (case["trajectories"], case["rows"], case["turns"], case["turn_tokens"]) == (6, 4, 3, 3)
     names = [f"join_step_tokens={j},join_wait_steps={w}" for j in (0, 512) for w in (0, 8)]
@@ -82,6 +83,8 @@ def check_engine_multiturn(out: dict) -> None:
         # Later turns join the running batch inside a decode step only when join_step_tokens allows it.
         assert (agent["scheduler"]["step_joins"] > 0) == name.startswith("join_step_tokens=512"), (name, agent)
         assert "tokens_per_s_vs_first" in agent
+        # No CUDA graphs on the CPU: every warm run reports none captured.
+        assert agent["graph_captures_warm_runs"] == [0.0, 0.0, 0.0] == agent["graph_capture_s_warm_runs"]
         # Both sides report the engine's steps: never more rows a step than the engine has.
         for side in (agent, single):
             assert side["scheduler"]["steps"] > 0 and 0 < side["mean_rows_per_step"] <= case["rows"], side
@@ -174,7 +177,10 @@ VARY_GRPO = ["--vary", "engine.native.shared_prefix_tokens=0,8", "--vary", "engi
 CASES: dict[str, tuple[list[str], Callable[[dict], None]]] = {
     "engine": (["--batch", "3", "--prompt-len", "8", "--new-tokens", "5", "--parity-rows", "3"], check_engine_single),
     "engine:grpo": ([*GRPO, "--prompt-len", "8", *VARY_GRPO], check_engine_grpo),
-    "engine:multiturn": (["--case", "multiturn", "--prompt-len", "8", *MULTITURN, *JOINS], check_engine_multiturn),
+    "engine:multiturn": (
+        ["--case", "multiturn", "--prompt-len", "8", *MULTITURN, *JOINS, "--switch-interval-ms", "0.5"],
+        check_engine_multiturn,
+    ),
     "step": (STEP, check_step),
     "step:ppo": ([*STEP, "--algorithm", "ppo", "--reward-models", "2"], check_step_ppo),
     "step:partial": ([*STEP, "--new-tokens", "32", "--lengths", "heavy", "--partial"], check_step_partial),
