@@ -3,12 +3,14 @@
 In place of the synchronous generate → sleep → batch, step s runs::
 
     pool.expire(s, max_staleness)              # samples that would lag too far restart (rollout/dropped)
-    fill the pool from the data loader up to B + extra groups   (B = data.train_batch_size, extra = oversample·B)
+    fill the pool from the data loader up to B + extra groups   (B = data.train_batch_size, extra = oversample·B;
+        none extra where B groups are due: holding samples that must finish in this rollout)
     generate every unfinished sample of those groups, its context prompt + its tokens so far, its cap what it has
         left, until B groups are complete (every sample finished) and every sample in its last rollout within
         max_staleness has finished                                    → dispatch.generate_partial
     finish now every unfinished sample with no tail (its cap leaves no more than the rollout ran)
     take B complete groups, in pool order → the training batch; complete groups not taken restart (surplus)
+    groups due next step past the first B restart (rollout/dropped)
     sleep; mode=drop: the unfinished samples restart
 
 Three rules keep staleness where it buys time. Waiting for the samples whose next rollout would take them past
@@ -17,7 +19,10 @@ and then finished. Only a tail is carried: a sample whose cap leaves no more tok
 would save at most that many decode steps, so it finishes under the same weights (the native engine runs on
 instead of stopping where nothing has a tail, in the same random streams, so a rollout without a tail samples
 what the synchronous one does). Complete groups the step did not need (several complete in the decode step of
-the B-th) restart: nothing of them is a tail, and trained a step later they would only be a version old.
+the B-th) restart: nothing of them is a tail, and trained a step later they would only be a version old. And no more
+is carried than the next step trains: a step with due groups runs until their tails end and trains B groups, so it
+gets at most B of them (the rest restart while they hold one rollout's tokens) and starts no others beside B of them
+(they would complete while it waits, and restart unused).
 
 The groups not taken stay in the pool, in order, and come first in the next step's rollout, so every prompt the
 loader gave is trained once, in order, and the loader's position plus the pool (saved in every checkpoint) is the
@@ -160,6 +165,11 @@ class PartialRollout:
         self.pool.restart_complete()
         if self.cfg.mode == "drop":
             counts.dropped += self.pool.reset_unfinished()
+        else:
+            # The next step must finish every group due then and trains B of them: the ones past B would finish and
+            # then restart, tails and all. They restart now, holding one rollout's tokens.
+            due = self.pool.due(step + 1, self.cfg.max_staleness)
+            counts.dropped += self.pool.restart_groups(due[self.batch_size :])
         metrics.update(staleness_metrics([self._model_versions(s) for g in trained for s in g.samples], step))
         metrics["rollout/dropped"] = float(counts.dropped)
         metrics["rollout/oversampled_groups"] = float(counts.oversampled)
@@ -178,9 +188,12 @@ class PartialRollout:
     def _round(self, step: int, sampling: SamplingParams, need: int, first: int, counts: _Counts) -> list[PoolGroup]:
         """Generate the first need + extra groups of the pool until `need` are complete; take those. `first`: the
         place of this round's first group in the step's random streams (later rounds of a step come after)."""
-        size = need + self.extra
+        # A round that must finish B groups or more anyway (carried tails at their last rollout) trains those: groups
+        # started beside them would complete while it waits and restart unused, so it starts none.
+        due = self.pool.due(step, self.cfg.max_staleness)
+        size = need + (0 if len(due) >= need else self.extra)
         self._fill(size)
-        window = self.pool.groups[:size]
+        window = self._window(due, size)
         todo = need - sum(g.complete for g in self.pool.groups)  # an earlier round's wider window may hold some
         if todo > 0:
             requests, groups, slots = self._continuations(window, first, lambda s: not s.finished)
@@ -197,6 +210,18 @@ class PartialRollout:
                 "generate_partial stopped too soon"
             )
         return taken
+
+    def _window(self, due: list[PoolGroup], size: int) -> list[PoolGroup]:
+        """The round's groups, in pool order: every group due in it, then the pool's first others up to `size`."""
+        chosen = {id(g) for g in due}
+        room = size - len(due)
+        for g in self.pool.groups:
+            if room <= 0:
+                break
+            if id(g) not in chosen:
+                chosen.add(id(g))
+                room -= 1
+        return [g for g in self.pool.groups if id(g) in chosen]
 
     def _finish_short_tails(
         self, step: int, sampling: SamplingParams, window: list[PoolGroup], first: int, ran: int, counts: _Counts

@@ -111,6 +111,19 @@ class RolloutPool:
                     dropped += s.reset()
         return dropped
 
+    def due(self, step: int, max_staleness: int) -> list[PoolGroup]:
+        """The groups holding an unfinished sample that must finish in step `step`'s rollout: trained any later, its
+        oldest token would lag more than `max_staleness` versions."""
+        return [
+            g
+            for g in self.groups
+            if any(not s.finished and s.versions and step - s.versions[0] >= max_staleness for s in g.samples)
+        ]
+
+    def restart_groups(self, groups: list[PoolGroup]) -> int:
+        """Restart every sample of `groups` (they stay in place); returns how many held tokens."""
+        return sum(s.reset() for g in groups for s in g.samples)
+
     def restart_complete(self) -> int:
         """Restart every complete group (one a step did not train); returns how many samples held tokens."""
         return sum(s.reset() for g in self.groups if g.complete for s in g.samples)

@@ -180,3 +180,26 @@ def test_dynamic_sampling_rounds_complete_the_missing_groups():
     # Round 3 completed prompt 4 too: not needed, it restarts (a surplus group, not dropped) and comes first next step.
     assert [g.prompt for g in r.pool.groups] == [4, 5] and not any(g.complete for g in r.pool.groups)
     assert (m["rollout/surplus_groups"], m["rollout/dropped"]) == (1, 0)
+
+
+def test_no_more_groups_are_carried_than_the_next_step_trains_and_that_step_starts_no_others():
+    # Over-sampling 2.0: six groups in flight for two trained. Prompts 0-3 each have one sample of 8 tokens, the rest
+    # stop at 2, so step 1 trains 4 and 5 and stops with 0-3 unfinished, all due in step 2 (max_staleness=1).
+    group = ClockGroup(defaultdict(lambda: 2, {(p, 0): 8 for p in range(4)}))
+    cfg = run_config("rollout.partial.max_staleness=1", "rollout.partial.oversample=2.0")
+    r = partial_rollout(cfg, group, make_prompts(40))
+    (b1, _, _, m1), (b2, _, _, m2) = run(r, [1, 2])
+    assert trained_ids(b1)[::2] == [4, 5] and m1["rollout/oversampled_groups"] == 4
+    # Step 2 trains two of them: 2 and 3 would finish beside 0 and 1 and then restart with their 8-token samples, so
+    # they restart now, each holding two samples' tokens (4 dropped).
+    assert m1["rollout/dropped"] == 4 and m1["rollout/pending_groups"] == 4
+    # Step 2 must finish 0 and 1 anyway: it starts no other group, and runs their long samples' last 6 tokens alone.
+    (call,) = [c for c in group.calls if c["step"] == 2]
+    assert [(q.prompt_index, q.sample_index) for q in call["requests"]] == [(0, 0), (1, 0)]
+    assert call["need"] == 2 and call["wait_for"] == [0, 1]
+    assert trained_ids(b2)[::2] == [0, 1] and m2["rollout/oversampled_groups"] == 0
+    assert (m2["rollout/carried"], m2["rollout/staleness_max"], m2["rollout/dropped"]) == (4, 1, 0)
+    # 2 and 3 come first in step 3, from their prompts again.
+    assert [g.prompt for g in r.pool.groups][:2] == [2, 3] and not any(
+        s.tokens for g in r.pool.groups for s in g.samples
+    )
