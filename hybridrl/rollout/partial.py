@@ -13,7 +13,7 @@ In place of the synchronous generate → sleep → batch, step s runs::
     groups due next step past the first B restart (rollout/dropped)
     sleep; mode=drop: the unfinished samples restart
 
-Three rules keep staleness where it buys time. Waiting for the samples whose next rollout would take them past
+Four rules keep staleness where it buys time. Waiting for the samples whose next rollout would take them past
 `max_staleness` bounds staleness without dropping the tail: a long sample is carried once (with max_staleness=1)
 and then finished. Only a tail is carried: a sample whose cap leaves no more tokens than the rollout has run
 would save at most that many decode steps, so it finishes under the same weights (the native engine runs on
@@ -186,8 +186,9 @@ class PartialRollout:
                 self.pool.add(self._index[id(p)])
 
     def _round(self, step: int, sampling: SamplingParams, need: int, first: int, counts: _Counts) -> list[PoolGroup]:
-        """Generate the first need + extra groups of the pool until `need` are complete; take those. `first`: the
-        place of this round's first group in the step's random streams (later rounds of a step come after)."""
+        """Generate the round's groups (`_window`: need + extra, or just the due ones) until `need` are complete; take
+        those. `first`: the place of this round's first group in the step's random streams (later rounds of a step
+        come after)."""
         # A round that must finish B groups or more anyway (carried tails at their last rollout) trains those: groups
         # started beside them would complete while it waits and restart unused, so it starts none.
         due = self.pool.due(step, self.cfg.max_staleness)
@@ -198,7 +199,7 @@ class PartialRollout:
         if todo > 0:
             requests, groups, slots = self._continuations(window, first, lambda s: not s.finished)
             # A sample whose last rollout within the bound is this one finishes in it.
-            due = [i for i, s in enumerate(slots) if s.versions and step - s.versions[0] >= self.cfg.max_staleness]
+            due = [i for i, s in enumerate(slots) if s.due(step, self.cfg.max_staleness)]
             ran = self._generate(requests, groups, slots, todo, due, step, sampling, counts)
             if not self.agent:
                 self._finish_short_tails(step, sampling, window, first, ran, counts)

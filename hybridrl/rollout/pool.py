@@ -60,6 +60,11 @@ class PoolSample:
         self.logprobs += logprobs
         self.versions += [step] * len(tokens)
 
+    def due(self, step: int, max_staleness: int) -> bool:
+        """Whether it must finish in step `step`'s rollout: unfinished, and trained any later its oldest token would
+        lag more than `max_staleness` versions."""
+        return not self.finished and bool(self.versions) and step - self.versions[0] >= max_staleness
+
     def reset(self) -> bool:
         """Forget everything sampled, so the sample starts again; whether there was anything to forget."""
         had = bool(self.tokens) or self.finished
@@ -112,13 +117,8 @@ class RolloutPool:
         return dropped
 
     def due(self, step: int, max_staleness: int) -> list[PoolGroup]:
-        """The groups holding an unfinished sample that must finish in step `step`'s rollout: trained any later, its
-        oldest token would lag more than `max_staleness` versions."""
-        return [
-            g
-            for g in self.groups
-            if any(not s.finished and s.versions and step - s.versions[0] >= max_staleness for s in g.samples)
-        ]
+        """The groups holding a sample that must finish in step `step`'s rollout (`PoolSample.due`)."""
+        return [g for g in self.groups if any(s.due(step, max_staleness) for s in g.samples)]
 
     def restart_groups(self, groups: list[PoolGroup]) -> int:
         """Restart every sample of `groups` (they stay in place); returns how many held tokens."""
