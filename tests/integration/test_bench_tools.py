@@ -114,7 +114,10 @@ def check_step_partial(out: dict) -> None:
         assert side["samples_per_s"] == pytest.approx(side["trained_samples_per_step"] / side["step_s_mean"])
     assert out["speedup"] == pytest.approx(sync["step_s_mean"] / partial["step_s_mean"])
     rollout = out["partial"]["rollout"]
-    assert rollout["staleness_max"] <= 1 and rollout["oversampled_groups"] == 2  # 2 prompts, oversample 0.75: 2
+    assert rollout["staleness_max"] <= 1
+    # 2 prompts, oversample 0.75: 2 more groups a step, none in a step that must finish 2 carried groups anyway.
+    started = [m["rollout/oversampled_groups"] for m in partial["per_step"]]
+    assert set(started) <= {0.0, 2.0} and rollout["oversampled_groups"] == pytest.approx(sum(started) / 2)
     assert out["partial_config"] == {"oversample": 0.75, "max_staleness": 1, "mode": "carry"}
 
 
