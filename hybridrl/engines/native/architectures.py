@@ -32,9 +32,36 @@ def rope_parameters(config) -> dict:
     return params
 
 
+def mrope_section(config) -> list[int] | None:
+    """A Qwen2-VL / Qwen2.5-VL language model's multimodal RoPE sections (rotary frequencies per axis: temporal,
+    height, width; they sum to head_dim / 2), or None for a text model."""
+    from hybridrl.models.vision import is_vision_language, text_config
+
+    if not is_vision_language(config):
+        return None
+    return list(rope_parameters(text_config(config)).get("mrope_section") or [])
+
+
 def check_supported(config) -> None:
-    """Raise `UnsupportedModel` naming the first feature of `config` the fused decoder does not implement."""
-    model_type = getattr(config, "model_type", "")
+    """Raise `UnsupportedModel` naming the first feature of `config` the fused decoder does not implement. Of a
+    vision-language config, its language model's: Qwen2-VL's and Qwen2.5-VL's (a Qwen2 decoder with multimodal RoPE
+    in sections), not Qwen3-VL's (interleaved sections)."""
+    from hybridrl.models.vision import VISION_MODEL_TYPES, is_vision_language, text_config
+
+    if is_vision_language(config):
+        model_type = VISION_MODEL_TYPES[config.model_type]
+        if model_type != "qwen2":
+            raise UnsupportedModel(f"model_type {config.model_type!r} (fused decoder: qwen2_vl, qwen2_5_vl)")
+        text = text_config(config)
+        sections = mrope_section(config)
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        if len(sections) != 3 or sum(sections) != head_dim // 2:
+            raise UnsupportedModel(
+                f"mrope_section {sections} (three sections summing to head_dim / 2 = {head_dim // 2})"
+            )
+        config = text
+    else:
+        model_type = getattr(config, "model_type", "")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModel(f"model_type {model_type!r} (fused decoder: {', '.join(SUPPORTED_MODEL_TYPES)})")
     if getattr(config, "hidden_act", "silu") != "silu":
@@ -51,7 +78,10 @@ def check_supported(config) -> None:
 
 def inv_freq(config) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [head_dim / 2] in float32, cos/sin scale), exactly as transformers computes them."""
+    from hybridrl.models.vision import text_config
+
     check_supported(config)
+    config = text_config(config)
     rope = rope_parameters(config)
     if rope["rope_type"] == "default":
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

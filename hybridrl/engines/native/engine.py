@@ -43,6 +43,7 @@ from hybridrl.engines.native.runner import DecodeRunner
 from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
 from hybridrl.engines.native.tensor_parallel import TensorParallel
 from hybridrl.errors import HybridRLError
+from hybridrl.models.vision import text_config
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
         self.model = FusedDecoder(hf_config, self.tp, dtype, device, kernels=self.options.kernels)
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else 0
-        self.vocab = hf_config.vocab_size
+        self.vocab = text_config(hf_config).vocab_size
         self.block_size = self.options.kv_block_size
         params = dict(self.model.named_parameters())  # no tied duplicates: a tied lm_head is the embedding itself
         self._init_weights(params, params, device, self._fixed_weights(params, device))

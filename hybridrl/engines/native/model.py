@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hybridrl.engines.native.architectures import check_supported, rope_tables
+from hybridrl.engines.native.architectures import check_supported, mrope_section, rope_tables
 from hybridrl.engines.native.kernels import use_triton
 from hybridrl.engines.native.kernels.attention import decode_attention, triton_supports
 from hybridrl.engines.native.kernels.linear import project
@@ -44,6 +44,10 @@ from hybridrl.engines.native.kv_cache import PagedKVCache
 from hybridrl.engines.native.tensor_parallel import TensorParallel
 from hybridrl.errors import ConfigError
 from hybridrl.models.shape import ModelShape, padded_vocab
+from hybridrl.models.vision import text_config
+
+Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""RoPE for a forward's tokens: cos and sin tables (sine signed, `ensure_positions`) and each token's row in them."""
 
 # Flash attention for the (causal, unmasked) prefill; the others as fallbacks.
 _GPU_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -108,7 +112,15 @@ class FusedDecoder(nn.Module):
         check_tp(s, tp.size)
         self.q_heads, self.kv_heads, self.head_dim = s.heads // tp.size, max(1, s.kv_heads // tp.size), s.head_dim
         self.vocab_rows = padded_vocab(s.vocab) // tp.size
-        self.eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
+        self.eps = float(getattr(text_config(hf_config), "rms_norm_eps", 1e-6))
+        # Multimodal RoPE (Qwen2-VL): each rotary column's axis (temporal, height, width), the column's frequency
+        # turning with that axis's position; None for a text model.
+        sections = mrope_section(hf_config)
+        self.mrope_axes = (
+            torch.tensor([a for a, n in enumerate(sections) for _ in range(n)] * 2, device=self.device)
+            if sections
+            else None
+        )
         self.kernels = use_triton(torch.empty(0, device=self.device), kernels)
         # The device's SMs, which the skinny GEMMs and the one-kernel attention plan for (132, an H100/H200's, under
         # Triton's CPU interpreter in tests).
@@ -149,7 +161,23 @@ class FusedDecoder(nn.Module):
         self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # signed: rotate_half(x)·sin = swap(x)·sin
         return True
 
+    def mrope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [N, head_dim] of tokens at multimodal positions [3, N] (a Qwen2-VL model's): column j turns
+        with the position of its axis, as transformers' recomposition of the three axes' tables gives it. Token i's
+        row of a `Rope` is then i."""
+        self.ensure_positions(int(positions.max()) + 1)
+        rows = positions.to(self.device)[self.mrope_axes].T  # [N, head_dim]: each column's position
+        cols = torch.arange(self.head_dim, device=self.device)
+        return self.cos[rows, cols], self.sin[rows, cols]
+
     # -- pieces ---------------------------------------------------------------------------------------
+    def _embed_with(self, ids: torch.Tensor, images: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """`embed(ids)`, with `images`' embeddings (token indices [M], vectors [M, hidden]) at their tokens."""
+        x = self.embed(ids)
+        if images is not None:
+            x = x.index_copy(0, images[0], images[1].to(x.dtype))
+        return x
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Embeddings of flat token ids [N] → [N, hidden]; vocab-parallel: masked lookup + all-reduce."""
         w = self.model.embed_tokens.weight
@@ -191,18 +219,29 @@ class FusedDecoder(nn.Module):
 
     # -- forwards -------------------------------------------------------------------------------------
     def prefill(
-        self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, cache: PagedKVCache
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        cache: PagedKVCache,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mrope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run right-padded prompts ids [B, W] (true lengths [B]) from position 0; store each token's K/V at its slot
         (slots [B, W]; padding tokens point into the scratch block); return the logits [B, padded vocab] at each last
         token. Causal flash attention over the prompt itself: the cache is only written. (Sequences continuing a
-        cached prefix go through `extend`.)"""
+        cached prefix go through `extend`.) `images` (flat token indices [M], embeddings [M, hidden]): what stands
+        at image placeholders instead of their embedding; `mrope`: each token's cos and sin [B·W, head_dim]
+        (`mrope_rows`) instead of its position's."""
         b, w = ids.shape
         n, d, eps, kern = b * w, self.head_dim, self.eps, self.kernels
-        pos = torch.arange(w, device=ids.device)
-        cos, sin = self.cos[pos].repeat(b, 1).view(n, 1, d), self.sin[pos].repeat(b, 1).view(n, 1, d)
+        if mrope is None:
+            pos = torch.arange(w, device=ids.device)
+            cos, sin = self.cos[pos].repeat(b, 1).view(n, 1, d), self.sin[pos].repeat(b, 1).view(n, 1, d)
+        else:
+            cos, sin = mrope[0].view(n, 1, d), mrope[1].view(n, 1, d)
         slots = slots.reshape(n)
-        x = self.embed(ids.reshape(n))
+        x = self._embed_with(ids.reshape(n), images)
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
         with _attention_backends(self.device):
             for i, layer in enumerate(self.model.layers):
@@ -249,16 +288,21 @@ class FusedDecoder(nn.Module):
         last: torch.Tensor,
         max_len: int,
         n_splits: int = 1,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
         """Prompt tokens packed with no padding, each at its position (tokens, positions, cache slots [N]), token i
         of the sequence whose block table is block_table[table_rows[i]]: the logits [len(last), padded vocab] at the
         tokens `last`. A sequence may continue a cached prefix (an agent's next turn) or start at position 0.
+        `images` and `rope` as `_layers` takes them (a vision-language prompt's).
 
         Each token is one row of the decode step: all K/V of a layer are written first, then every token attends
         its sequence's positions ≤ its own through the paged cache, the cached prefix and the new tokens before it
         alike. The same few fused kernels per layer as a decode step, so it can be captured in a CUDA graph too
         (`DecodeRunner.extend`)."""
-        h = self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, table_rows)
+        h = self._layers(
+            tokens, pos, slots, block_table, cache, max_len, n_splits, table_rows, images=images, rope=rope
+        )
         return self.logits(h[last])
 
     def decode(
@@ -272,6 +316,7 @@ class FusedDecoder(nn.Module):
         n_splits: int = 1,
         mixed: tuple[torch.Tensor, ...] | None = None,
         prefix: SharedPrefix | None = None,
+        rope_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token per row (tokens, positions, cache slots [B]; block tables [B, blocks]): store its K/V, attend to
         positions ≤ its own; return logits [B, padded vocab]. No host syncs and static shapes, so it can be captured
@@ -279,10 +324,16 @@ class FusedDecoder(nn.Module):
         Triton kernel's key split. `mixed` (ids, positions, slots, rows [E]): prompt tokens of rows joining at this
         step (a mixed step), run as extra rows (as `extend` runs them) whose K/V the rows' own tokens attend in the same
         layer. `prefix`: rows sharing leading blocks read them once per group (`shared_prefix`; Triton attention, no
-        mixed tokens)."""
+        mixed tokens). `rope_pos` [B]: the rows' rotary positions where they differ from their cache positions (a
+        Qwen2-VL sequence after its images: cache position + the prompt's offset; no mixed tokens)."""
         b = tokens.shape[0]
         if mixed is None:
-            return self.logits(self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, prefix=prefix))
+            rope = None if rope_pos is None else (self.cos, self.sin, rope_pos)
+            return self.logits(
+                self._layers(tokens, pos, slots, block_table, cache, max_len, n_splits, prefix=prefix, rope=rope)
+            )
+        if rope_pos is not None:
+            raise ValueError("decode: rope_pos with mixed tokens")
         ids, jpos, jslots, jrows = mixed
         rows = torch.cat((torch.arange(b, device=tokens.device), jrows))
         h = self._layers(
@@ -308,18 +359,24 @@ class FusedDecoder(nn.Module):
         n_splits: int,
         table_rows: torch.Tensor | None = None,
         prefix: SharedPrefix | None = None,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
-        """The final-normed hidden states [N, hidden] of tokens at positions `pos`, over the paged cache."""
+        """The final-normed hidden states [N, hidden] of tokens at positions `pos`, over the paged cache. `images`
+        (token indices [M], embeddings [M, hidden]): what stands at those tokens instead of their embedding; `rope`:
+        the tokens' RoPE where it is not the tables at `pos` (a Qwen2-VL model's multimodal positions)."""
         eps, kern = self.eps, self.kernels
-        one_kernel = table_rows is None and self.one_kernel_attention(tokens.shape[0], n_splits)
+        # The one-kernel attention reads RoPE at the cache position.
+        one_kernel = table_rows is None and rope is None and self.one_kernel_attention(tokens.shape[0], n_splits)
         seq_lens = None if one_kernel else pos + 1
+        cos, sin, rope_pos = rope if rope is not None else (self.cos, self.sin, pos)
         grouped = (
             prefix is not None
             and table_rows is None
             and not one_kernel
             and self.paged_attention_kernel(cache.block_size)
         )
-        x = self.embed(tokens)
+        x = self._embed_with(tokens, images)
         h = rms_norm(x, self.model.layers[0].input_layernorm.weight, eps, kern)
         for i, layer in enumerate(self.model.layers):
             a = layer.self_attn
@@ -349,9 +406,9 @@ class FusedDecoder(nn.Module):
                     qkv,
                     self.q_heads,
                     self.kv_heads,
-                    self.cos,
-                    self.sin,
-                    pos,
+                    cos,
+                    sin,
+                    rope_pos,
                     slots,
                     kc,
                     vc,

@@ -1,0 +1,121 @@
+"""The fused decoder over a Qwen2-VL language model: image embeddings at the placeholders, multimodal RoPE in the
+prompt, and the offset rotary positions of the text after it, against transformers' own forward in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from hybridrl.engines.config import NativeOptions
+from hybridrl.engines.native.engine import FusedEngine
+from hybridrl.engines.native.kv_cache import blocks_for
+from hybridrl.models.vision import MropeIndex, vision_tower
+from hybridrl.reshard import ReshardConfig, Resharder
+
+IMAGE, START, END = 290, 291, 292
+TOL = 2e-5
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def tiny_qwen2_vl(seed: int = 0) -> torch.nn.Module:
+    """A random float32 Qwen2-VL: head_dim 16 in rotary sections 2/3/3, one vision block, 2x2 merge."""
+    config = transformers.Qwen2VLConfig(
+        text_config=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=300,
+            max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+            bos_token_id=None,
+            eos_token_id=None,
+        ),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=14, spatial_merge_size=2),
+        image_token_id=IMAGE,
+        vision_start_token_id=START,
+        vision_end_token_id=END,
+        video_token_id=293,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen2VLForConditionalGeneration(config).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.3 if p.ndim == 1 else 0.15)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return tiny_qwen2_vl()
+
+
+def fused(model) -> FusedEngine:
+    engine = FusedEngine(model.config, [0], 0, device="cpu", dtype=torch.float32, options=NativeOptions(), seed=0)
+    Resharder(ReshardConfig(), engine, model.config).sync(model)
+    return engine
+
+
+def picture(h: int, w: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """pixel_values of one h x w-patch picture (2 frames of 14x14 patches, 3 channels) and its grid [1, 3]."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(h * w, 3 * 2 * 14 * 14, generator=g), torch.tensor([[1, h, w]])
+
+
+def test_a_prompt_with_a_picture_and_the_text_after_it_match_transformers(model):
+    pixels, grid = picture(4, 6, seed=1)  # 24 patches, merged 2x2: 6 image tokens
+    prompt = [5, 7, START, *[IMAGE] * 6, END, 11, 13, 17]
+    follow = [19, 23, 29]  # generated tokens: text, at the prompt's largest position + 1, + 2, ...
+    ids = torch.tensor([prompt + follow])
+    positions = MropeIndex(model)(prompt + follow, grid)  # [3, L]
+    with torch.no_grad():
+        want = model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, position_ids=positions[:, None]).logits[0]
+        embeds = vision_tower(model)(pixels, grid_thw=grid).pooler_output  # [6, hidden]
+
+    engine = fused(model)
+    blocks = blocks_for(len(prompt) + len(follow), engine.block_size)
+    table = engine.kv_allocator(blocks, blocks).allocate(blocks)
+    engine.reserve_width(blocks)
+    dec, cache, n = engine.model, engine.cache, len(prompt)
+    image_at = torch.tensor([i for i, t in enumerate(prompt) if t == IMAGE])
+    cos, sin = dec.mrope_rows(positions[:, :n])
+    slots = torch.tensor(cache.slots(table, 0, n))
+    with torch.no_grad():
+        logits = dec.prefill(
+            torch.tensor([prompt]), torch.tensor([n]), slots[None], cache, (image_at, embeds), (cos, sin)
+        )
+    assert (logits[0, :300] - want[n - 1]).abs().max().item() < TOL
+
+    # The text after the picture, one token a step: cache position p, rotary position p + the prompt's offset.
+    offset = int(positions[0, n]) - n
+    block = torch.tensor([table], dtype=torch.int32)
+    for k, tok in enumerate(follow):
+        p = n + k
+        with torch.no_grad():
+            logits = dec.decode(
+                torch.tensor([tok]),
+                torch.tensor([p]),
+                torch.tensor(cache.slots(table, p, p + 1)),
+                block,
+                cache,
+                p + 1,
+                rope_pos=torch.tensor([p + offset]),
+            )
+        assert (logits[0, :300] - want[p]).abs().max().item() < TOL, k
+
+
+def test_mrope_rows_are_the_text_tables_where_the_three_axes_agree(model):
+    dec = fused(model).model
+    positions = torch.arange(12).expand(3, -1)
+    cos, sin = dec.mrope_rows(positions)
+    assert torch.equal(cos, dec.cos[:12]) and torch.equal(sin, dec.sin[:12])
+    # Column j follows the axis of its section: 2 temporal, 3 height, 3 width, twice (cos and sin halves).
+    cos, _ = dec.mrope_rows(torch.tensor([[0], [5], [9]]))
+    axis_pos = [0, 0, 5, 5, 5, 9, 9, 9] * 2
+    assert torch.equal(cos[0], dec.cos[axis_pos, torch.arange(16)])
