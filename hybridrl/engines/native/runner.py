@@ -2,12 +2,13 @@
 bucket that runs the whole step (forward, sampling, bookkeeping) in one launch. Prompts joining the batch run
 packed through `extend`, graphed per token bucket the same way.
 
-Per-row state, in static buffers the graphs read and write in place (the first five are rows of one int64 tensor,
+Per-row state, in static buffers the graphs read and write in place (the first six are rows of one int64 tensor,
 `state`, so rows joining and leaving move them in one copy)::
 
     tokens  the input token of the next step        pos     its position (= tokens the row has cached)
     steps   the sample index it will draw next      keys    its random-stream key (seeded sampling)
     active  1 for a sequence, 0 for a padding row   table   its block table (padding rows: all scratch block 0)
+    shift   its rotary position minus pos (a Qwen2-VL sequence after its images; read only for such a model)
 
 One step: each row's cache slot from (table, pos) → `FusedDecoder.decode` → sample with each row's own key and
 step → outputs to `out_tok` / `out_lp`, tokens ← sampled, pos and steps += active (the bookkeeping on either side
@@ -49,7 +50,7 @@ from hybridrl.engines.native.model import FusedDecoder
 from hybridrl.engines.native.step_io import HostCopy, PackedTokens, SamplerMode, to_device
 from hybridrl.engines.sampling import sample_tokens
 
-_STATE = ("tokens", "steps", "keys", "pos", "active")  # the rows of `DecodeRunner.state`; pos and active last
+_STATE = ("tokens", "steps", "keys", "shift", "pos", "active")  # the rows of `DecodeRunner.state`; pos, active last
 
 # A mixed step is captured at its (rows, prompt tokens) pair's second use: at the end of a multi-turn rollout most pairs
 # come once, and a capture costs more than one eager step.
@@ -106,7 +107,7 @@ class DecodeRunner:
         dev, n = self.device, self.rows
         self.cache = cache
         self.state = torch.zeros(len(_STATE), n, dtype=torch.long, device=dev)
-        self.tokens, self.steps, self.keys, self.pos, self.active = self.state  # in _STATE's order
+        self.tokens, self.steps, self.keys, self.shift, self.pos, self.active = self.state  # in _STATE's order
         self.table = torch.zeros(n, width, dtype=torch.int32, device=dev)
         self.out_tok = torch.zeros(n, dtype=torch.long, device=dev)
         self.out_lp = torch.zeros(n, dtype=torch.float32, device=dev)
@@ -163,7 +164,7 @@ class DecodeRunner:
         """Drop the graphs, the buffers and the cache reference; `bind` again before the next step."""
         self.drop_graphs()
         self.cache = None
-        self.state = self.tokens = self.pos = self.steps = self.keys = self.active = self.table = None
+        self.state = self.tokens = self.pos = self.steps = self.keys = self.shift = self.active = self.table = None
         self.out_tok = self.out_lp = self.logits = self._outs = None
         # A graphed extend's inputs (tokens, positions, slots, table rows), the joining sequences' block tables and
         # the tokens whose logits are wanted: made at the first graphed extend after `bind`.
@@ -182,9 +183,11 @@ class DecodeRunner:
         keys: list[int] | None,
         tables: list[list[int]],
         step: int = 1,
+        shifts: list[int] | None = None,
     ) -> None:
         """Rows start.. become sequences with input `tokens` (device, or a host list) at positions `pos`, about to
         draw `step` (1 after a prefill sampled their first token; 0 for rows whose first token the next step samples).
+        `shifts`: each row's rotary position minus its cache position (a Qwen2-VL sequence after its images; 0 else).
         One host-to-device copy carries it all."""
         k = len(pos)
         wide = max(len(t) for t in tables)
@@ -193,7 +196,7 @@ class DecodeRunner:
         packed = to_device(
             [
                 ([tokens[i]] if host else [])
-                + [step, keys[i] if keys is not None else 0, pos[i], 1]
+                + [step, keys[i] if keys is not None else 0, shifts[i] if shifts is not None else 0, pos[i], 1]
                 + tables[i]
                 + [0] * (wide - len(tables[i]))
                 for i in range(k)
@@ -292,6 +295,8 @@ class DecodeRunner:
         pos, table = self.pos[:b], self.table[:b]
         bs = self.cache.block_size
         slots = cache_slots(table, pos, bs, self.model.kernels)
+        # A multimodal-RoPE model's rows turn at their rotary positions (no mixed steps: its prompts prefill apart).
+        rope_pos = pos + self.shift[:b] if self.model.mrope_axes is not None and mixed is None else None
         return self.model.decode(
             self.tokens[:b],
             pos,
@@ -302,6 +307,7 @@ class DecodeRunner:
             splits,
             mixed=None if mixed is None else tuple(mixed),
             prefix=prefix,
+            rope_pos=rope_pos,
         )
 
     def _padded(self, tokens: PackedTokens, n: int) -> torch.Tensor:
