@@ -54,6 +54,8 @@ def build_engine(
         from hybridrl.engines.native.engine import FusedEngine
 
         eos = eos_ids(tokenizer, generation_config=load_generation_config(model_path, hf_config))
+        from hybridrl.models.vision import is_vision_language, tower_trains
+
         return FusedEngine(
             hf_config,
             eos,
@@ -63,6 +65,7 @@ def build_engine(
             options=cfg.native,
             tp_group=topology.engine_tp_group(),
             seed=seed,
+            tower_trains=is_vision_language(hf_config) and tower_trains(model_cfg),
         )
     if cfg.name == "vllm":
         from hybridrl.engines.vllm.engine import VllmEngine

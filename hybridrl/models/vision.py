@@ -166,3 +166,20 @@ class MropeIndex:
             kwargs["mm_token_type_ids"] = (x == self.image_token_id).int()
         positions, _ = self.inner.get_rope_index(x, **kwargs)
         return positions[:, 0]
+
+
+def build_vision_tower(config, dtype: torch.dtype, device: torch.device | str) -> tuple[nn.Module, nn.Module]:
+    """(the vision tower with its merger, made from `config` on `device` with random weights to be loaded; the
+    whole model as a skeleton on the meta device, whose `get_rope_index` `MropeIndex` calls): what an engine holding
+    only the language model's weights needs of the rest."""
+    with torch.device("meta"):
+        skeleton = model_class(config).from_config(config)
+    with torch.device(device):
+        tower = type(vision_tower(skeleton))._from_config(config.vision_config, torch_dtype=dtype)
+    return tower.to(dtype).eval().requires_grad_(False), skeleton
+
+
+def merged_embeddings(output) -> torch.Tensor:
+    """The tower's merged image tokens [tokens, hidden] from its output (a tensor in older transformers, an output
+    object with `pooler_output` in 5.x)."""
+    return output if isinstance(output, torch.Tensor) else output.pooler_output

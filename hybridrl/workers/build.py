@@ -261,5 +261,18 @@ def build_rollout(
     )
     rollout = Rollout(engine, resharder, cfg.engine.sleep_level)
     if engine.starts_empty:
-        rollout.sync(policy)  # its first weights: the actor's (the checkpoint's), as every later sync delivers them
+        # Its first weights: the actor's (the checkpoint's), as every later sync delivers them; a frozen vision
+        # tower's too, this once (the engine keeps them: `FusedEngine(tower_trains=False)`).
+        first = rollout
+        if is_vision_language(policy.config) and not vision:
+            tower_too = Resharder(
+                cfg.reshard,
+                engine,
+                policy.config,
+                tp_rank=topology.engine_tp_rank,
+                tp_size=topology.engine_tp_size,
+                vision=True,
+            )
+            first = Rollout(engine, tower_too, cfg.engine.sleep_level)
+        first.sync(policy)
     return rollout

@@ -43,7 +43,7 @@ from hybridrl.engines.native.runner import DecodeRunner
 from hybridrl.engines.native.scheduler import PromptGroup, Scheduler
 from hybridrl.engines.native.tensor_parallel import TensorParallel
 from hybridrl.errors import HybridRLError
-from hybridrl.models.vision import text_config
+from hybridrl.models.vision import MropeIndex, build_vision_tower, is_vision_language, text_config
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,12 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
         options: NativeOptions | None = None,
         tp_group: torch.distributed.ProcessGroup | None = None,
         seed: int = 0,
+        tower_trains: bool = False,
     ) -> None:
-        """Weights start uninitialized: the caller fills them with `load_weights` (fused names). `tp_group` is this
-        rank's engine TP group (None: one rank)."""
+        """Weights start uninitialized: the caller fills them with `load_weights` (fused names; a vision-language
+        model's tower as ``visual.*``). `tp_group` is this rank's engine TP group (None: one rank). `tower_trains`: the
+        resharder delivers the vision tower with every sync; else its weights keep their values across every
+        sleep (the first fill delivers them)."""
         self.options = options or NativeOptions()
         device = torch.device(device)
         self.tp = TensorParallel.of(tp_group)
@@ -78,7 +81,17 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
         self.vocab = text_config(hf_config).vocab_size
         self.block_size = self.options.kv_block_size
         params = dict(self.model.named_parameters())  # no tied duplicates: a tied lm_head is the embedding itself
+        # A vision-language model: its vision tower, whole on every rank, and its multimodal positions.
+        self.vision: torch.nn.Module | None = None
+        self.mrope: MropeIndex | None = None
+        if is_vision_language(hf_config):
+            self.vision, skeleton = build_vision_tower(hf_config, dtype, device)
+            self.mrope = MropeIndex(skeleton)
+            params.update({f"visual.{n}": p for n, p in self.vision.named_parameters()})
+            self.takes_images = True
         self._init_weights(params, params, device, self._fixed_weights(params, device))
+        if self.vision is not None and not tower_trains:
+            self.preserve_weights(n for n in params if n.startswith("visual."))
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._lockstep: Lockstep | None = None  # the TP group's schedule, inside `lead` or `follow`
         self.cache: PagedKVCache | None = None
@@ -130,7 +143,7 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
     @torch.inference_mode()
     def generate_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Completion]:
         self._check_awake("generate")
-        check_requests(requests)
+        check_requests(requests, self.takes_images)
         if self.scheduler.has_work:
             raise HybridRLError(
                 "native engine: generate_requests while other requests run; use submit/step (or AsyncEngine) for both"

@@ -35,13 +35,8 @@ def native_impl(cfg: EngineConfig, hf_config, tp_size: int = 1) -> str:
     same samples): correct, not sharded.
     """
     from hybridrl.engines.native.architectures import UnsupportedModel, check_supported
-    from hybridrl.models.vision import is_vision_language
 
     if cfg.native.impl == "hf":
-        return "hf"
-    if is_vision_language(hf_config):  # the fused decoder runs mrope, but its engine does not take images yet
-        if cfg.native.impl == "fused":
-            raise ConfigError("engine.native.impl=fused cannot run a vision-language model yet; use impl=auto or hf")
         return "hf"
     try:
         check_supported(hf_config)

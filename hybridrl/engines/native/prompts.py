@@ -15,10 +15,13 @@ import itertools
 
 import torch
 
+from hybridrl.data.images import ImageInputs, concat_images
 from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, blocks_for
 from hybridrl.engines.native.scheduler import PromptGroup
 from hybridrl.engines.native.step_io import PackedTokens, SamplerMode, to_device
 from hybridrl.engines.sampling import sample_tokens
+from hybridrl.errors import HybridRLError
+from hybridrl.models.vision import merged_embeddings
 
 PACKED_PROMPT_MAX = 512
 """Where the paged attention kernel runs (GPU), new prompts up to this many tokens run packed (`_extend_chunk`: the
@@ -86,7 +89,10 @@ class PromptPath:
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def _packed(self, g: PromptGroup) -> bool:
-        """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step)."""
+        """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step); a prompt with
+        images runs the flash prefill (it never continues a cached prefix: `SequenceState.cacheable`)."""
+        if _images(g) is not None:
+            return False
         # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
         # cheaper padded through SDPA; float32 CPU runs then also keep the golden run's numbers bit for bit.
         return bool(g.cached) or (
@@ -97,8 +103,8 @@ class PromptPath:
         """The prompt tokens a single request computes inside a mixed step: past its cached prefix, but the last (the
         row's input). None for a group of several samples (they share a copied partial block: a prefill does that) or
         a prompt the packed path does not take."""
-        if len(group.seqs) != 1 or not self._packed(group):
-            return None
+        if len(group.seqs) != 1 or not self._packed(group) or self.model.mrope_axes is not None:
+            return None  # (a multimodal-RoPE model's rows run at their rotary shifts, which mixed steps do not read)
         return len(group.prompt) - 1 - group.cached
 
     def join_in_step(self, groups: list[PromptGroup], start: int, mode: SamplerMode) -> PackedTokens:
@@ -134,7 +140,40 @@ class PromptPath:
         lengths = to_device([len(g.prompt) for g in groups], torch.long, dev)
         slots = to_device(slots, torch.long, dev).view(len(groups), width)
         ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids
-        return self.model.prefill(ids, lengths, slots, self.cache)
+        if not any(_images(g) is not None for g in groups):
+            return self.model.prefill(ids, lengths, slots, self.cache)
+        images, mrope = self._vision_inputs(groups, width)
+        return self.model.prefill(ids, lengths, slots, self.cache, images, mrope)
+
+    def _vision_inputs(
+        self, groups: list[PromptGroup], width: int
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Of prompts right-padded to `width`: the vision tower's embeddings at their image placeholders (flat token
+        indices, vectors), one tower pass over every group's images, and each token's multimodal RoPE; each
+        sequence's rotary shift is set (`SequenceState.shift`)."""
+        dev, dtype = self.device, self.model.dtype
+        positions = torch.zeros(3, len(groups), width, dtype=torch.long)
+        at, pictures = [], []
+        for i, g in enumerate(groups):
+            imgs = _images(g)
+            p = self.mrope(g.prompt, imgs.image_grid_thw if imgs is not None else None)  # [3, len]
+            positions[:, i, : len(g.prompt)] = p
+            for s in g.seqs:
+                s.shift = int(p.max()) + 1 - len(g.prompt)
+            if imgs is not None:
+                at += [i * width + j for j, t in enumerate(g.prompt) if t == self.mrope.image_token_id]
+                pictures.append(imgs)
+        mrope = self.model.mrope_rows(positions.view(3, -1))
+        if not pictures:
+            return None, mrope
+        pixels, grids = concat_images(pictures)
+        embeds = merged_embeddings(self.vision(pixels.to(dev, dtype), grid_thw=grids.to(dev)))
+        if embeds.shape[0] != len(at):
+            raise HybridRLError(
+                f"native engine: {len(at)} image placeholder tokens in the prompts, but their images make "
+                f"{embeds.shape[0]} embeddings; the prompts' placeholders must come from the model's processor"
+            )
+        return (to_device(at, torch.long, dev), embeds), mrope
 
     def _extend_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
         """Prompts past their cached prefixes (0 for a new one), packed: each new token is a row of
@@ -159,3 +198,8 @@ class PromptPath:
             out.slots += self.cache.slots(table, g.cached, end)
             out.rows += [row] * (end - g.cached)
         return out
+
+
+def _images(g: PromptGroup) -> ImageInputs | None:
+    """The group's images (its requests share them), or None for a text prompt."""
+    return g.seqs[0].request.images if g.seqs else None

@@ -39,6 +39,7 @@ from typing import Protocol
 import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.engines.native.base import same_prompt
 from hybridrl.engines.native.blocks import BlockAllocator, BlockKey, block_keys
 from hybridrl.engines.native.kv_cache import blocks_for
 from hybridrl.engines.native.runner import DecodeRunner
@@ -64,10 +65,17 @@ class SequenceState:
     finish: str | None = None
     keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
     cohort_len: int = 0  # the longest prompt admitted with it
+    shift: int = 0  # rotary position minus cache position of its generated tokens (a prompt with images; its prefill)
 
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether its blocks may enter the prefix table, known by their tokens alone: not with images (equal
+        placeholder tokens stand for any picture)."""
+        return self.request.images is None
 
     def total_blocks(self, block_size: int) -> int:
         """Blocks the sequence can ever write: positions 0 .. prompt + max_new - 2 (the last token is never fed)."""
@@ -373,6 +381,7 @@ class Scheduler:
                 [taken[i].prompt_len for i in going],
                 [taken[i].key for i in going] if mode.seeded else None,
                 [taken[i].blocks for i in going],
+                shifts=[taken[i].shift for i in going],
             )
             self.rows += [taken[i] for i in going]
 
@@ -407,7 +416,7 @@ class Scheduler:
         request had the same prompt) or found in the prefix table, the rest its own. False if they are not free."""
         bs = self.backend.block_size
         full, own = seq.prompt_len // bs, seq.total_blocks(bs) - seq.prompt_len // bs
-        if groups and groups[-1].prompt == seq.request.prompt_ids:
+        if groups and same_prompt(groups[-1].seqs[0].request, seq.request):
             group = groups[-1]
             if own > alloc.free:
                 return False
@@ -415,7 +424,7 @@ class Scheduler:
             seq.keys, seq.blocks = group.seqs[0].keys, group.shared + alloc.allocate(own)
             group.seqs.append(seq)
             return True
-        keys = block_keys(seq.request.prompt_ids, bs, full) if self.prefix_cache else []
+        keys = block_keys(seq.request.prompt_ids, bs, full) if self.prefix_cache and seq.cacheable else []
         # At least the last prompt token is run again: its logits give the first sample.
         found = alloc.match(keys[: (seq.prompt_len - 1) // bs])
         if full - len(found) + own > alloc.free:
@@ -428,7 +437,7 @@ class Scheduler:
 
     def _finish(self, s: SequenceState) -> None:
         """Enter the sequence's full blocks of final K/V in the prefix table, then drop its references."""
-        if self.prefix_cache:
+        if self.prefix_cache and s.cacheable:
             bs = self.backend.block_size
             written = s.prompt_len + len(s.tokens) - 1  # K/V exist for every token but the last
             full = written // bs

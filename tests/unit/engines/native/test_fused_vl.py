@@ -7,9 +7,12 @@ import pytest
 import torch
 import transformers
 
+from hybridrl.data.images import ImageInputs, ImageSource
+from hybridrl.engines.base import SamplingParams
 from hybridrl.engines.config import NativeOptions
 from hybridrl.engines.native.engine import FusedEngine
 from hybridrl.engines.native.kv_cache import blocks_for
+from hybridrl.engines.native.vision_hf import VisionHFEngine
 from hybridrl.models.vision import MropeIndex, vision_tower
 from hybridrl.reshard import ReshardConfig, Resharder
 
@@ -119,3 +122,48 @@ def test_mrope_rows_are_the_text_tables_where_the_three_axes_agree(model):
     cos, _ = dec.mrope_rows(torch.tensor([[0], [5], [9]]))
     axis_pos = [0, 0, 5, 5, 5, 9, 9, 9] * 2
     assert torch.equal(cos[0], dec.cos[axis_pos, torch.arange(16)])
+
+
+def image_inputs(h: int, w: int, seed: int) -> ImageInputs:
+    pixels, grid = picture(h, w, seed)
+    return ImageInputs(pixels, grid, [ImageSource(f"picture {seed}", data=b"", digest=f"d{seed}")])
+
+
+def vl_prompt(words: list[int], tokens: int) -> list[int]:
+    return [5, START, *[IMAGE] * tokens, END, *words]
+
+
+@pytest.mark.parametrize("tower_trains", [False, True])
+def test_the_fused_engine_samples_what_the_transformers_path_samples_from_image_prompts(model, tower_trains):
+    """Groups of samples sharing one picture's prefill, two pictures in one prompt, a text prompt beside them, and
+    prompts with equal tokens but other pictures: greedy and seeded samples equal the transformers path's."""
+    two = image_inputs(4, 4, 3)
+    two = ImageInputs(
+        torch.cat([two.pixel_values, picture(2, 4, 4)[0]]),
+        torch.tensor([[1, 4, 4], [1, 2, 4]]),
+        [*two.sources, ImageSource("picture 4", data=b"", digest="d4")],
+    )
+    prompts = [
+        (vl_prompt([11, 13], 6), image_inputs(4, 6, 1)),
+        (vl_prompt([11, 13], 6), image_inputs(4, 6, 2)),  # the same tokens, another picture: another prompt
+        ([5, 17, 19, 23], None),
+        ([5, START, *[IMAGE] * 4, END, START, *[IMAGE] * 2, END, 29], two),
+    ]
+    engine = FusedEngine(
+        model.config, [0], 0, device="cpu", dtype=torch.float32, options=NativeOptions(), tower_trains=tower_trains
+    )
+    Resharder(ReshardConfig(), engine, model.config, vision=True).sync(model)
+    reference = VisionHFEngine(model, [0], 0)
+    for params in (
+        SamplingParams(n=3, max_new_tokens=6, temperature=0.0),
+        SamplingParams(n=3, max_new_tokens=6, temperature=1.0, seed=7),
+    ):
+        ids, images = [p for p, _ in prompts], [i for _, i in prompts]
+        got = engine.generate(ids, params, images)
+        want = reference.generate(ids, params, images)
+        assert [c.token_ids for c in got] == [c.token_ids for c in want]
+        assert got[0].token_ids != got[3].token_ids  # the pictures, not the tokens, part prompts 0 and 1
+        for a, b in zip(got, want):
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    # The samples of a prompt shared its image prefill: one forward per prompt, not per sample.
+    assert engine.scheduler.prefilled_tokens == 2 * sum(len(p) for p, _ in prompts)
