@@ -138,10 +138,12 @@ class TowerTimer:
         from hybridrl.models.vision import vision_tower
 
         self.device, self.seconds, self._t0 = device, 0.0, 0.0
-        model = getattr(engine, "model", None)
-        if model is None:
-            raise SystemExit("--vl: the engine holds no transformers model to time (engine=native, impl hf)")
-        tower = vision_tower(model)
+        tower = getattr(engine, "vision", None)  # the fused engine's own tower
+        if tower is None:
+            model = getattr(engine, "model", None)
+            if model is None:
+                raise SystemExit("--vl: the engine holds no vision tower to time (engine=native)")
+            tower = vision_tower(model)  # the transformers path's model
         tower.register_forward_pre_hook(self._start)
         tower.register_forward_hook(self._stop)
 

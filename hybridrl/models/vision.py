@@ -175,7 +175,7 @@ def build_vision_tower(config, dtype: torch.dtype, device: torch.device | str) -
     with torch.device("meta"):
         skeleton = model_class(config).from_config(config)
     with torch.device(device):
-        tower = type(vision_tower(skeleton))._from_config(config.vision_config, torch_dtype=dtype)
+        tower = type(vision_tower(skeleton))._from_config(config.vision_config, dtype=dtype)
     return tower.to(dtype).eval().requires_grad_(False), skeleton
 
 
