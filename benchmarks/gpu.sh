@@ -85,7 +85,8 @@ for group in "${groups[@]}"; do
       run kernel_tests_ops 420 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu ;;
     kernel_engine)
       run kernel_tests_engine 420 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
-        tests/unit/engines/native/test_fused_engine.py tests/unit/engines/native/test_engine_scheduler.py ;;
+        tests/unit/engines/native/test_fused_engine.py tests/unit/engines/native/test_engine_scheduler.py \
+        tests/unit/engines/native/test_fused_vl.py ;;
     kernel_sweep)
       bench kernel_sweep 540 kernels --what linear attention --shapes 0.5b 1.5b ;;
     engine)

@@ -1,12 +1,19 @@
 """The fused decoder over a Qwen2-VL language model: image embeddings at the placeholders, multimodal RoPE in the
-prompt, and the offset rotary positions of the text after it, against transformers' own forward in float32."""
+prompt, and the offset rotary positions of the text after it, against transformers' own forward in float32; the
+fused engine's samples of image prompts against the transformers path's.
+
+Runs on CPU; HYBRIDRL_TEST_DEVICE=cuda runs the same tests on a GPU (through the kernels), and CI's interpreted run
+the one marked `interpreted` through the kernels on CPU."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 import transformers
 
+import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_INTERPRET=1: the kernels on CPU)
 from hybridrl.data.images import ImageInputs, ImageSource
 from hybridrl.engines.base import SamplingParams
 from hybridrl.engines.config import NativeOptions
@@ -17,7 +24,8 @@ from hybridrl.models.vision import MropeIndex, vision_tower
 from hybridrl.reshard import ReshardConfig, Resharder
 
 IMAGE, START, END = 290, 291, 292
-TOL = 2e-5
+DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
+TOL = 2e-5 if DEVICE.type == "cpu" else 1e-4  # GPU kernels differ by shape between the two forwards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,7 +59,7 @@ def tiny_qwen2_vl(seed: int = 0) -> torch.nn.Module:
                 p.copy_(1 + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0, 0.3 if p.ndim == 1 else 0.15)
-    return model.eval()
+    return model.to(DEVICE).eval()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +68,7 @@ def model() -> torch.nn.Module:
 
 
 def fused(model) -> FusedEngine:
-    engine = FusedEngine(model.config, [0], 0, device="cpu", dtype=torch.float32, options=NativeOptions(), seed=0)
+    engine = FusedEngine(model.config, [0], 0, device=DEVICE, dtype=torch.float32, options=NativeOptions(), seed=0)
     Resharder(ReshardConfig(), engine, model.config).sync(model)
     return engine
 
@@ -68,15 +76,15 @@ def fused(model) -> FusedEngine:
 def picture(h: int, w: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """pixel_values of one h x w-patch picture (2 frames of 14x14 patches, 3 channels) and its grid [1, 3]."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(h * w, 3 * 2 * 14 * 14, generator=g), torch.tensor([[1, h, w]])
+    return torch.randn(h * w, 3 * 2 * 14 * 14, generator=g).to(DEVICE), torch.tensor([[1, h, w]], device=DEVICE)
 
 
 def test_a_prompt_with_a_picture_and_the_text_after_it_match_transformers(model):
     pixels, grid = picture(4, 6, seed=1)  # 24 patches, merged 2x2: 6 image tokens
     prompt = [5, 7, START, *[IMAGE] * 6, END, 11, 13, 17]
     follow = [19, 23, 29]  # generated tokens: text, at the prompt's largest position + 1, + 2, ...
-    ids = torch.tensor([prompt + follow])
-    positions = MropeIndex(model)(prompt + follow, grid)  # [3, L]
+    ids = torch.tensor([prompt + follow], device=DEVICE)
+    positions = MropeIndex(model)(prompt + follow, grid.cpu()).to(DEVICE)  # [3, L]
     with torch.no_grad():
         want = model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, position_ids=positions[:, None]).logits[0]
         embeds = vision_tower(model)(pixels, grid_thw=grid).pooler_output  # [6, hidden]
@@ -86,60 +94,60 @@ def test_a_prompt_with_a_picture_and_the_text_after_it_match_transformers(model)
     table = engine.kv_allocator(blocks, blocks).allocate(blocks)
     engine.reserve_width(blocks)
     dec, cache, n = engine.model, engine.cache, len(prompt)
-    image_at = torch.tensor([i for i, t in enumerate(prompt) if t == IMAGE])
+    image_at = torch.tensor([i for i, t in enumerate(prompt) if t == IMAGE], device=DEVICE)
     cos, sin = dec.mrope_rows(positions[:, :n])
-    slots = torch.tensor(cache.slots(table, 0, n))
+    slots = torch.tensor(cache.slots(table, 0, n), device=DEVICE)
     with torch.no_grad():
         logits = dec.prefill(
-            torch.tensor([prompt]), torch.tensor([n]), slots[None], cache, (image_at, embeds), (cos, sin)
+            ids[:, :n], torch.tensor([n], device=DEVICE), slots[None], cache, (image_at, embeds), (cos, sin)
         )
     assert (logits[0, :300] - want[n - 1]).abs().max().item() < TOL
 
     # The text after the picture, one token a step: cache position p, rotary position p + the prompt's offset.
     offset = int(positions[0, n]) - n
-    block = torch.tensor([table], dtype=torch.int32)
+    block = torch.tensor([table], dtype=torch.int32, device=DEVICE)
     for k, tok in enumerate(follow):
         p = n + k
         with torch.no_grad():
             logits = dec.decode(
-                torch.tensor([tok]),
-                torch.tensor([p]),
-                torch.tensor(cache.slots(table, p, p + 1)),
+                torch.tensor([tok], device=DEVICE),
+                torch.tensor([p], device=DEVICE),
+                torch.tensor(cache.slots(table, p, p + 1), device=DEVICE),
                 block,
                 cache,
                 p + 1,
-                rope_pos=torch.tensor([p + offset]),
+                rope_pos=torch.tensor([p + offset], device=DEVICE),
             )
         assert (logits[0, :300] - want[p]).abs().max().item() < TOL, k
 
 
 def test_mrope_rows_are_the_text_tables_where_the_three_axes_agree(model):
     dec = fused(model).model
-    positions = torch.arange(12).expand(3, -1)
+    positions = torch.arange(12, device=DEVICE).expand(3, -1)
     cos, sin = dec.mrope_rows(positions)
     assert torch.equal(cos, dec.cos[:12]) and torch.equal(sin, dec.sin[:12])
     # Column j follows the axis of its section: 2 temporal, 3 height, 3 width, twice (cos and sin halves).
-    cos, _ = dec.mrope_rows(torch.tensor([[0], [5], [9]]))
-    axis_pos = [0, 0, 5, 5, 5, 9, 9, 9] * 2
-    assert torch.equal(cos[0], dec.cos[axis_pos, torch.arange(16)])
+    cos, _ = dec.mrope_rows(torch.tensor([[0], [5], [9]], device=DEVICE))
+    axis_pos = torch.tensor([0, 0, 5, 5, 5, 9, 9, 9] * 2, device=DEVICE)
+    assert torch.equal(cos[0], dec.cos[axis_pos, torch.arange(16, device=DEVICE)])
 
 
 def image_inputs(h: int, w: int, seed: int) -> ImageInputs:
     pixels, grid = picture(h, w, seed)
-    return ImageInputs(pixels, grid, [ImageSource(f"picture {seed}", data=b"", digest=f"d{seed}")])
+    return ImageInputs(pixels.cpu(), grid.cpu(), [ImageSource(f"picture {seed}", data=b"", digest=f"d{seed}")])
 
 
 def vl_prompt(words: list[int], tokens: int) -> list[int]:
     return [5, START, *[IMAGE] * tokens, END, *words]
 
 
-@pytest.mark.parametrize("tower_trains", [False, True])
+@pytest.mark.parametrize("tower_trains", [pytest.param(False, marks=pytest.mark.interpreted), True])
 def test_the_fused_engine_samples_what_the_transformers_path_samples_from_image_prompts(model, tower_trains):
     """Groups of samples sharing one picture's prefill, two pictures in one prompt, a text prompt beside them, and
     prompts with equal tokens but other pictures: greedy and seeded samples equal the transformers path's."""
     two = image_inputs(4, 4, 3)
     two = ImageInputs(
-        torch.cat([two.pixel_values, picture(2, 4, 4)[0]]),
+        torch.cat([two.pixel_values, picture(2, 4, 4)[0].cpu()]),
         torch.tensor([[1, 4, 4], [1, 2, 4]]),
         [*two.sources, ImageSource("picture 4", data=b"", digest="d4")],
     )
@@ -150,7 +158,7 @@ def test_the_fused_engine_samples_what_the_transformers_path_samples_from_image_
         ([5, START, *[IMAGE] * 4, END, START, *[IMAGE] * 2, END, 29], two),
     ]
     engine = FusedEngine(
-        model.config, [0], 0, device="cpu", dtype=torch.float32, options=NativeOptions(), tower_trains=tower_trains
+        model.config, [0], 0, device=DEVICE, dtype=torch.float32, options=NativeOptions(), tower_trains=tower_trains
     )
     Resharder(ReshardConfig(), engine, model.config, vision=True).sync(model)
     reference = VisionHFEngine(model, [0], 0)
