@@ -30,9 +30,24 @@ TOL = 2e-5 if DEVICE.type == "cpu" else 1e-4  # GPU kernels differ by shape betw
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny_qwen2_vl(seed: int = 0) -> torch.nn.Module:
-    """A random float32 Qwen2-VL: head_dim 16 in rotary sections 2/3/3, one vision block, 2x2 merge."""
-    config = transformers.Qwen2VLConfig(
+def tiny_qwen_vl(arch: str = "qwen2_vl", seed: int = 0) -> torch.nn.Module:
+    """A random float32 Qwen2-VL or Qwen2.5-VL: head_dim 16 in rotary sections 2/3/3; one vision block (Qwen2.5-VL:
+    a windowed one and a full-attention one), 2x2 merge."""
+    common = dict(patch_size=14, spatial_merge_size=2, num_heads=2)
+    if arch == "qwen2_vl":
+        cls, vision = transformers.Qwen2VLConfig, dict(common, depth=1, embed_dim=32, hidden_size=64)
+    else:
+        cls = transformers.Qwen2_5_VLConfig
+        vision = dict(
+            common,
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
+    config = cls(
         text_config=dict(
             hidden_size=64,
             intermediate_size=128,
@@ -45,14 +60,14 @@ def tiny_qwen2_vl(seed: int = 0) -> torch.nn.Module:
             bos_token_id=None,
             eos_token_id=None,
         ),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=14, spatial_merge_size=2),
+        vision_config=vision,
         image_token_id=IMAGE,
         vision_start_token_id=START,
         vision_end_token_id=END,
         video_token_id=293,
     )
     torch.manual_seed(seed)
-    model = transformers.Qwen2VLForConditionalGeneration(config).float()
+    model = transformers.AutoModelForImageTextToText.from_config(config).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -62,9 +77,9 @@ def tiny_qwen2_vl(seed: int = 0) -> torch.nn.Module:
     return model.to(DEVICE).eval()
 
 
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_qwen2_vl()
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def model(request) -> torch.nn.Module:
+    return tiny_qwen_vl(request.param)
 
 
 def fused(model) -> FusedEngine:
