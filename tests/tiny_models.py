@@ -32,13 +32,18 @@ def tiny_model(kind: str, seed: int = 0, **overrides) -> torch.nn.Module:
     so logits stay O(1) and a 1e-5 tolerance is meaningful."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0, 0.3 if p.ndim == 1 else 0.15)
-    return model.eval()
+    return randomized(model).eval()
+
+
+@torch.no_grad()
+def randomized(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every tensor drawn again from torch's generator: norms around 1, the rest small and nonzero."""
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.copy_(1 + 0.2 * torch.randn_like(p))
+        else:
+            p.normal_(0, 0.3 if p.ndim == 1 else 0.15)
+    return model
 
 
 def reference_logprobs(model, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> torch.Tensor:

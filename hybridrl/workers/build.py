@@ -250,29 +250,22 @@ def build_rollout(
             f"{key}: carried samples and agent turns do not hold images yet, and model.path is a vision-language "
             "model; use the default single-turn rollout (rollout=single) without rollout.partial"
         )
-    vision = is_vision_language(policy.config) and tower_trains(cfg.model)
-    resharder = Resharder(
-        cfg.reshard,
-        engine,
-        policy.config,
-        tp_rank=topology.engine_tp_rank,
-        tp_size=topology.engine_tp_size,
-        vision=vision,
-    )
-    rollout = Rollout(engine, resharder, cfg.engine.sleep_level)
+
+    def rollout_of(vision: bool) -> Rollout:
+        resharder = Resharder(
+            cfg.reshard,
+            engine,
+            policy.config,
+            tp_rank=topology.engine_tp_rank,
+            tp_size=topology.engine_tp_size,
+            vision=vision,
+        )
+        return Rollout(engine, resharder, cfg.engine.sleep_level)
+
+    vl = is_vision_language(policy.config)
+    rollout = rollout_of(vl and tower_trains(cfg.model))
     if engine.starts_empty:
         # Its first weights: the actor's (the checkpoint's), as every later sync delivers them; a frozen vision
         # tower's too, this once (the engine keeps them: `FusedEngine(tower_trains=False)`).
-        first = rollout
-        if is_vision_language(policy.config) and not vision:
-            tower_too = Resharder(
-                cfg.reshard,
-                engine,
-                policy.config,
-                tp_rank=topology.engine_tp_rank,
-                tp_size=topology.engine_tp_size,
-                vision=True,
-            )
-            first = Rollout(engine, tower_too, cfg.engine.sleep_level)
-        first.sync(policy)
+        (rollout_of(True) if vl and not tower_trains(cfg.model) else rollout).sync(policy)
     return rollout

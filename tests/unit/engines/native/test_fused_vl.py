@@ -22,6 +22,7 @@ from hybridrl.engines.native.kv_cache import blocks_for
 from hybridrl.engines.native.vision_hf import VisionHFEngine
 from hybridrl.models.vision import MropeIndex, vision_tower
 from hybridrl.reshard import ReshardConfig, Resharder
+from tests.tiny_models import randomized
 
 IMAGE, START, END = 290, 291, 292
 DEVICE = torch.device(os.environ.get("HYBRIDRL_TEST_DEVICE", "cpu"))
@@ -67,13 +68,7 @@ def tiny_qwen_vl(arch: str = "qwen2_vl", seed: int = 0) -> torch.nn.Module:
         video_token_id=293,
     )
     torch.manual_seed(seed)
-    model = transformers.AutoModelForImageTextToText.from_config(config).float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0, 0.3 if p.ndim == 1 else 0.15)
+    model = randomized(transformers.AutoModelForImageTextToText.from_config(config).float())
     return model.to(DEVICE).eval()
 
 
