@@ -4,7 +4,9 @@ The torch path upcasts the [tokens, vocab] logits to float32, runs logsumexp (wh
 copy for its backward), and builds the gradient from several [tokens, vocab] float32 temporaries: at
 8 × 1024 tokens of a 152k vocabulary that was ~12% of a 1.5B update on the H200. Here the forward reads
 the logits once (online max / sum per row, plus Σ p·x for the entropy) and keeps only the logits
-themselves and three floats per row; the backward reads them once and writes d(logits) in their dtype:
+themselves and three floats per row; the backward reads them once and writes d(logits) in their dtype, into the
+logits' own memory when the caller lets it (`reuse_logits`: the logits are dead once their gradient exists, so the
+update holds one [tokens, vocab] buffer instead of two):
 
     d logp / d x_j = onehot_j − p_j          d H / d x_j = −p_j (x_j − E_p[x])      (x = logits / T)
 
@@ -14,6 +16,8 @@ Numerics follow `token_logprobs_and_entropy`: float32 math on the stored logits.
 from __future__ import annotations
 
 import torch
+
+from hybridrl.engines.native.kernels import ON_CPU
 
 try:  # Triton ships with CUDA builds of torch; CPU wheels have none
     import triton
@@ -25,8 +29,9 @@ _BLOCK = 4096
 
 
 def available(logits: torch.Tensor) -> bool:
-    """Whether the fused kernels can take these logits (CUDA, Triton importable)."""
-    return triton is not None and logits.is_cuda
+    """Whether the fused kernels can take these logits (CUDA, or CPU under the tests' interpreter; Triton
+    importable)."""
+    return triton is not None and (logits.is_cuda or ON_CPU)
 
 
 if triton is not None:
@@ -87,6 +92,7 @@ if triton is not None:
         if HAS_ENT:
             ge = tl.load(g_ent_ptr + row)
             mean_x = lse - tl.load(ent_ptr + row)  # E_p[x] = lse − H
+        # Each block is read before it is written and never read again, so `out` may be the logits themselves.
         for start in range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             inside = cols < vocab
@@ -99,10 +105,12 @@ if triton is not None:
 
 
 class FusedTokenLogprobs(torch.autograd.Function):
-    """(log-prob [N], entropy [N]) of `targets` [N] under softmax(logits [N, V] / temperature)."""
+    """(log-prob [N], entropy [N]) of `targets` [N] under softmax(logits [N, V] / temperature). With
+    `reuse_logits`, the backward writes d(logits) over the logits: only for logits nothing else reads afterwards
+    (a model's output, its graph not retained), never a caller's leaf tensor."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, reuse_logits: bool = False):
         n, vocab = logits.shape
         if logits.stride(1) != 1:
             logits = logits.contiguous()
@@ -115,6 +123,7 @@ class FusedTokenLogprobs(torch.autograd.Function):
             )
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature = float(temperature)
+        ctx.reuse_logits = reuse_logits
         ctx.set_materialize_grads(False)  # an unused entropy gets no gradient pass
         return logp, ent
 
@@ -122,7 +131,7 @@ class FusedTokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp: torch.Tensor, grad_ent: torch.Tensor):
         logits, targets, lse, ent = ctx.saved_tensors
         n, vocab = logits.shape
-        grad = torch.empty_like(logits)
+        grad = logits if ctx.reuse_logits else torch.empty_like(logits)
         g_logp = (grad_logp if grad_logp is not None else torch.zeros_like(lse)).float().contiguous()
         has_ent = grad_ent is not None
         g_ent = grad_ent.float().contiguous() if has_ent else g_logp
@@ -143,13 +152,15 @@ class FusedTokenLogprobs(torch.autograd.Function):
                 BLOCK=_BLOCK,
                 num_warps=8,
             )
-        return grad, None, None
+        return grad, None, None, None
 
 
 def fused_token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, reuse_logits: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log_softmax(logits / T)[target] and the entropy per position, for logits [..., V] and targets [...]."""
+    """log_softmax(logits / T)[target] and the entropy per position, for logits [..., V] and targets [...];
+    `reuse_logits` as `FusedTokenLogprobs` says."""
     shape = targets.shape
-    lp, ent = FusedTokenLogprobs.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature)
+    flat = logits.reshape(-1, logits.shape[-1])
+    lp, ent = FusedTokenLogprobs.apply(flat, targets.reshape(-1), temperature, reuse_logits)
     return lp.view(shape), ent.view(shape)

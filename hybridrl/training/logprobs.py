@@ -31,15 +31,21 @@ def pad_sequences(prompts: list[list[int]], responses: torch.Tensor, response_ma
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, kernel: bool = True
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    kernel: bool = True,
+    reuse_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / T)[target] and the entropy, per position, in float32.
 
     Written as logit[target] - logsumexp(logits) so no [.., V] log-softmax tensor is kept besides
-    the logits themselves. With `kernel`, GPU logits go through the fused Triton pass (`logprob_kernel`).
+    the logits themselves. With `kernel`, GPU logits go through the fused Triton pass (`logprob_kernel`), whose
+    backward writes d(logits) over the logits when `reuse_logits` (a model's fresh output that nothing else reads).
     """
     if kernel and logprob_kernel.available(logits):
-        lp, ent = fused_token_logprobs(logits, targets, temperature)
+        lp, ent = fused_token_logprobs(logits, targets, temperature, reuse_logits)
         return lp, (ent if with_entropy else None)
     scaled = logits.float()
     if temperature not in (0.0, 1.0):
@@ -93,7 +99,7 @@ def response_logprobs(
         lp, ent = out[..., 0], (out[..., 1] if with_entropy else None)
     else:
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits  # [B, keep, V]
-        lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy, kernel)
+        lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy, kernel, reuse_logits=True)
     # Response token j of row i is predicted at position plen_i - 1 + j, i.e. kept index plen_i - 1 + j - start.
     idx = torch.tensor(plens, device=device)[:, None] - 1 - start + torch.arange(R, device=device)[None, :]
     idx = idx.clamp(max=keep - 1)
@@ -123,6 +129,6 @@ def packed_logprobs(
         lp, ent = out[0, :, 0], (out[0, :, 1] if with_entropy else None)
     else:
         logits = model(**inputs, use_cache=False, logits_to_keep=packed.kept).logits  # [1, K, V]
-        lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy, kernel)
+        lp, ent = token_logprobs_and_entropy(logits, targets, temperature, with_entropy, kernel, reuse_logits=True)
         lp, ent = lp[0], (ent[0] if ent is not None else None)
     return packed.scatter(lp), (packed.scatter(ent) if ent is not None else None)
