@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,9 +130,14 @@ class ImageInputs:
     """Where the images came from (engines that process images themselves read them again from here)."""
 
     @property
+    def digests(self) -> list[str]:
+        """Each image's content digest ("" where it was never read from its bytes)."""
+        return [s.digest for s in self.sources]
+
+    @property
     def key(self) -> str:
         """The images' identity by content: equal keys, equal pixels."""
-        return ",".join(s.digest for s in self.sources)
+        return ",".join(self.digests)
 
     @property
     def names(self) -> list[str]:
@@ -147,8 +151,3 @@ class ImageInputs:
 def image_key(inputs: ImageInputs | None) -> str:
     """`inputs.key`, or "" for a text-only prompt."""
     return "" if inputs is None else inputs.key
-
-
-def concat_images(parts: Sequence[ImageInputs]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pixel_values, image_grid_thw) of several prompts' images, in order (what one forward over them reads)."""
-    return torch.cat([p.pixel_values for p in parts]), torch.cat([p.image_grid_thw for p in parts])

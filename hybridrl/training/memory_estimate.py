@@ -84,8 +84,9 @@ def nograd_bytes_per_token(d: ModelDims, b: int) -> float:
 
 def logits_bytes(kept: float, vocab: int, b: int, path: str, with_grad: bool, chunk: int = 0) -> float:
     """Logits of `kept` positions: `path` fused (the Triton kernel reads the compute-dtype logits and writes their
-    gradient over them: one buffer with or without the backward), torch (a float32 upcast and, for the entropy or the backward, a float32 softmax
-    beside it) or chunked (`chunk` positions' float32 logits at a time, nothing kept)."""
+    gradient over them: one buffer with or without the backward), torch (a float32 upcast and, for the entropy or
+    the backward, a float32 softmax beside it) or chunked (`chunk` positions' float32 logits at a time, nothing
+    kept)."""
     if path == "chunked":
         return chunk * vocab * 4 * (3 if with_grad else 2)
     if path == "fused":

@@ -38,8 +38,13 @@ def requests_of(
 
 def same_prompt(a: GenerationRequest, b: GenerationRequest) -> bool:
     """Whether two requests continue the same context: equal tokens and, for images, equal pictures (equal tokens
-    with other pictures are another prompt)."""
-    return a.prompt_ids == b.prompt_ids and image_key(a.images) == image_key(b.images)
+    with other pictures are another prompt; pictures of unknown content are equal only to themselves)."""
+    if a.prompt_ids != b.prompt_ids:
+        return False
+    if a.images is b.images:
+        return True
+    known = a.images is not None and all(a.images.digests)
+    return known and image_key(a.images) == image_key(b.images)
 
 
 def prompt_runs(requests: Sequence[GenerationRequest]) -> list[tuple[int, int]]:

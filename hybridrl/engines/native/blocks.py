@@ -5,7 +5,9 @@ A sequence takes references to its blocks and drops them when it finishes; a blo
 the free list. Full blocks of prompts and of finished sequences are also entered in the prefix table under a key
 chained over every token up to their end, ``key_i = (hash(key_{i-1}), tokens of block i)``, so a later request that
 starts with the same tokens (the next turn of an agent loop, the other samples of a prompt) references them instead
-of computing them again. The table holds one reference of its own; blocks only it references are evicted, least
+of computing them again. A block where an image's placeholder tokens begin also keys on that image's content digest
+(`image_runs`): equal placeholder tokens stand for any picture, and the chain carries the digest to every later
+block. The table holds one reference of its own; blocks only it references are evicted, least
 recently used first, when the free list runs dry. Weights changing makes every entry stale: `forget_prefixes`.
 """
 
@@ -16,20 +18,49 @@ from collections.abc import Sequence
 
 from hybridrl.errors import HybridRLError
 
-BlockKey = tuple[int, tuple[int, ...]]
+BlockKey = tuple
+"""(hash of the previous block's key, the block's tokens[, digests of the images whose placeholders begin in it])."""
 
 
 def block_keys(
-    tokens: Sequence[int], block_size: int, blocks: int, start: int = 0, parent: BlockKey | None = None
+    tokens: Sequence[int],
+    block_size: int,
+    blocks: int,
+    start: int = 0,
+    parent: BlockKey | None = None,
+    images: Sequence[tuple[int, int, str]] = (),
 ) -> list[BlockKey]:
-    """Prefix-table keys of full blocks start..blocks-1 of `tokens` (`parent`: the key of block start - 1)."""
+    """Prefix-table keys of full blocks start..blocks-1 of `tokens` (`parent`: the key of block start - 1; `images`:
+    the sequence's `image_runs`)."""
     keys: list[BlockKey] = []
     parent = hash(parent) if parent is not None else 0
     for i in range(start, blocks):
-        key = (parent, tuple(tokens[i * block_size : (i + 1) * block_size]))
+        lo, hi = i * block_size, (i + 1) * block_size
+        key: BlockKey = (parent, tuple(tokens[lo:hi]))
+        begun = tuple(digest for first, _, digest in images if lo <= first < hi)
+        if begun:
+            key += (begun,)
         keys.append(key)
         parent = hash(key)
     return keys
+
+
+def image_runs(tokens: Sequence[int], image_token_id: int, digests: Sequence[str]) -> list[tuple[int, int, str]]:
+    """(first, end, digest) of each image's placeholder tokens in `tokens`: the i-th run of `image_token_id` is the
+    i-th image's (a processor writes each image's placeholders as one run between its start and end tokens). Runs
+    past the last image (such a token generated as text) are not images."""
+    runs: list[tuple[int, int, str]] = []
+    i, n = 0, len(tokens)
+    while i < n and len(runs) < len(digests):
+        if tokens[i] != image_token_id:
+            i += 1
+            continue
+        j = i
+        while j < n and tokens[j] == image_token_id:
+            j += 1
+        runs.append((i, j, digests[len(runs)]))
+        i = j
+    return runs
 
 
 class BlockAllocator:

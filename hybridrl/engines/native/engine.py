@@ -117,6 +117,11 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
 
     # -- requests ---------------------------------------------------------------------------------------
     @property
+    def image_token_id(self) -> int | None:
+        """The image placeholder token of a vision-language model (`scheduler.Backend`), else None."""
+        return self.mrope.image_token_id if self.mrope is not None else None
+
+    @property
     def has_work(self) -> bool:
         """Whether a submitted request has not come back from `step` yet."""
         return self.scheduler.has_work

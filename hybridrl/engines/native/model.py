@@ -166,7 +166,8 @@ class FusedDecoder(nn.Module):
         with the position of its axis, as transformers' recomposition of the three axes' tables gives it. Token i's
         row of a `Rope` is then i."""
         self.ensure_positions(int(positions.max()) + 1)
-        rows = positions.to(self.device)[self.mrope_axes].T  # [N, head_dim]: each column's position
+        # [N, head_dim]: each column's position; contiguous, so the gathered tables are too (the kernels read rows)
+        rows = positions.to(self.device)[self.mrope_axes].T.contiguous()
         cols = torch.arange(self.head_dim, device=self.device)
         return self.cos[rows, cols], self.sin[rows, cols]
 

@@ -12,10 +12,12 @@ bucket); prompts continuing a cached prefix (agent turns, shared prefixes) alway
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
-from hybridrl.data.images import ImageInputs, concat_images
+from hybridrl.data.images import ImageInputs
+from hybridrl.engines.native.blocks import image_runs
 from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, blocks_for
 from hybridrl.engines.native.scheduler import PromptGroup
 from hybridrl.engines.native.step_io import PackedTokens, SamplerMode, to_device
@@ -89,10 +91,10 @@ class PromptPath:
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def _packed(self, g: PromptGroup) -> bool:
-        """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step); a prompt with
-        images runs the flash prefill (it never continues a cached prefix: `SequenceState.cacheable`)."""
+        """Whether the group's prompt runs packed, a row per token (`extend`, or inside a mixed step); a new prompt
+        with images runs the flash prefill, one continuing a cached prefix (its images' content in the keys) packed."""
         if _images(g) is not None:
-            return False
+            return bool(g.cached)
         # Where the attention gathers each token's context (the torch path: no kernel, no graphs), a new prompt is
         # cheaper padded through SDPA; float32 CPU runs then also keep the golden run's numbers bit for bit.
         return bool(g.cached) or (
@@ -148,32 +150,52 @@ class PromptPath:
     def _vision_inputs(
         self, groups: list[PromptGroup], width: int
     ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, tuple[torch.Tensor, torch.Tensor]]:
-        """Of prompts right-padded to `width`: the vision tower's embeddings at their image placeholders (flat token
-        indices, vectors), one tower pass over every group's images, and each token's multimodal RoPE; each
-        sequence's rotary shift is set (`SequenceState.shift`)."""
-        dev, dtype = self.device, self.model.dtype
-        positions = torch.zeros(3, len(groups), width, dtype=torch.long)
-        at, pictures = [], []
+        """Of prompts right-padded to `width`: the image embeddings at their placeholders (flat token indices,
+        vectors; `_images_at`) and each token's multimodal RoPE (cos, sin)."""
+        images, positions = self._images_at(groups, lambda i, j: i * width + j)
+        padded = torch.zeros(3, len(groups), width, dtype=torch.long)
+        for i, p in enumerate(positions):
+            padded[:, i, : p.shape[1]] = p
+        return images, self.model.mrope_rows(padded.view(3, -1))
+
+    def _images_at(
+        self, groups: list[PromptGroup], flat: Callable[[int, int], int]
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, list[torch.Tensor]]:
+        """What the forward over the groups' prompts past their cached prefixes puts at image placeholders: (flat
+        token indices by `flat(group, position)`, the vision tower's embeddings), from one tower pass over the images
+        with a placeholder past the cache; and each prompt's multimodal positions [3, len]. Each sequence's rotary
+        shift is set (`SequenceState.shift`)."""
+        at, pixels, grids, picked = [], [], [], []
+        positions, made = [], 0  # `made`: embeddings the tower makes of the images so far
         for i, g in enumerate(groups):
             imgs = _images(g)
-            p = self.mrope(g.prompt, imgs.image_grid_thw if imgs is not None else None)  # [3, len]
-            positions[:, i, : len(g.prompt)] = p
+            grid = imgs.image_grid_thw if imgs is not None else None
+            p = self.mrope(g.prompt, grid)  # [3, len]
+            positions.append(p)
             for s in g.seqs:
                 s.shift = int(p.max()) + 1 - len(g.prompt)
-            if imgs is not None:
-                at += [i * width + j for j, t in enumerate(g.prompt) if t == self.mrope.image_token_id]
-                pictures.append(imgs)
-        mrope = self.model.mrope_rows(positions.view(3, -1))
-        if not pictures:
-            return None, mrope
-        pixels, grids = concat_images(pictures)
-        embeds = merged_embeddings(self.vision(pixels.to(dev, dtype), grid_thw=grids.to(dev)))
-        if embeds.shape[0] != len(at):
+            if imgs is None:
+                continue
+            ends = list(itertools.accumulate(int(n) for n in grid.prod(-1)))
+            for k, (first, end, _) in enumerate(image_runs(g.prompt, self.mrope.image_token_id, imgs.digests)):
+                if end <= g.cached:
+                    continue  # its placeholders' K/V are cached: no tower pass
+                pixels.append(imgs.pixel_values[ends[k] - int(grid[k].prod()) : ends[k]])
+                grids.append(grid[k : k + 1])
+                start = max(first, g.cached)
+                at += [flat(i, j) for j in range(start, end)]
+                picked += range(made + start - first, made + end - first)
+                made += end - first
+        if not pixels:
+            return None, positions
+        dev, dtype = self.device, self.model.dtype
+        embeds = merged_embeddings(self.vision(torch.cat(pixels).to(dev, dtype), grid_thw=torch.cat(grids).to(dev)))
+        if embeds.shape[0] != made:
             raise HybridRLError(
-                f"native engine: {len(at)} image placeholder tokens in the prompts, but their images make "
+                f"native engine: {made} image placeholder tokens in the prompts, but their images make "
                 f"{embeds.shape[0]} embeddings; the prompts' placeholders must come from the model's processor"
             )
-        return (to_device(at, torch.long, dev), embeds), mrope
+        return (to_device(at, torch.long, dev), embeds[to_device(picked, torch.long, dev)]), positions
 
     def _extend_chunk(self, groups: list[PromptGroup]) -> torch.Tensor:
         """Prompts past their cached prefixes (0 for a new one), packed: each new token is a row of
@@ -181,9 +203,17 @@ class PromptPath:
         tables = self._tables(groups)
         wide = max(blocks_for(len(g.prompt), self.block_size) for g in groups)
         tokens = self._past_cache(groups, tables, 0, last=True)
-        last = [end - 1 for end in itertools.accumulate(len(g.prompt) - g.cached for g in groups)]  # each's last
+        ends = list(itertools.accumulate(len(g.prompt) - g.cached for g in groups))
+        last = [end - 1 for end in ends]  # each's last
         tables = [t[:wide] + [SCRATCH_BLOCK] * (wide - len(t[:wide])) for t in tables]
-        return self.runner.extend(tokens, tables, last)
+        if not any(_images(g) is not None for g in groups):
+            return self.runner.extend(tokens, tables, last)
+        # Image prompts continuing a cached prefix: their placeholders' embeddings and multimodal RoPE.
+        starts = [end - (len(g.prompt) - g.cached) for g, end in zip(groups, ends)]
+        images, positions = self._images_at(groups, lambda i, j: starts[i] + j - groups[i].cached)
+        cos, sin = self.model.mrope_rows(torch.cat([p[:, g.cached :] for p, g in zip(positions, groups)], dim=1))
+        rope = (cos, sin, torch.arange(len(tokens.ids), device=self.device))
+        return self.runner.extend(tokens, tables, last, images, rope)
 
     def _past_cache(
         self, groups: list[PromptGroup], tables: list[list[int]], first_row: int, last: bool

@@ -46,7 +46,7 @@ from hybridrl.engines.native.kernels.attention import split_count
 from hybridrl.engines.native.kernels.shared_prefix import SharedPrefix, pack_prefix, prefix_groups, slot_members
 from hybridrl.engines.native.kernels.step_state import advance, cache_slots
 from hybridrl.engines.native.kv_cache import SCRATCH_BLOCK, PagedKVCache
-from hybridrl.engines.native.model import FusedDecoder
+from hybridrl.engines.native.model import FusedDecoder, Rope
 from hybridrl.engines.native.step_io import HostCopy, PackedTokens, SamplerMode, to_device
 from hybridrl.engines.sampling import sample_tokens
 
@@ -416,13 +416,23 @@ class DecodeRunner:
         )
 
     # -- prompts joining ------------------------------------------------------------------------------------
-    def extend(self, tokens: PackedTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
+    def extend(
+        self,
+        tokens: PackedTokens,
+        tables: list[list[int]],
+        last: list[int],
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: Rope | None = None,
+    ) -> torch.Tensor:
         """Logits [len(last), padded vocab] of prompt tokens packed as `FusedDecoder.extend` takes them (the tables
         padded to one width). A CUDA graph per token bucket where one serves (GPU, Triton attention, ≤ extend_tokens
-        tokens, ≤ rows sequences), captured at a bucket's second use (a GRPO rollout prefills once per wake-up)."""
+        tokens, ≤ rows sequences), captured at a bucket's second use (a GRPO rollout prefills once per wake-up);
+        eager with `images` or `rope` (a vision-language prompt's, as `FusedDecoder.extend` takes them)."""
         n, g, dev = len(tokens.ids), len(last), self.device
         bs = self.cache.block_size
         wide = len(tables[0])
+        if images is not None or rope is not None:
+            return self._extend_eager(tokens, tables, last, images, rope)
         if not (
             self.use_graphs
             and self._extend_buckets
@@ -451,14 +461,21 @@ class DecodeRunner:
         graph.replay()
         return self.logits[:g].clone()  # the next graph overwrites the buffer (a later chunk's extend, a decode step)
 
-    def _extend_eager(self, tokens: PackedTokens, tables: list[list[int]], last: list[int]) -> torch.Tensor:
+    def _extend_eager(
+        self,
+        tokens: PackedTokens,
+        tables: list[list[int]],
+        last: list[int],
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: Rope | None = None,
+    ) -> torch.Tensor:
         dev = self.device
         table = to_device(tables, torch.int32, dev)
         splits = split_count(len(tokens.ids), self.model.kv_heads, table.shape[1], self.cache.block_size, self.sms)
         ids, pos, slots, rows = self._padded(tokens, len(tokens.ids))
-        return self.model.extend(
-            ids, pos, slots, table, rows, self.cache, to_device(last, torch.long, dev), max(tokens.pos) + 1, splits
-        )
+        last_t = to_device(last, torch.long, dev)
+        max_len = max(tokens.pos) + 1
+        return self.model.extend(ids, pos, slots, table, rows, self.cache, last_t, max_len, splits, images, rope)
 
     def _extend_body(self, nb: int, gb: int) -> None:
         tokens, pos, slots, rows = self.ext_in[:, :nb]

@@ -40,7 +40,7 @@ import torch
 
 from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
 from hybridrl.engines.native.base import same_prompt
-from hybridrl.engines.native.blocks import BlockAllocator, BlockKey, block_keys
+from hybridrl.engines.native.blocks import BlockAllocator, BlockKey, block_keys, image_runs
 from hybridrl.engines.native.kv_cache import blocks_for
 from hybridrl.engines.native.runner import DecodeRunner
 from hybridrl.engines.native.step_io import HostCopy, PackedTokens, SamplerMode, to_device
@@ -71,12 +71,6 @@ class SequenceState:
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
 
-    @property
-    def cacheable(self) -> bool:
-        """Whether its blocks may enter the prefix table, known by their tokens alone: not with images (equal
-        placeholder tokens stand for any picture)."""
-        return self.request.images is None
-
     def total_blocks(self, block_size: int) -> int:
         """Blocks the sequence can ever write: positions 0 .. prompt + max_new - 2 (the last token is never fed)."""
         return blocks_for(self.prompt_len + self.max_new - 1, block_size)
@@ -99,6 +93,8 @@ class Backend(Protocol):
     runner: DecodeRunner
     block_size: int
     generator: torch.Generator
+    image_token_id: int | None
+    """The placeholder token of an image (a vision-language model), or None."""
 
     def kv_allocator(self, need: int, per_seq: int) -> BlockAllocator:
         """The KV cache's allocator. When no block is held, the cache is first made or grown so that `need` blocks
@@ -424,7 +420,7 @@ class Scheduler:
             seq.keys, seq.blocks = group.seqs[0].keys, group.shared + alloc.allocate(own)
             group.seqs.append(seq)
             return True
-        keys = block_keys(seq.request.prompt_ids, bs, full) if self.prefix_cache and seq.cacheable else []
+        keys = self._keys(seq, seq.request.prompt_ids, full) if self.prefix_cache else []
         # At least the last prompt token is run again: its logits give the first sample.
         found = alloc.match(keys[: (seq.prompt_len - 1) // bs])
         if full - len(found) + own > alloc.free:
@@ -435,16 +431,24 @@ class Scheduler:
         groups.append(PromptGroup(seq.request.prompt_ids, shared, [seq], len(found) * bs))
         return True
 
+    def _keys(self, seq: SequenceState, tokens: list[int], full: int, start: int = 0) -> list[BlockKey]:
+        """Prefix-table keys of blocks start..full-1 of `tokens` (the sequence's prompt, then its samples), keyed on
+        its images' content where it has images (none for images of unknown content: they are never matched)."""
+        images, runs = seq.request.images, ()
+        if images is not None:
+            if not all(images.digests):
+                return []
+            runs = image_runs(tokens, self.backend.image_token_id, images.digests)
+        parent = seq.keys[start - 1] if start else None
+        return block_keys(tokens, self.backend.block_size, full, start=start, parent=parent, images=runs)
+
     def _finish(self, s: SequenceState) -> None:
         """Enter the sequence's full blocks of final K/V in the prefix table, then drop its references."""
-        if self.prefix_cache and s.cacheable:
-            bs = self.backend.block_size
+        if self.prefix_cache:
             written = s.prompt_len + len(s.tokens) - 1  # K/V exist for every token but the last
-            full = written // bs
+            full = written // self.backend.block_size
             if full > len(s.keys):
-                s.keys = s.keys + block_keys(
-                    s.request.prompt_ids + s.tokens, bs, full, start=len(s.keys), parent=s.keys[-1] if s.keys else None
-                )
+                s.keys = s.keys + self._keys(s, s.request.prompt_ids + s.tokens, full, start=len(s.keys))
             self._alloc.register(s.keys[:full], s.blocks[:full])
         self._alloc.release(s.blocks)
         s.blocks = []

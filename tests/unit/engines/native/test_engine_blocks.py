@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridrl.engines.native.blocks import BlockAllocator, block_keys
+from hybridrl.engines.native.blocks import BlockAllocator, block_keys, image_runs
 from hybridrl.errors import HybridRLError
 
 
@@ -30,6 +30,23 @@ def test_block_keys_chain_every_earlier_token():
     # The same block of tokens after a different prefix has a different key.
     assert block_keys([9, 2, 3, 4], 2, 2)[1] != k[1]
     assert block_keys([1, 2, 3, 4, 5, 6, 7], 2, 3, start=1, parent=k[0]) == k[1:]
+
+
+def test_image_blocks_key_on_the_pictures_content():
+    IMG = 50
+    tokens = [1, 2, 3, IMG, IMG, IMG, 4, 5, IMG, 6]  # blocks of 2: image "a" begins in block 1, "b" in block 4
+    runs = image_runs(tokens, IMG, ["a", "b"])
+    assert runs == [(3, 6, "a"), (8, 9, "b")]
+    assert image_runs(tokens, IMG, ["a"]) == [(3, 6, "a")]  # placeholders past the last image are text
+    keys = block_keys(tokens, 2, 5, images=runs)
+    assert keys[:1] == block_keys(tokens, 2, 1)  # before any picture: a text prompt's keys
+    assert keys[1] == (hash(keys[0]), (3, IMG), ("a",)) and keys[4] == (hash(keys[3]), (IMG, 6), ("b",))
+    # Another first picture: every key from its block on differs, the blocks after it through the chain.
+    other = block_keys(tokens, 2, 5, images=image_runs(tokens, IMG, ["c", "b"]))
+    assert other[0] == keys[0] and all(o != k for o, k in zip(other[1:], keys[1:]))
+    # Another second picture: the keys before its block stay, so a prompt adding a picture reuses the earlier ones.
+    assert block_keys(tokens, 2, 5, images=image_runs(tokens, IMG, ["a", "c"]))[:4] == keys[:4]
+    assert block_keys(tokens, 2, 5, start=2, parent=keys[1], images=runs) == keys[2:]
 
 
 def test_prefix_table_matches_shares_and_evicts_least_recently_used():

@@ -136,6 +136,7 @@ def test_mrope_rows_are_the_text_tables_where_the_three_axes_agree(model):
     positions = torch.arange(12, device=DEVICE).expand(3, -1)
     cos, sin = dec.mrope_rows(positions)
     assert torch.equal(cos, dec.cos[:12]) and torch.equal(sin, dec.sin[:12])
+    assert cos.is_contiguous() and sin.is_contiguous()  # the kernels read a token's row at row × head_dim
     # Column j follows the axis of its section: 2 temporal, 3 height, 3 width, twice (cos and sin halves).
     cos, _ = dec.mrope_rows(torch.tensor([[0], [5], [9]], device=DEVICE))
     axis_pos = torch.tensor([0, 0, 5, 5, 5, 9, 9, 9] * 2, device=DEVICE)
@@ -185,3 +186,34 @@ def test_the_fused_engine_samples_what_the_transformers_path_samples_from_image_
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
     # The samples of a prompt shared its image prefill: one forward per prompt, not per sample.
     assert engine.scheduler.prefilled_tokens == 2 * sum(len(p) for p, _ in prompts)
+
+
+@pytest.mark.interpreted
+def test_image_prompts_continue_their_cached_prefix_by_picture(model):
+    """The prefix table keys image blocks on the picture's content: an agent's next turn finds its first turn's
+    blocks and computes only its new tokens; a prompt whose cached prefix ends inside a picture's placeholders runs
+    the tower and computes the rest of them; equal tokens with another picture find nothing. Every sample equals the
+    transformers path's over the whole prompt."""
+    engine = FusedEngine(model.config, [0], 0, device=DEVICE, dtype=torch.float32, options=NativeOptions(), seed=0)
+    Resharder(ReshardConfig(), engine, model.config, vision=True).sync(model)
+    reference = VisionHFEngine(model, [0], 0)
+    bs, greedy = engine.block_size, SamplingParams(n=1, max_new_tokens=6, temperature=0.0)
+    pic = image_inputs(8, 12, 1)  # 24 placeholders at positions 2..25: past the first block of 16
+    assert bs == 16
+
+    def run(prompt: list[int], images: ImageInputs, computed: int) -> list[int]:
+        before = engine.scheduler.prefilled_tokens
+        (got,) = engine.generate([prompt], greedy, [images])
+        (want,) = reference.generate([prompt], greedy, [images])
+        assert got.token_ids == want.token_ids
+        assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs)) < 1e-4
+        assert engine.scheduler.prefilled_tokens - before == computed
+        return got.token_ids
+
+    first = vl_prompt([11], 24)  # 28 tokens
+    sampled = run(first, pic, len(first))
+    second = first + sampled + [17, 19, 23]  # the next turn: the first's K/V are final up to its last sample
+    run(second, pic, len(second) - (len(first) + len(sampled) - 1) // bs * bs)
+    third = vl_prompt([13, 17], 24)  # its first block (with the picture's first placeholders) is cached
+    run(third, pic, len(third) - bs)
+    run(third, image_inputs(8, 12, 2), len(third))  # another picture: nothing cached
