@@ -97,5 +97,7 @@ def test_gradient_over_the_logits_holds_one_buffer_fewer():
         torch.cuda.synchronize()
         peaks.append(torch.cuda.max_memory_allocated() - base)
         w.grad = None
+    # A separate gradient adds a [n, V] buffer beside the logits; over them, the backward's peak is the head's
+    # own gradients (w's, allocated once the logits are gone either way). On an H100: 623 MB against 79 MB.
     one_buffer = n * vocab * 2
-    assert peaks[0] - peaks[1] >= 0.9 * one_buffer, (peaks, one_buffer)
+    assert peaks[0] >= one_buffer and peaks[1] <= peaks[0] - 0.8 * one_buffer, (peaks, one_buffer)

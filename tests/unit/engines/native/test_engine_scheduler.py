@@ -290,7 +290,16 @@ def _conversations(engine_like, params, turns: int = 3, trajectories: int = 6, t
 
     async def main():
         agent = AsyncEngine(engine_like, threaded=threaded)
-        out = await asyncio.gather(*(trajectory(t, agent) for t in range(trajectories)))
+        try:  # a lost completion fails here, with what was left, rather than hanging the run
+            out = await asyncio.wait_for(asyncio.gather(*(trajectory(t, agent) for t in range(trajectories))), 120)
+        except TimeoutError:
+            sched = getattr(engine_like, "scheduler", None)
+            left = None if sched is None else (len(sched.waiting), len(sched.rows), len(sched.pending))
+            thread = agent._thread
+            raise AssertionError(
+                f"trajectories unfinished after 120 s: (waiting, rows, pending) {left}, inbox {len(agent._inbox)}, "
+                f"futures {len(agent._futures)}, driver alive {thread is not None and thread.is_alive()}"
+            ) from None
         await agent.idle()
         return out
 
