@@ -30,6 +30,7 @@ from hybridrl.training.memory_estimate import (
     ModelDims,
     estimate_phases,
     host_bytes,
+    logits_path,
     nograd_bytes_per_token,
     peak,
 )
@@ -204,7 +205,7 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
         lora_params=lora,
         checkpointing=m.gradient_checkpointing,
         compiled=gpu and use_compile(t.compile, m.gradient_checkpointing, _device("cuda")),
-        logits_path="chunked" if t.logprob_chunk_size else ("fused" if gpu and t.fused_logprobs else "torch"),
+        logits_path=logits_path(t.logprob_chunk_size, gpu and t.fused_logprobs),
         chunk=t.logprob_chunk_size,
         gathered_fraction=gathered,
         reshard_after_forward=reshard,

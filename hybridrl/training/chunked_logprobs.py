@@ -6,6 +6,10 @@ live one chunk of `chunk` tokens at a time: the forward keeps only each token's 
 backward recomputes a chunk's logits, turns them into d(loss)/d(logits) and feeds both matmuls. One extra
 [chunk, hidden] × [hidden, vocab] product per chunk buys logits memory that no longer grows with the batch.
 
+On GPU (`trainer.fused_logprobs`) each chunk's logits stay in the compute dtype and go through the fused log-prob
+kernel (`logprob_kernel`) both ways, its gradient written over them: the logits of one chunk at a time, in bf16,
+whatever the response share of a micro-batch; the head's weight gradient then sums the chunks in the weight's dtype.
+
 `trainer.logprob_chunk_size` turns it on. Inside an FSDP2 root the output embedding is gathered only during
 the root's forward (and again for its backward), so the computation runs there: `logprob_head` puts a
 module in place of `lm_head` for one call, and the model's "logits" come out as [B, keep, 2] = (log-prob,
@@ -17,6 +21,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+
+from hybridrl.training import logprob_kernel
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -39,32 +45,51 @@ class ChunkedLogprobs(torch.autograd.Function):
         temperature: float,
         chunk: int,
         with_entropy: bool,
+        kernel: bool = False,
     ):
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         entropy = torch.zeros_like(logp)
+        fused = kernel and logprob_kernel.available(hidden)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
+            if fused:  # the entropy comes with the same read
+                logp[s:e], lse[s:e], entropy[s:e] = logprob_kernel.forward_stats(
+                    hidden[s:e] @ weight.t(), targets[s:e], temperature
+                )
+                continue
             x = _chunk_logits(hidden[s:e], weight, temperature)
             lse[s:e] = torch.logsumexp(x, dim=-1)
             logp[s:e] = x.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
             if with_entropy:
                 p = torch.exp(x - lse[s:e, None])
                 entropy[s:e] = lse[s:e] - (p * x).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.fused = temperature, chunk, with_entropy, fused
         ctx.mark_non_differentiable(targets)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor):
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         with_entropy = ctx.with_entropy and grad_entropy is not None
+        if ctx.fused:
+            grad_w = torch.zeros_like(weight) if need_w else None
+            for s in range(0, hidden.shape[0], chunk):
+                e = min(s + chunk, hidden.shape[0])
+                d = hidden[s:e] @ weight.t()  # recomputed, then overwritten by its own gradient
+                g_lp, g_ent = grad_logp[s:e], (grad_entropy[s:e] if with_entropy else None)
+                logprob_kernel.backward_into(d, d, targets[s:e], temperature, lse[s:e], entropy[s:e], g_lp, g_ent)
+                if need_h:
+                    grad_h[s:e] = d @ weight
+                if need_w:
+                    grad_w.addmm_(d.t(), hidden[s:e])
+            return grad_h, grad_w, None, None, None, None, None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         for s in range(0, hidden.shape[0], chunk):
             e = min(s + chunk, hidden.shape[0])
             x = _chunk_logits(hidden[s:e], weight, temperature)
@@ -84,7 +109,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_h[s:e] = d @ weight
             if need_w:
                 grad_w += (d.t() @ hidden[s:e]).float()
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
 
 
 def chunked_token_logprobs(
@@ -94,16 +119,19 @@ def chunked_token_logprobs(
     temperature: float,
     chunk: int,
     with_entropy: bool = False,
+    kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropies of `targets` ([...]) for `hidden` ([..., H]) under the head `weight` [V, H]."""
+    """Log-probs and entropies of `targets` ([...]) for `hidden` ([..., H]) under the head `weight` [V, H];
+    `kernel`: through the fused log-prob kernel where it runs (GPU)."""
     shape = targets.shape
     lp, ent = ChunkedLogprobs.apply(
         hidden.reshape(-1, hidden.shape[-1]),
         weight,
-        targets.reshape(-1),
+        targets.reshape(-1).contiguous(),
         float(temperature),
         int(chunk),
         bool(with_entropy),
+        bool(kernel),
     )
     return lp.view(shape), ent.view(shape)
 
@@ -112,30 +140,44 @@ class _LogprobHead(torch.nn.Module):
     """Stands in for `lm_head` for one forward: returns [B, T, 2] = (log-prob, entropy) of `targets`."""
 
     def __init__(
-        self, head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk: int, with_entropy: bool
+        self,
+        head: torch.nn.Linear,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+        kernel: bool = False,
     ) -> None:
         super().__init__()
         if getattr(head, "bias", None) is not None:
             raise NotImplementedError("trainer.logprob_chunk_size needs an output head without bias")
         self.head = head  # FSDP2 swaps the gathered weight into this module, so it is read at call time
         self.targets, self.temperature, self.chunk, self.with_entropy = targets, temperature, chunk, with_entropy
+        self.kernel = kernel
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         lp, ent = chunked_token_logprobs(
-            hidden, self.head.weight, self.targets, self.temperature, self.chunk, self.with_entropy
+            hidden, self.head.weight, self.targets, self.temperature, self.chunk, self.with_entropy, self.kernel
         )
         return torch.stack([lp, ent], dim=-1)
 
 
 @contextmanager
-def logprob_head(model: torch.nn.Module, targets: torch.Tensor, temperature: float, chunk: int, with_entropy: bool):
+def logprob_head(
+    model: torch.nn.Module,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    with_entropy: bool,
+    kernel: bool = False,
+):
     """Within the block, `model(...).logits` is [B, keep, 2]: the log-prob of `targets` [B, keep] and the
-    entropy at each kept position, computed `chunk` tokens at a time."""
+    entropy at each kept position, computed `chunk` tokens at a time (`kernel`: through the fused kernel on GPU)."""
     head = model.get_output_embeddings()
     name = next((n for n, m in model.named_children() if m is head), None)
     if name is None:
         raise NotImplementedError(f"trainer.logprob_chunk_size: cannot find the output head of {type(model).__name__}")
-    setattr(model, name, _LogprobHead(head, targets, temperature, chunk, with_entropy))
+    setattr(model, name, _LogprobHead(head, targets, temperature, chunk, with_entropy, kernel))
     try:
         yield
     finally:

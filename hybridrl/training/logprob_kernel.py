@@ -104,6 +104,65 @@ if triton is not None:
             tl.store(out + cols, (d / temperature).to(out.dtype.element_ty), mask=inside)
 
 
+def forward_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-prob, log-sum-exp, entropy) [N] float32 of `targets` [N] under softmax(logits [N, V] / temperature), in
+    one read of `logits` (rows contiguous)."""
+    n, vocab = logits.shape
+    stats = torch.empty(3, n, dtype=torch.float32, device=logits.device)
+    if n:
+        _forward_kernel[(n,)](
+            logits,
+            logits.stride(0),
+            targets,
+            vocab,
+            float(temperature),
+            stats[0],
+            stats[1],
+            stats[2],
+            BLOCK=_BLOCK,
+            num_warps=8,
+        )
+    return stats[0], stats[1], stats[2]
+
+
+def backward_into(
+    logits: torch.Tensor,
+    out: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    lse: torch.Tensor,
+    ent: torch.Tensor,
+    grad_logp: torch.Tensor | None,
+    grad_ent: torch.Tensor | None,
+) -> torch.Tensor:
+    """d(loss)/d(logits) into `out` [N, V] (which may be `logits` itself), given d(loss)/d(log-prob) and
+    d(loss)/d(entropy) [N] (None: zero) and `forward_stats`' lse and entropy; returns `out`."""
+    n, vocab = logits.shape
+    g_logp = (grad_logp if grad_logp is not None else torch.zeros_like(lse)).float().contiguous()
+    has_ent = grad_ent is not None
+    g_ent = grad_ent.float().contiguous() if has_ent else g_logp
+    if n:
+        _backward_kernel[(n,)](
+            logits,
+            logits.stride(0),
+            out,
+            out.stride(0),
+            targets,
+            vocab,
+            float(temperature),
+            lse,
+            ent,
+            g_logp,
+            g_ent,
+            HAS_ENT=has_ent,
+            BLOCK=_BLOCK,
+            num_warps=8,
+        )
+    return out
+
+
 class FusedTokenLogprobs(torch.autograd.Function):
     """(log-prob [N], entropy [N]) of `targets` [N] under softmax(logits [N, V] / temperature). With
     `reuse_logits`, the backward writes d(logits) over the logits: only for logits nothing else reads afterwards
@@ -111,16 +170,10 @@ class FusedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, reuse_logits: bool = False):
-        n, vocab = logits.shape
         if logits.stride(1) != 1:
             logits = logits.contiguous()
         targets = targets.contiguous()
-        stats = torch.empty(3, n, dtype=torch.float32, device=logits.device)
-        logp, lse, ent = stats[0], stats[1], stats[2]
-        if n:
-            _forward_kernel[(n,)](
-                logits, logits.stride(0), targets, vocab, float(temperature), logp, lse, ent, BLOCK=_BLOCK, num_warps=8
-            )
+        logp, lse, ent = forward_stats(logits, targets, temperature)
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature = float(temperature)
         ctx.reuse_logits = reuse_logits
@@ -130,29 +183,8 @@ class FusedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor, grad_ent: torch.Tensor):
         logits, targets, lse, ent = ctx.saved_tensors
-        n, vocab = logits.shape
-        grad = logits if ctx.reuse_logits else torch.empty_like(logits)
-        g_logp = (grad_logp if grad_logp is not None else torch.zeros_like(lse)).float().contiguous()
-        has_ent = grad_ent is not None
-        g_ent = grad_ent.float().contiguous() if has_ent else g_logp
-        if n:
-            _backward_kernel[(n,)](
-                logits,
-                logits.stride(0),
-                grad,
-                grad.stride(0),
-                targets,
-                vocab,
-                ctx.temperature,
-                lse,
-                ent,
-                g_logp,
-                g_ent,
-                HAS_ENT=has_ent,
-                BLOCK=_BLOCK,
-                num_warps=8,
-            )
-        return grad, None, None, None
+        out = logits if ctx.reuse_logits else torch.empty_like(logits)
+        return backward_into(logits, out, targets, ctx.temperature, lse, ent, grad_logp, grad_ent), None, None, None
 
 
 def fused_token_logprobs(

@@ -94,7 +94,7 @@ def response_logprobs(
     # Targets of kept position k are the tokens at start + k + 1 (the last position has none).
     targets = torch.cat([ids[:, start + 1 :], ids.new_full((B, 1), pad_id)], dim=1)
     if chunk_size > 0:
-        with logprob_head(model, targets, temperature, chunk_size, with_entropy):
+        with logprob_head(model, targets, temperature, chunk_size, with_entropy, kernel):
             out = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits
         lp, ent = out[..., 0], (out[..., 1] if with_entropy else None)
     else:
@@ -124,7 +124,7 @@ def packed_logprobs(
     targets = packed.targets[None]
     inputs = packed.model_inputs()
     if chunk_size > 0:
-        with logprob_head(model, targets, temperature, chunk_size, with_entropy):
+        with logprob_head(model, targets, temperature, chunk_size, with_entropy, kernel):
             out = model(**inputs, use_cache=False, logits_to_keep=packed.kept).logits
         lp, ent = out[0, :, 0], (out[0, :, 1] if with_entropy else None)
     else:

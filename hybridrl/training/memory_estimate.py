@@ -82,13 +82,23 @@ def nograd_bytes_per_token(d: ModelDims, b: int) -> float:
     return b * (3 * d.hidden + d.q_dim + 2 * d.kv_dim + 3 * d.intermediate)
 
 
+def logits_path(chunk: int, fused: bool) -> str:
+    """How the trainer turns hidden states into log-probs (`logits_bytes`' `path`): `trainer.logprob_chunk_size`
+    (`chunk`) and whether the fused kernel runs (`fused`: GPU and `trainer.fused_logprobs`)."""
+    if chunk:
+        return "chunked_fused" if fused else "chunked"
+    return "fused" if fused else "torch"
+
+
 def logits_bytes(kept: float, vocab: int, b: int, path: str, with_grad: bool, chunk: int = 0) -> float:
     """Logits of `kept` positions: `path` fused (the Triton kernel reads the compute-dtype logits and writes their
     gradient over them: one buffer with or without the backward), torch (a float32 upcast and, for the entropy or
-    the backward, a float32 softmax beside it) or chunked (`chunk` positions' float32 logits at a time, nothing
-    kept)."""
+    the backward, a float32 softmax beside it), chunked (`chunk` positions' float32 logits at a time, nothing
+    kept) or chunked_fused (one chunk's logits in the compute dtype through the fused kernel, on GPU)."""
     if path == "chunked":
         return chunk * vocab * 4 * (3 if with_grad else 2)
+    if path == "chunked_fused":
+        return min(chunk, kept) * vocab * b
     if path == "fused":
         return kept * vocab * b
     return kept * vocab * (b + 8 + (4 if with_grad else 0))

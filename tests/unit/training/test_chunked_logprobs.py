@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
+from hybridrl.training import logprob_kernel
 from hybridrl.training.chunked_logprobs import chunked_token_logprobs
 from hybridrl.training.logprobs import response_logprobs
 from tests.unit.training.test_trainer import make_trainer, rollout, setup  # noqa: F401 - setup is a fixture
@@ -16,16 +18,32 @@ def reference(hidden, weight, targets, temperature):
     return logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
 
 
+KERNEL = pytest.param(
+    True,
+    marks=[
+        pytest.mark.interpreted,
+        pytest.mark.skipif(
+            not logprob_kernel.available(torch.empty(0)) and not torch.cuda.is_available(),
+            reason="the fused kernel needs Triton, and CUDA or the interpreter (HYBRIDRL_KERNELS_ON_CPU=1)",
+        ),
+    ],
+    id="fused",
+)
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(False, id="torch"), KERNEL])
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 8), (0.7, 5), (1.3, 100)])
-def test_values_and_gradients_match_the_plain_head(temperature, chunk):
+def test_values_and_gradients_match_the_plain_head(temperature, chunk, kernel):
+    """Both ways of a chunk (float32 torch; the fused kernel, its gradient over the chunk's logits)."""
+    device = "cuda" if kernel and torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
     n, h, v = 37, 16, 50
-    hidden = torch.randn(n, h, generator=g, requires_grad=True)
-    weight = torch.randn(v, h, generator=g, requires_grad=True)
-    targets = torch.randint(0, v, (n,), generator=g)
-    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    hidden = torch.randn(n, h, generator=g).to(device).requires_grad_()
+    weight = torch.randn(v, h, generator=g).to(device).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=g).to(device)
+    a, b = torch.randn(n, generator=g).to(device), torch.randn(n, generator=g).to(device)
 
-    lp, ent = chunked_token_logprobs(hidden, weight, targets, temperature, chunk, with_entropy=True)
+    lp, ent = chunked_token_logprobs(hidden, weight, targets, temperature, chunk, with_entropy=True, kernel=kernel)
     ((lp * a).sum() + (ent * b).sum()).backward()
     got = (lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone())
     hidden.grad = weight.grad = None

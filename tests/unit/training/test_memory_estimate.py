@@ -21,6 +21,8 @@ from hybridrl.training.memory_estimate import (
     ModelDims,
     activation_bytes_per_token,
     estimate_phases,
+    logits_bytes,
+    logits_path,
 )
 
 #: Published shapes of Qwen2.5 (their config.json), to plan for without any weights.
@@ -117,6 +119,18 @@ def test_phases_by_hand_for_a_known_shape():
     # (At 400 tokens, so the backward rather than the gradient reduction after it is the update's peak.)
     ckpt = estimate_phases(inp.with_(checkpointing=True, update_tokens=400))["update"]["activations"]
     assert ckpt == (2 * 2 * 8 + 304) * 400
+
+
+def test_logits_of_each_log_prob_path_by_hand():
+    # 1000 kept positions, vocabulary 50, bf16 compute; chunks of 100 positions.
+    assert logits_path(0, True) == "fused" and logits_path(0, False) == "torch"
+    assert logits_path(100, True) == "chunked_fused" and logits_path(100, False) == "chunked"
+    assert logits_bytes(1000, 50, 2, "fused", True) == 1000 * 50 * 2  # the gradient over the logits
+    assert logits_bytes(1000, 50, 2, "torch", True) == 1000 * 50 * (2 + 8 + 4)
+    assert logits_bytes(1000, 50, 2, "chunked", True, 100) == 100 * 50 * 4 * 3
+    # One chunk's bf16 logits, whatever the kept count; fewer kept positions than a chunk hold fewer.
+    assert logits_bytes(1000, 50, 2, "chunked_fused", True, 100) == 100 * 50 * 2
+    assert logits_bytes(60, 50, 2, "chunked_fused", False, 100) == 60 * 50 * 2
 
 
 def test_lora_trains_adapters_over_a_frozen_base():
