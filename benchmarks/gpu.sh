@@ -4,10 +4,12 @@
 #   OUT=/tmp/out bash benchmarks/gpu.sh kernel engine trainer step     # any groups below, in any order
 #
 # One GPU (an H200 for the figures in benchmarks/RESULTS.md):
-#   kernel        CUDA tests of the native engine: kernel_ops then kernel_engine (together longer than one 600 s call
-#                 on an H100; each alone fits one)
-#   kernel_ops    its Triton kernels, the sampler and log-prob kernels (tests/gpu)
-#   kernel_engine the fused engine and its scheduler: fixed-address memory, graphs surviving sleep, the driver thread
+#   kernel        CUDA tests of the native engine and the trainer's kernels: kernel_ops, kernel_fused, kernel_scheduler,
+#                 kernel_vl (on a cold H100 the fused engine's file alone took more than 420 s: one group a call there)
+#   kernel_ops    the Triton kernels, the sampler and log-prob kernels, chunked log-probs through them (tests/gpu)
+#   kernel_fused  the fused engine: fixed-address memory, graphs surviving sleep, PDL, weights from FSDP
+#   kernel_scheduler  its scheduler: shared prompt blocks, joins inside a step, the driver thread, the prefix table
+#   kernel_vl     image prompts on the fused engine (Qwen2-VL, Qwen2.5-VL) and the prefix table's image keys
 #   kernel_sweep  benchmarks.kernels: launch sweeps of the decode GEMMs and attention at the 0.5B and 1.5B shapes
 #   engine        benchmarks.engine: 0.5B, 64 prompts × 256 new against HF generate (with a profile); 1.5B GRPO-shaped,
 #                 32 prompts × 8 samples × 512 new
@@ -77,15 +79,22 @@ bench() {  # bench NAME TIMEOUT_S MODULE ARGS...: python -m benchmarks.MODULE AR
   run "$name" "$limit" $PY -m "benchmarks.$module" "$@" --out "$OUT/$name.json"
 }
 
-groups=()  # kernel is kernel_ops then kernel_engine
-for g in "$@"; do if [[ $g == kernel ]]; then groups+=(kernel_ops kernel_engine); else groups+=("$g"); fi; done
+KERNEL_GROUPS=(kernel_ops kernel_fused kernel_scheduler kernel_vl)
+groups=()
+for g in "$@"; do if [[ $g == kernel ]]; then groups+=("${KERNEL_GROUPS[@]}"); else groups+=("$g"); fi; done
 for group in "${groups[@]}"; do
   case $group in
     kernel_ops)
-      run kernel_tests_ops 420 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu ;;
-    kernel_engine)
-      run kernel_tests_engine 420 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
-        tests/unit/engines/native/test_fused_engine.py tests/unit/engines/native/test_engine_scheduler.py \
+      run kernel_tests_ops 540 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu \
+        tests/unit/training/test_chunked_logprobs.py ;;
+    kernel_fused)
+      run kernel_tests_fused 580 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
+        tests/unit/engines/native/test_fused_engine.py ;;
+    kernel_scheduler)
+      run kernel_tests_scheduler 580 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
+        tests/unit/engines/native/test_engine_scheduler.py tests/unit/engines/native/test_engine_blocks.py ;;
+    kernel_vl)
+      run kernel_tests_vl 400 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
         tests/unit/engines/native/test_fused_vl.py ;;
     kernel_sweep)
       bench kernel_sweep 540 kernels --what linear attention --shapes 0.5b 1.5b ;;
