@@ -61,6 +61,8 @@ export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 HYBRIDRL_CACHE=/tmp/hybrid
 REPO=$PWD
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # as benchmarks/gpu_env.sh says
 PY=${PYTHON:-python3}
+# A test running past 200 s prints every thread's stack (a hang shows where it waits) and goes on.
+PYTEST="$PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=200"
 MODELS=/tmp/hybridrl_bench_models  # random-init model folders, made by the first benchmark that needs one
 
 run() {  # run NAME TIMEOUT_S CMD...: the command's output to $OUT/NAME.log, its tail here
@@ -85,16 +87,16 @@ for g in "$@"; do if [[ $g == kernel ]]; then groups+=("${KERNEL_GROUPS[@]}"); e
 for group in "${groups[@]}"; do
   case $group in
     kernel_ops)
-      run kernel_tests_ops 540 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/gpu \
+      run kernel_tests_ops 540 env HYBRIDRL_TEST_DEVICE=cuda $PYTEST tests/gpu \
         tests/unit/training/test_chunked_logprobs.py ;;
     kernel_fused)
-      run kernel_tests_fused 580 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
+      run kernel_tests_fused 580 env HYBRIDRL_TEST_DEVICE=cuda $PYTEST \
         tests/unit/engines/native/test_fused_engine.py ;;
     kernel_scheduler)
-      run kernel_tests_scheduler 580 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
+      run kernel_tests_scheduler 580 env HYBRIDRL_TEST_DEVICE=cuda $PYTEST \
         tests/unit/engines/native/test_engine_scheduler.py tests/unit/engines/native/test_engine_blocks.py ;;
     kernel_vl)
-      run kernel_tests_vl 400 env HYBRIDRL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
+      run kernel_tests_vl 400 env HYBRIDRL_TEST_DEVICE=cuda $PYTEST \
         tests/unit/engines/native/test_fused_vl.py ;;
     kernel_sweep)
       bench kernel_sweep 540 kernels --what linear attention --shapes 0.5b 1.5b ;;

@@ -145,6 +145,7 @@ def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) 
         # shape runs eagerly, its second captures (runner.MIXED_CAPTURE_USE)
         "graph_captures_warm_runs": [st.get("engine/graph_captures", 0.0) for *_, st in warm],
         "graph_capture_s_warm_runs": [st.get("engine/graph_capture_s", 0.0) for *_, st in warm],
+        "eager_steps_warm_runs": [st.get("engine/eager_steps", 0.0) for *_, st in warm],
         "tokens_per_s": tokens / seconds,
         **engine_step_figures(counters, seconds),
     }
@@ -179,14 +180,15 @@ def time_single_turn(
 
     def run():
         fresh_prefix_cache(engine)
+        engine.take_stats()  # from here on: this run's graph captures
         before = scheduler_counters(engine)
         seconds, completions = timed(lambda: asyncio.run(all_at_once()), device)
-        return seconds, completions, counter_deltas(before, scheduler_counters(engine))
+        return seconds, completions, counter_deltas(before, scheduler_counters(engine)), engine.take_stats()
 
-    cold, _, _ = run()
+    cold, *_ = run()
     warm = [run() for _ in range(WARM_RUNS)]
-    seconds = statistics.median(s for s, _, _ in warm)
-    _, completions, counters = warm[-1]
+    seconds = statistics.median(s for s, *_ in warm)
+    _, completions, counters, _ = warm[-1]
     tokens = sum(len(c.token_ids) for c in completions)
     return {
         "tokens": tokens,
@@ -198,6 +200,7 @@ def time_single_turn(
         # shape runs eagerly, its second captures (runner.MIXED_CAPTURE_USE)
         "graph_captures_warm_runs": [st.get("engine/graph_captures", 0.0) for *_, st in warm],
         "graph_capture_s_warm_runs": [st.get("engine/graph_capture_s", 0.0) for *_, st in warm],
+        "eager_steps_warm_runs": [st.get("engine/eager_steps", 0.0) for *_, st in warm],
         "tokens_per_s": tokens / seconds,
         **engine_step_figures(counters, seconds),
     }

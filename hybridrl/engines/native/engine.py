@@ -392,10 +392,15 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
         return {**super().memory_stats(), "engine_kv_cache_gb": kv / 2**30}
 
     def take_stats(self) -> dict[str, float]:
-        """`engine/graph_captures` and `engine/graph_capture_s` (host seconds) since the last call, and the decode
-        steps' occupancy (`Scheduler.take_occupancy`)."""
+        """`engine/graph_captures`, `engine/graph_capture_s` (host seconds) and `engine/eager_steps` (decode steps run
+        without a graph while graphs are on) since the last call, and the decode steps' occupancy
+        (`Scheduler.take_occupancy`)."""
         n, seconds = self.runner.take_capture_stats()
-        stats = {"engine/graph_captures": float(n), "engine/graph_capture_s": seconds}
+        stats = {
+            "engine/graph_captures": float(n),
+            "engine/graph_capture_s": seconds,
+            "engine/eager_steps": float(self.runner.take_eager_steps()),
+        }
         return {**stats, **self.scheduler.take_occupancy()}  # perf/engine_rows_mean, perf/engine_rows_idle
 
     def mapped_bytes(self) -> int:
