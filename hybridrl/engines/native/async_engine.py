@@ -150,10 +150,10 @@ class AsyncEngine:
                 self._added.append((request, params))
         return True
 
-    def _drive_thread(self, loop: asyncio.AbstractEventLoop, device: torch.device | None) -> None:
-        if device is not None and device.type == "cuda":
-            torch.cuda.set_device(device)  # the current device is per thread
-        try:
+    def _drive_thread(self, loop: asyncio.AbstractEventLoop, device: int | None) -> None:
+        try:  # anything failing here, setting the device included, reaches every waiter: none hangs
+            if device is not None:
+                torch.cuda.set_device(device)  # the current device is per thread
             with frozen_heap(), torch.inference_mode():
                 while self._take_inbox():
                     if not self.engine.has_work:
@@ -186,9 +186,13 @@ class AsyncEngine:
             start = end
 
 
-def _device_of(engine) -> torch.device | None:
+def _device_of(engine) -> int | None:
+    """The CUDA device index the engine runs on (None off CUDA), resolved in the calling thread: an engine on
+    `torch.device("cuda")` runs on the caller's current device, which a new thread does not inherit."""
     device = getattr(engine, "device", None)
-    return device if isinstance(device, torch.device) else None
+    if not isinstance(device, torch.device) or device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _settle(future: asyncio.Future, result: Completion | None, error: BaseException | None = None) -> None:

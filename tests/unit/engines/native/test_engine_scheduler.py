@@ -369,6 +369,46 @@ def test_a_failed_rollout_stops_the_driver_thread(model):
     assert engine.has_work  # the long request was left, not finished
 
 
+def test_a_driver_thread_that_cannot_set_its_device_fails_every_waiter(model, monkeypatch):
+    """The driver thread sets the engine's CUDA device first (the current device is per thread); if that fails, every
+    waiter hears it instead of waiting for a driver that never stepped."""
+    from hybridrl.engines.native import async_engine
+
+    engine = fused(model)
+    monkeypatch.setattr(async_engine, "_device_of", lambda engine: 0)
+
+    def no_device(device):
+        raise RuntimeError(f"no CUDA device {device}")
+
+    monkeypatch.setattr(torch.cuda, "set_device", no_device)
+
+    async def main():
+        agent = AsyncEngine(engine, threaded=True)
+        requests = [
+            agent.generate(GenerationRequest(PROMPTS[i], i), SamplingParams(max_new_tokens=4)) for i in range(3)
+        ]
+        got = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 30)
+        await agent.idle()
+        return got
+
+    got = asyncio.run(main())
+    assert all(isinstance(e, RuntimeError) and "no CUDA device 0" in str(e) for e in got)
+
+
+def test_the_driver_thread_runs_on_the_callers_device_when_the_engine_names_no_index(monkeypatch):
+    """`torch.device("cuda")` means the current device of the thread that made the request; a new thread's current
+    device is device 0 whatever the caller's, so the index is resolved before the thread starts."""
+    from types import SimpleNamespace
+
+    from hybridrl.engines.native.async_engine import _device_of
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert _device_of(SimpleNamespace(device=torch.device("cuda"))) == 3
+    assert _device_of(SimpleNamespace(device=torch.device("cuda", 1))) == 1
+    assert _device_of(SimpleNamespace(device=torch.device("cpu"))) is None
+    assert _device_of(SimpleNamespace()) is None
+
+
 def test_the_driver_thread_reports_a_failed_step_to_every_waiter(model, monkeypatch):
     engine = fused(model)
     params = SamplingParams(max_new_tokens=6, seed=3)
