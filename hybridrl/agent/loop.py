@@ -100,6 +100,7 @@ class AgentLoop:
         self.runner = ToolRunner(self.tools, cfg.timeout_for, cfg.max_tool_output_chars, cfg.max_concurrent_tools)
         self.parse = get_parser(cfg.format)
         self.renderer = TurnRenderer(tokenizer)
+        self._token_texts: dict[int, str] = {}
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The tools' schemas for `apply_chat_template(messages, tools=...)` when rendering prompts."""
@@ -190,7 +191,7 @@ class AgentLoop:
             traj.logprobs += [float(x) for x in c.logprobs]
             stopped = c.finish_reason == "stop" and bool(c.token_ids)
             body = c.token_ids[:-1] if stopped else c.token_ids
-            stop_text = self.tokenizer.decode(c.token_ids[-1:], skip_special_tokens=False) if stopped else ""
+            stop_text = self._token_text(c.token_ids[-1]) if stopped else ""
             parsed = self.parse(self.tokenizer.decode(body, skip_special_tokens=False))
             traj.messages.append(_assistant_message(parsed))
             if c.finish_reason == "length":
@@ -224,6 +225,13 @@ class AgentLoop:
         if traj.truncated and cfg.on_truncation == "mask":
             traj.response_mask = [0] * len(traj.response_mask)
         return traj
+
+    def _token_text(self, token_id: int) -> str:
+        """One token's text (a turn's stop token: a few ids, decoded once each)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
 
     @staticmethod
     def _end(traj: Trajectory, reason: str) -> None:

@@ -64,6 +64,7 @@ class SequenceState:
     launched: int = 0  # tokens sampled or on their way (the host's count, ahead of `tokens`)
     finish: str | None = None
     keys: list[BlockKey] = field(default_factory=list)  # prefix-table keys of the prompt's full blocks
+    prompt_keys: list[BlockKey] | None = None  # the same, kept while it waits (an admission tried again reuses them)
     cohort_len: int = 0  # the longest prompt admitted with it
     shift: int = 0  # rotary position minus cache position of its generated tokens (a prompt with images; its prefill)
 
@@ -420,7 +421,9 @@ class Scheduler:
             seq.keys, seq.blocks = group.seqs[0].keys, group.shared + alloc.allocate(own)
             group.seqs.append(seq)
             return True
-        keys = self._keys(seq, seq.request.prompt_ids, full) if self.prefix_cache else []
+        if seq.prompt_keys is None:
+            seq.prompt_keys = self._keys(seq, seq.request.prompt_ids, full) if self.prefix_cache else []
+        keys = seq.prompt_keys
         # At least the last prompt token is run again: its logits give the first sample.
         found = alloc.match(keys[: (seq.prompt_len - 1) // bs])
         if full - len(found) + own > alloc.free:
