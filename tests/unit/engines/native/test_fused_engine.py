@@ -20,6 +20,7 @@ import tests.triton_interpret  # noqa: F401  (HYBRIDRL_KERNELS_ON_CPU=1 TRITON_I
 from hybridrl.engines import build_engine
 from hybridrl.engines.base import GenerationRequest, SamplingParams
 from hybridrl.engines.config import EngineConfig, NativeOptions
+from hybridrl.engines.native.async_engine import AsyncEngine
 from hybridrl.engines.native.engine import FusedEngine
 from hybridrl.engines.native.hf import HFEngine, native_impl
 from hybridrl.engines.native.model import FusedDecoder
@@ -323,11 +324,14 @@ def _rollout(engine: FusedEngine) -> list[tuple[list[int], list[float]]]:
     """One agent rollout as a run makes it: trajectories through the engine's `async_engine`, whose tools take a few
     engine steps each (asyncio runs the driver's steps and the tools' waits in a fixed order: a clock of engine
     steps), one long enough that its turn joins alone; so turns join the running batch inside its steps at several
-    batch sizes. Every completion's tokens and log-probs, in order."""
+    batch sizes. Every completion's tokens and log-probs, in order. The driver runs in the event loop's thread on a
+    GPU too: a driver thread (what a run's agent rollout uses there) steps on its own clock, so when turns join, and
+    the step shapes with them, would vary from rollout to rollout."""
     params = SamplingParams(max_new_tokens=6, seed=6, stop_token_ids=list(range(2, 12)))
 
     async def trajectories():
-        agent = engine.async_engine(64)
+        engine.size_for(64)  # as `async_engine(64)` sizes the cache
+        agent = AsyncEngine(engine, threaded=False)
 
         async def trajectory(t: int):
             context, done = list(PROMPTS[t % 3]), []
