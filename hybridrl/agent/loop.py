@@ -241,7 +241,10 @@ class AgentLoop:
         """Well-formed calls run concurrently (up to the per-turn limit); malformed and extra ones become errors."""
         limit = self.cfg.max_tool_calls_per_turn
         runnable = parsed.calls[:limit]
-        outcomes = list(await asyncio.gather(*(self.runner.run(call) for call in runnable)))
+        if len(runnable) == 1:  # the usual turn: awaited in place, without a task and a gather's callbacks
+            outcomes = [await self.runner.run(runnable[0])]
+        else:
+            outcomes = list(await asyncio.gather(*(self.runner.run(call) for call in runnable)))
         for call in parsed.calls[limit:]:
             outcomes.append(
                 self.runner.error(call.name, f"more than {limit} tool calls in one turn; this one was not run")
