@@ -40,8 +40,8 @@ measured step over that bound. Times are the device's named in `gpu` (or the CPU
 JSON: the labels (`shape`, `model_dir`, `device`, `gpu`, versions, `engine`, `dtype`, `prompt_len`, `new_tokens`,
 `overrides`, `variants`, `switch_interval_ms`) and one object per case run with its workload and `variants` ({name:
 figures}); single adds `hf_generate`; a multiturn variant holds `agent` (the generate phase's figures: tokens, turns,
-mean turn length, seconds, tokens/s, the scheduler's counts, the CUDA graphs each warm run captured), `single_turn` and
-`vs_single_turn`.
+mean turn length, seconds, tokens/s, the scheduler's counts, the CUDA graphs each warm run captured and the steps it
+ran without one; with --host-timing each warm run's host times), `single_turn` and `vs_single_turn`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import argparse
 import functools
 import itertools
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -72,6 +72,7 @@ from benchmarks.common import (
     sync,
     timed,
 )
+from benchmarks.host_timing import HostTiming
 from benchmarks.multiturn_workload import (
     agent_overrides,
     call_the_tool_every_turn,
@@ -157,6 +158,12 @@ def parser() -> argparse.ArgumentParser:
         help="the interpreter's thread switch interval for this process (sys.setswitchinterval; Python's default 5 "
         "ms): how long a thread waiting for the GIL, such as the engine's driver thread on a GPU, may wait while the "
         "event loop's thread runs the agents",
+    )
+    ap.add_argument(
+        "--host-timing",
+        action="store_true",
+        help="multiturn: each warm run's host times (benchmarks/host_timing.py): the engine driver's host work and "
+        "device wait per step, the event loop's callbacks; the wrapping costs about a microsecond a call",
     )
     ap.add_argument(
         "--profile",
@@ -349,24 +356,29 @@ def case_multiturn(roles, configs, args, device: torch.device, path: str, profil
     }
     for i, (name, overrides, cfg) in enumerate(configs):
         note(f"variant {name}: building the worker (rollout=agent)")
-        v = multiturn_variant(cfg, prompts, device, profile if i == 0 else None)
+        v = multiturn_variant(cfg, prompts, device, profile if i == 0 else None, args.host_timing)
         res["variants"][name] = {"overrides": overrides, **v}
         note(f"variant {name}: {v['agent']['tokens_per_s']:.0f} tokens/s, {v['vs_single_turn']:.3f}x single-turn")
     with_ratios(res["variants"], ("agent",))
     return res
 
 
-def multiturn_variant(cfg: RunConfig, prompts: list[list[int]], device: torch.device, profile: str | None) -> dict:
+def multiturn_variant(
+    cfg: RunConfig, prompts: list[list[int]], device: torch.device, profile: str | None, host_timing: bool = False
+) -> dict:
     """One variant's figures: a `HybridWorker` for `cfg`, woken as the run's wake phase leaves it, its generate phase
-    timed, then the same tokens single-turn on its engine; the worker's roles released after."""
+    timed, then the same tokens single-turn on its engine; the worker's roles released after. `host_timing`: with
+    each warm run's host times (`HostTiming`)."""
     from hybridrl.workers.worker import HybridWorker
 
     worker = HybridWorker(cfg)
+    timing = HostTiming() if host_timing else None
     try:
         worker.wake()  # the engine's device memory, the actor's state on the host (per trainer.offload)
         call_the_tool_every_turn(worker)
-        agent, lengths = time_agent_rollouts(worker, prompts, device)
-        single = time_single_turn(worker.roles.rollout.engine, prompts, lengths, cfg, device)
+        with timing.installed() if timing else nullcontext():
+            agent, lengths = time_agent_rollouts(worker, prompts, device, timing)
+            single = time_single_turn(worker.roles.rollout.engine, prompts, lengths, cfg, device, timing)
         if profile:
             some = prompts[:PROFILE_TRAJECTORIES]
             profile_table(lambda: profile_rollout(worker, some), device, profile)

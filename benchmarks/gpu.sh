@@ -19,6 +19,8 @@
 #   multiturn     benchmarks.engine --case multiturn, 0.5B: the run's agent rollout (the worker's generate phase,
 #                 rollout=agent), 512 trajectories on 256 rows × 4 turns cut at random points, a 50 ms tool; turns of
 #                 256 tokens, then 64; each against the same tokens single-turn
+#   multiturn_host the 64-token multi-turn row with --host-timing: per engine step, the driver's host work and its
+#                 wait for the device, and the event loop's share of the wall time (benchmarks/host_timing.py)
 #   multiturn_gil the 64-token multi-turn row with the interpreter's thread switch interval at 5 ms (Python's default)
 #                 and at 0.5 ms: how long the engine's driver thread waits for the GIL while the agents run
 #   trainer       benchmarks.trainer 1.5B, batch 8 × 1024: the actor's update in several configurations against plain
@@ -124,6 +126,10 @@ for group in "${groups[@]}"; do
         bench engine_0.5b_multiturn_512on256x4_t$n 420 engine --device cuda --case multiturn --shape 0.5b \
           --model-dir $MODELS/0.5b --trajectories 512 --max-rows 256 --turns 4 --turn-tokens $n --tool-ms 50
       done ;;
+    multiturn_host)
+      bench engine_0.5b_multiturn_512on256x4_t64_host 300 engine --device cuda --case multiturn --shape 0.5b \
+        --model-dir $MODELS/0.5b --trajectories 512 --max-rows 256 --turns 4 --turn-tokens 64 --tool-ms 50 \
+        --host-timing ;;
     multiturn_gil)  # the 64-token multi-turn row at Python's default thread switch interval and at 0.5 ms
       for ms in 5 0.5; do
         bench engine_0.5b_multiturn_512on256x4_t64_switch${ms}ms 300 engine --device cuda --case multiturn --shape 0.5b \

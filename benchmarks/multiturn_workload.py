@@ -29,6 +29,7 @@ import time
 import torch
 
 from benchmarks.common import timed
+from benchmarks.host_timing import HostTiming
 from benchmarks.rollout_figures import counter_deltas, fresh_prefix_cache, scheduler_counters
 from hybridrl.agent import ParsedTurn, Tool, ToolCall, as_async_engine
 from hybridrl.engines.base import GenerationRequest, RolloutEngine, SamplingParams
@@ -110,10 +111,12 @@ def call_the_tool_every_turn(worker) -> None:
     worker.roles.agent_loop.parse = lambda text: ParsedTurn(text, [ToolCall(SleepTool.name, {})])
 
 
-def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) -> tuple[dict, list[int]]:
+def time_agent_rollouts(
+    worker, prompts: list[list[int]], device: torch.device, timing: HostTiming | None = None
+) -> tuple[dict, list[int]]:
     """A cold and `WARM_RUNS` warm runs (median) of the worker's generate phase over `prompts` (one trajectory each),
     each from an empty prefix cache as a rollout after a weight update starts; the figures and each trajectory's model
-    tokens (of the last warm run; every run draws the same)."""
+    tokens (of the last warm run; every run draws the same). `timing` (installed): each warm run's host times too."""
     engine = worker.roles.rollout.engine
     params = sampling(worker.cfg, 1)
 
@@ -121,7 +124,7 @@ def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) 
         fresh_prefix_cache(engine)
         engine.take_stats()  # from here on: this run's graph captures
         before = scheduler_counters(engine)
-        seconds, trajs = timed(lambda: worker.generate(prompts, 0, params), device)
+        seconds, trajs = timed_host(timing, lambda: worker.generate(prompts, 0, params), device)
         return seconds, trajs, counter_deltas(before, scheduler_counters(engine)), engine.take_stats()
 
     cold, _, _, _ = run()
@@ -146,10 +149,29 @@ def time_agent_rollouts(worker, prompts: list[list[int]], device: torch.device) 
         "graph_captures_warm_runs": [st.get("engine/graph_captures", 0.0) for *_, st in warm],
         "graph_capture_s_warm_runs": [st.get("engine/graph_capture_s", 0.0) for *_, st in warm],
         "eager_steps_warm_runs": [st.get("engine/eager_steps", 0.0) for *_, st in warm],
+        **host_timing_runs(timing, len(warm)),
         "tokens_per_s": tokens / seconds,
         **engine_step_figures(counters, seconds),
     }
     return out, [t.model_tokens for t in trajs]
+
+
+def timed_host(timing: HostTiming | None, fn, device: torch.device) -> tuple[float, object]:
+    """`timed(fn, device)`, and with `timing` this run's host times kept (`timing.runs`)."""
+    if timing is None:
+        return timed(fn, device)
+    timing.reset()
+    seconds, out = timed(fn, device)
+    timing.runs.append(timing.figures(seconds))
+    return seconds, out
+
+
+def host_timing_runs(timing: HostTiming | None, warm: int) -> dict:
+    """The host times of the last `warm` runs (the warm ones), taken off `timing`; nothing without it."""
+    if timing is None:
+        return {}
+    runs, timing.runs = timing.runs[-warm:], []
+    return {"host_timing_warm_runs": runs}
 
 
 def engine_step_figures(counters: dict[str, int], seconds: float) -> dict:
@@ -163,7 +185,12 @@ def engine_step_figures(counters: dict[str, int], seconds: float) -> dict:
 
 
 def time_single_turn(
-    engine: RolloutEngine, prompts: list[list[int]], lengths: list[int], cfg, device: torch.device
+    engine: RolloutEngine,
+    prompts: list[list[int]],
+    lengths: list[int],
+    cfg,
+    device: torch.device,
+    timing: HostTiming | None = None,
 ) -> dict:
     """The same tokens in one turn each, no tools: request i continues prompt i for exactly `lengths[i]` tokens (no
     stop ids), all at once through the engine's request path (`as_async_engine`, as the loop takes it); a cold and
@@ -182,7 +209,7 @@ def time_single_turn(
         fresh_prefix_cache(engine)
         engine.take_stats()  # from here on: this run's graph captures
         before = scheduler_counters(engine)
-        seconds, completions = timed(lambda: asyncio.run(all_at_once()), device)
+        seconds, completions = timed_host(timing, lambda: asyncio.run(all_at_once()), device)
         return seconds, completions, counter_deltas(before, scheduler_counters(engine)), engine.take_stats()
 
     cold, *_ = run()
@@ -201,6 +228,7 @@ def time_single_turn(
         "graph_captures_warm_runs": [st.get("engine/graph_captures", 0.0) for *_, st in warm],
         "graph_capture_s_warm_runs": [st.get("engine/graph_capture_s", 0.0) for *_, st in warm],
         "eager_steps_warm_runs": [st.get("engine/eager_steps", 0.0) for *_, st in warm],
+        **host_timing_runs(timing, len(warm)),
         "tokens_per_s": tokens / seconds,
         **engine_step_figures(counters, seconds),
     }

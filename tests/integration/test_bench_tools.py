@@ -88,6 +88,14 @@ def check_engine_multiturn(out: dict) -> None:
         # Both sides report the engine's steps: never more rows a step than the engine has.
         for side in (agent, single):
             assert side["scheduler"]["steps"] > 0 and 0 < side["mean_rows_per_step"] <= case["rows"], side
+            # --host-timing: each warm run's host times, over the steps the scheduler counted in that run; on the
+            # CPU the event loop's thread steps the engine (its callbacks hold the steps) and nothing waits on a device
+            runs = side["host_timing_warm_runs"]
+            assert [r["wall_s"] for r in runs] == pytest.approx(side["seconds_warm_runs"], abs=1e-4)
+            assert runs[-1]["steps"] == side["scheduler"]["steps"]
+            for r in runs:
+                assert r["device_wait_s"] == 0 and 0 < r["step_s"] <= r["loop_s"] <= r["wall_s"], r
+                assert r["loop_callbacks"] > 0 and r["host_ms_per_step"] > 0
 
 
 def check_step(out: dict) -> None:
@@ -181,7 +189,17 @@ CASES: dict[str, tuple[list[str], Callable[[dict], None]]] = {
     "engine": (["--batch", "3", "--prompt-len", "8", "--new-tokens", "5", "--parity-rows", "3"], check_engine_single),
     "engine:grpo": ([*GRPO, "--prompt-len", "8", *VARY_GRPO], check_engine_grpo),
     "engine:multiturn": (
-        ["--case", "multiturn", "--prompt-len", "8", *MULTITURN, *JOINS, "--switch-interval-ms", "0.5"],
+        [
+            "--case",
+            "multiturn",
+            "--prompt-len",
+            "8",
+            *MULTITURN,
+            *JOINS,
+            "--switch-interval-ms",
+            "0.5",
+            "--host-timing",
+        ],
         check_engine_multiturn,
     ),
     "step": (STEP, check_step),
