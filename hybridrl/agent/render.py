@@ -60,6 +60,7 @@ class TurnRenderer:
                 "For the tiny tokenizer, install hybridrl.models.chat_template.install_chat_template; for a real model "
                 "use its instruct checkpoint's template"
             )
+        self._backend = self._fast_backend()
 
     def _apply(self, tool_messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(_BASE + tool_messages, tokenize=False, add_generation_prompt=True)
@@ -85,8 +86,27 @@ class TurnRenderer:
 
     def tool_turn_ids(self, tool_messages: list[dict[str, Any]], model_stop_text: str = "") -> list[int]:
         """Token ids of `tool_turn_text` (tokenized alone: these tokens are context, never trained on)."""
-        text = self.tool_turn_text(tool_messages, model_stop_text)
+        return self._encode(self.tool_turn_text(tool_messages, model_stop_text))
+
+    def _encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _fast_backend(self):
+        """The `tokenizers` object behind a fast tokenizer, where it encodes the probes exactly as the tokenizer does:
+        about half the time of the tokenizer's own call, which wraps it; else None."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        probes = [self._render([{"role": "tool", "name": "n", "content": c}]) for c in (_check(0), "x", " ✓\n\n")]
+        for text in probes + [self.tokenizer.decode([t]) for t in self.tokenizer.all_special_ids]:
+            if (
+                backend.encode(text, add_special_tokens=False).ids
+                != self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ):
+                return None
+        return backend
 
     # -- frames -------------------------------------------------------------------------------------------------
     def _frame(self, tool_messages: list[dict[str, Any]]) -> tuple[str, ...] | None:

@@ -95,3 +95,25 @@ def test_frames_are_bounded(tok, monkeypatch):
         msgs = [{"role": "tool", "name": f"tool{i}", "content": "x"}]
         assert renderer.tool_turn_text(msgs) == full_render(tok, msgs)
     assert list(renderer._frames) == [((("name", f"tool{i}"), ("role", "tool")),) for i in range(6, 10)]
+
+
+def test_the_fast_backend_is_used_only_where_it_encodes_as_the_tokenizer_does(tok):
+    assert TurnRenderer(tok)._backend is tok.backend_tokenizer  # the tiny tokenizer's call wraps it unchanged
+
+    class Marking:
+        """The tiny tokenizer, but its own call (what the loop must match) adds an id the backend does not."""
+
+        backend_tokenizer = tok.backend_tokenizer
+        all_special_ids = tok.all_special_ids
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": tok(text, add_special_tokens=add_special_tokens)["input_ids"] + [7]}
+
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+    marking = Marking()
+    renderer = TurnRenderer(marking)
+    assert renderer._backend is None
+    msgs = [{"role": "tool", "name": "calc", "content": "6"}]
+    assert renderer.tool_turn_ids(msgs) == marking(full_render(tok, msgs))["input_ids"]
