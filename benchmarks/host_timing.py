@@ -54,20 +54,17 @@ class HostTiming:
         real_step, real_admit = Scheduler.step, Scheduler._admit
         real_result, real_run = step_io.HostCopy.result, asyncio.events.Handle._run
 
-        def step(sched):
-            t0 = time.perf_counter()
-            try:
-                return real_step(sched)
-            finally:
-                timing.acc["step_s"] += time.perf_counter() - t0
-                timing.acc["steps"] += 1
+        def clocked(fn, seconds: str, count: str | None = None):
+            def wrapper(obj):
+                t0 = time.perf_counter()
+                try:
+                    return fn(obj)
+                finally:
+                    timing.acc[seconds] += time.perf_counter() - t0
+                    if count is not None:
+                        timing.acc[count] += 1
 
-        def admit(sched):
-            t0 = time.perf_counter()
-            try:
-                return real_admit(sched)
-            finally:
-                timing.acc["admit_s"] += time.perf_counter() - t0
+            return wrapper
 
         def result(copy):
             if copy.event is not None:
@@ -76,14 +73,8 @@ class HostTiming:
                 timing.acc["device_wait_s"] += time.perf_counter() - t0
             return real_result(copy)
 
-        def run(handle):
-            t0 = time.perf_counter()
-            try:
-                return real_run(handle)
-            finally:
-                timing.acc["loop_s"] += time.perf_counter() - t0
-                timing.acc["loop_callbacks"] += 1
-
+        step, admit = clocked(real_step, "step_s", "steps"), clocked(real_admit, "admit_s")
+        run = clocked(real_run, "loop_s", "loop_callbacks")
         Scheduler.step, Scheduler._admit = step, admit
         step_io.HostCopy.result, asyncio.events.Handle._run = result, run
         try:
