@@ -45,6 +45,7 @@ class GraphCache:
         # Captures since `take_stats`: without fixed addresses each sleep drops the graphs, so a rollout after a
         # wake-up pays them again (host seconds: the warm-up's launches, the capture's, the instantiation).
         self.captures, self.capture_s = 0, 0.0
+        self.eager_steps = 0  # steps run without a graph while graphs are on (`take_eager_steps`)
 
     def drop(self) -> None:
         """Forget every captured graph (each is captured again at its next due use)."""
@@ -109,6 +110,11 @@ class GraphCache:
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         return graph
+
+    def take_eager_steps(self) -> int:
+        """Steps run eagerly with graphs on (a mixed step's key before its capture use) since the last call."""
+        n, self.eager_steps = self.eager_steps, 0
+        return n
 
     def take_stats(self) -> tuple[int, float]:
         """Graphs captured and host seconds spent capturing them since the last call."""

@@ -399,7 +399,7 @@ class FusedEngine(PartialGeneration, PromptPath, NativeEngineBase):
         stats = {
             "engine/graph_captures": float(n),
             "engine/graph_capture_s": seconds,
-            "engine/eager_steps": float(self.runner.take_eager_steps()),
+            "engine/eager_steps": float(self.runner.cuda_graphs.take_eager_steps()),
         }
         return {**stats, **self.scheduler.take_occupancy()}  # perf/engine_rows_mean, perf/engine_rows_idle
 

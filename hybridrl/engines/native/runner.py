@@ -77,7 +77,6 @@ class DecodeRunner:
         self.device = model.device
         self.on_gpu = self.device.type == "cuda"
         self.cuda_graphs = GraphCache(self.device, cuda_graphs and self.on_gpu)
-        self.eager_steps = 0  # `take_eager_steps`
         self.cache: PagedKVCache | None = None
         self._buckets = batch_buckets(rows)
         self._extend_buckets = [b for b in batch_buckets(extend_tokens) if b >= 16] if extend_tokens else []
@@ -160,11 +159,6 @@ class DecodeRunner:
     def take_capture_stats(self) -> tuple[int, float]:
         """Graphs captured and host seconds spent capturing them since the last call."""
         return self.cuda_graphs.take_stats()
-
-    def take_eager_steps(self) -> int:
-        """Decode steps run eagerly with graphs on (a mixed step's key before its capture use) since the last call."""
-        n, self.eager_steps = self.eager_steps, 0
-        return n
 
     def release(self) -> None:
         """Drop the graphs, the buffers and the cache reference; `bind` again before the next step."""
@@ -391,7 +385,7 @@ class DecodeRunner:
                     self._sample_advance(b, self.logits[:b], mode, generator)
                 return self._outputs(n)
         if self.use_graphs:
-            self.eager_steps += 1
+            self.cuda_graphs.eager_steps += 1
         extra = self._padded(mixed, eb) if eb else None  # eagerly at the bucket's shapes too
         self._sample_advance(b, self._forward(b, attend, extra, prefix, splits), mode, generator)
         return self._outputs(n)

@@ -459,7 +459,7 @@ def test_cuda_graphs_survive_sleep_in_agent_rollouts():
     first = _rollout(engine)
     assert engine.runner.take_capture_stats()[0] > 0 and engine.scheduler.step_joins > 0
     # Every mixed step's key runs eagerly at its first use; later rollouts only the keys no rollout used twice.
-    eager = [engine.runner.take_eager_steps()]
+    eager = [engine.runner.cuda_graphs.take_eager_steps()]
     for _ in range(2):
         engine.sleep(2)
         engine.wake_up(["weights"])
@@ -467,7 +467,7 @@ def test_cuda_graphs_survive_sleep_in_agent_rollouts():
         engine.wake_up(["kv_cache"])
         got = _rollout(engine)
         assert engine.runner.take_capture_stats()[0] == 0
-        eager.append(engine.runner.take_eager_steps())
+        eager.append(engine.runner.cuda_graphs.take_eager_steps())
         assert [ids for ids, _ in got] == [ids for ids, _ in first]
         for (_, lp), (_, want) in zip(got, first):
             assert torch.allclose(torch.tensor(lp), torch.tensor(want), atol=TOL)
