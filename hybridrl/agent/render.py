@@ -12,8 +12,8 @@ When the model ended its turn with a stop token the template also writes (Qwen's
 is dropped, since the model's token is already in the context; when the turn ended otherwise (a stop id of the
 user's choosing) the template's end-of-turn markup stays, so the context reads as a well-formed conversation.
 
-Rendering the template was the largest part of a turn's host work (about 60 of 210 µs on a 2-core CPU), paid in the
-event loop's thread that a GPU engine's driver thread shares the interpreter with, so tool turns of the same form
+Rendering the template in full is the largest part of a turn's host work (about 60 of 210 µs on a 2-core CPU), paid
+in the event loop's thread that a GPU engine's driver thread shares the interpreter with, so tool turns of the same form
 (the same roles and tool names) reuse a *frame*: the turn's text with each message's content cut out. A frame is
 made by rendering the form with probe contents and is used only if the template writes a second set of probes
 verbatim (leading and trailing whitespace, markup, quotes and backslashes, which catch a `trim`, an escape or
