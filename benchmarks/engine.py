@@ -75,7 +75,6 @@ from benchmarks.common import (
 from benchmarks.host_timing import HostTiming
 from benchmarks.multiturn_workload import (
     agent_overrides,
-    call_the_tool_every_turn,
     profile_rollout,
     time_agent_rollouts,
     time_single_turn,
@@ -375,7 +374,6 @@ def multiturn_variant(
     timing = HostTiming() if host_timing else None
     try:
         worker.wake()  # the engine's device memory, the actor's state on the host (per trainer.offload)
-        call_the_tool_every_turn(worker)
         with timing.installed() if timing else nullcontext():
             agent, lengths = time_agent_rollouts(worker, prompts, device, timing)
             single = time_single_turn(worker.roles.rollout.engine, prompts, lengths, cfg, device, timing)

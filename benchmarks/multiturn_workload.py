@@ -3,16 +3,16 @@
 
     overrides = agent_overrides(vocab, trajectories, turns, turn_tokens, tool_ms, tool_tokens, prompt_len)
     worker = HybridWorker(bench_config(model_dir, device, overrides)); worker.wake()
-    call_the_tool_every_turn(worker)
     figures = time_agent_rollouts(worker, prompts, device)          # worker.generate, as the controller calls it
     twin = time_single_turn(worker.roles.rollout.engine, prompts, figures["model_tokens"], cfg, device)
 
 A random-weight model writes neither tool calls nor ends of turn, so the workload gives it both, and nothing else:
 the loop reads every turn as one call to `SleepTool` (registered by import path in `agent.tools`, as a user's tool
-is), so each trajectory runs `agent.max_turns` turns; and a turn ends where the model samples one of `stop_ids`,
-about one token in `turn_tokens` of the vocabulary (`engine.stop_token_ids`): turns cut at random points,
-`turn_tokens` long on average, different for every trajectory, as real turns fall. The loop, the tool runner, the
-chat template between turns and the engine's request path are the run's.
+is; the parser, `every_turn_calls_the_tool`, by import path in `agent.format`), so each trajectory runs
+`agent.max_turns` turns; and a turn ends where the model samples one of `stop_ids`, about one token in `turn_tokens`
+of the vocabulary (`engine.stop_token_ids`): turns cut at random points, `turn_tokens` long on average, different
+for every trajectory, as real turns fall. The loop, the tool runner, the chat template between turns and the
+engine's request path are the run's.
 
 The single-turn twin generates the same tokens without turns or tools: each trajectory's model tokens as one request,
 all submitted at once through the same engine request path (`as_async_engine`), so the ratio between the two is
@@ -38,6 +38,7 @@ from hybridrl.engines.native.kv_cache import blocks_for
 WARM_RUNS = 3
 """Warm runs per workload; their median is reported."""
 TOOL = "benchmarks.multiturn_workload:SleepTool"
+FORMAT = "benchmarks.multiturn_workload:every_turn_calls_the_tool"
 """The tool's import path, as `agent.tools` names it."""
 TURN_CAP = 4
 """A turn's token cap (engine.max_new_tokens) in mean turn lengths: about 2% of turns reach it (e^-4) and end their
@@ -91,6 +92,7 @@ def agent_overrides(
     out = [
         "rollout.name=agent",
         f"agent.tools=[{TOOL}]",
+        f"agent.format={FORMAT}",
         f"agent.tool_options.SleepTool.ms={tool_ms}",
         f"agent.tool_options.SleepTool.tokens={tool_tokens}",
         f"agent.max_turns={turns}",
@@ -106,9 +108,10 @@ def agent_overrides(
     return out
 
 
-def call_the_tool_every_turn(worker) -> None:
-    """The worker's agent loop reads every turn as one call to the tool (a random-weight model writes none)."""
-    worker.roles.agent_loop.parse = lambda text: ParsedTurn(text, [ToolCall(SleepTool.name, {})])
+def every_turn_calls_the_tool(text: str) -> ParsedTurn:
+    """The workload's tool-call format (`agent.format`): every turn is one call to the tool (a random-weight model
+    writes none)."""
+    return ParsedTurn(text, [ToolCall(SleepTool.name, {})])
 
 
 def time_agent_rollouts(
@@ -261,7 +264,7 @@ __all__ = [
     "WARM_RUNS",
     "SleepTool",
     "agent_overrides",
-    "call_the_tool_every_turn",
+    "every_turn_calls_the_tool",
     "profile_rollout",
     "sampling",
     "stop_ids",

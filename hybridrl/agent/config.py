@@ -18,6 +18,7 @@ from hybridrl.errors import ConfigError
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 TOOL_ERROR_POLICIES = ("message", "stop")
 TRUNCATION_POLICIES = ("keep", "mask")
+PROCESS_MODES = ("auto", "child", "worker")
 _NAME_RE = re.compile(r"^[A-Za-z_][\w-]*$")
 _IMPORT_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
@@ -41,7 +42,8 @@ class AgentConfig:
     tool_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Keyword arguments per tool, by built-in or class name (`+agent.tool_options.python.memory_mb=512`)."""
     format: str = "hermes"
-    """Tool-call format: hermes (Qwen2.5/Qwen3 `<tool_call>`), llama3_json, mistral (`[TOOL_CALLS]`)."""
+    """Tool-call format: hermes (Qwen2.5/Qwen3 `<tool_call>`), llama3_json, mistral (`[TOOL_CALLS]`), or your own
+    parser as an import path `pkg.module:function` (a turn's text to `hybridrl.agent.parsers.ParsedTurn`)."""
     tools_in_prompt: bool = True
     """Render the tools' JSON schemas into the prompt (the chat template's `tools=`); off for models that can't."""
     tool_timeout_s: float = 10.0
@@ -59,6 +61,11 @@ class AgentConfig:
     on_tool_error: str = "message"
     """message: a failed call (raised, timed out, malformed, unknown tool) becomes an error message and the loop
     continues; stop: the trajectory ends after the failed call. Either way the failure is counted."""
+    process: str = "auto"
+    """Where the loop's own work (parsing turns, running tools, rendering tool turns) runs: `child`, a child process
+    per worker fed turns by the worker's native engine, so it does not share the interpreter lock with the engine's
+    driver; `worker`, the worker's process; `auto`, `child` where the native engine runs on a GPU (its driver steps
+    every millisecond or two and would wait for the agents), else `worker`. vLLM and SGLang serve it in the worker."""
     on_truncation: str = "keep"
     """keep: truncated trajectories train like any other; mask: their response_mask is zeroed (no loss, DAPO-style
     overlong filtering) while they stay in the batch."""
@@ -85,8 +92,11 @@ class AgentConfig:
                     f"agent.tool_options.{key} names no tool of agent.tools ({list(self.tools)}); key options by the "
                     f"built-in name or the class name: {keys}"
                 )
-        if self.format not in TOOL_CALL_FORMATS:
-            raise ConfigError(f"agent.format must be one of {', '.join(TOOL_CALL_FORMATS)}, got {self.format!r}")
+        if self.format not in TOOL_CALL_FORMATS and not _IMPORT_RE.match(self.format):
+            raise ConfigError(
+                f"agent.format must be one of {', '.join(TOOL_CALL_FORMATS)} or an import path 'pkg.module:function', "
+                f"got {self.format!r}"
+            )
         if not self.tool_timeout_s > 0:
             raise ConfigError(f"agent.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         for name, t in self.tool_timeouts.items():
@@ -106,6 +116,8 @@ class AgentConfig:
             raise ConfigError(
                 f"agent.on_tool_error must be one of {', '.join(TOOL_ERROR_POLICIES)}, got {self.on_tool_error!r}"
             )
+        if self.process not in PROCESS_MODES:
+            raise ConfigError(f"agent.process must be one of {', '.join(PROCESS_MODES)}, got {self.process!r}")
         if self.on_truncation not in TRUNCATION_POLICIES:
             raise ConfigError(
                 f"agent.on_truncation must be one of {', '.join(TRUNCATION_POLICIES)}, got {self.on_truncation!r}"

@@ -13,11 +13,14 @@ reported in `ParsedTurn.errors`, and the loop turns each error into a message to
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from hybridrl.errors import ConfigError
 
 
 @dataclass
@@ -157,8 +160,20 @@ PARSERS: dict[str, Callable[[str], ParsedTurn]] = {
 
 
 def get_parser(fmt: str) -> Callable[[str], ParsedTurn]:
-    """The parser of `agent.format`."""
-    try:
+    """The parser of `agent.format`: a built-in format's, or the function an import path `pkg.module:function`
+    names (ConfigError naming `agent.format` when it cannot be loaded)."""
+    if fmt in PARSERS:
         return PARSERS[fmt]
-    except KeyError:
-        raise ValueError(f"agent.format={fmt!r} is not a known tool-call format; known: {sorted(PARSERS)}") from None
+    if ":" not in fmt:
+        raise ConfigError(f"agent.format={fmt!r} is not a known tool-call format; known: {sorted(PARSERS)}")
+    module_name, name = fmt.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"agent.format={fmt!r}: cannot import {module_name!r} ({e}); make it importable (PYTHONPATH or pip install)"
+        ) from e
+    parser = getattr(module, name, None)
+    if not callable(parser):
+        raise ConfigError(f"agent.format={fmt!r}: {module_name} has no function {name!r}")
+    return parser

@@ -39,7 +39,7 @@ class _StoppingEngine:
         return await self.inner.generate(request, params)
 
 
-async def _run(
+async def run_partial(
     loop: AgentLoop,
     gen: object,
     requests: Sequence[GenerationRequest],
@@ -47,6 +47,7 @@ async def _run(
     need: int,
     params: SamplingParams,
 ) -> list[Trajectory]:
+    """The partial rollout over `gen`, an `AsyncGenerator` (`generate_agent_partial` without the engine's choice)."""
     stopping = _StoppingEngine(gen)
     countdown = GroupCountdown(groups, need)
     stopping.stopped = countdown.done
@@ -101,9 +102,13 @@ def generate_agent_partial(
     """One trajectory per request, in order, stopping new turns once `need` groups are complete (module docstring).
     An unfinished one has finish_reason 'partial' and `turns` 1 where it had started (its tokens were dropped), 0
     where it had not. `params.seed` is the step seed; each request's `prompt_index` its global index. The turns are
-    served as `AgentLoop.generate_sync` serves them: the engine's continuous batching where it offers it (on the event
-    loop its request stream names), else one batch per turn."""
+    served as `AgentLoop.generate_sync` serves them: from the loop's child process (`agent.process`), else the
+    engine's continuous batching where it offers it (on the event loop its request stream names), else one batch per
+    turn."""
+    process = loop.child_process_for(engine)
+    if process is not None:
+        return process.run(engine, "partial", requests, groups, need, params)
     gen = as_async_engine(engine, loop.cfg.max_total_tokens)
     event_loop = getattr(gen, "event_loop", None)
-    run = _run(loop, gen, requests, groups, need, params)
+    run = run_partial(loop, gen, requests, groups, need, params)
     return asyncio.run(run) if event_loop is None else event_loop.run_until_complete(run)

@@ -65,9 +65,7 @@ class AsyncEngine:
             self._hand_over(request, params, future)
             return await future
         if self.continuous:
-            self._futures[self.engine.submit(request, params)] = future
-            if self.lockstep is not None:
-                self._added.append((request, params))
+            self._futures[self.add(request, params)] = future
         else:
             self._queued.append((request, params, future))
         if self._driver is None or self._driver.done():
@@ -85,10 +83,7 @@ class AsyncEngine:
                     if not self._busy():
                         return
                     if self.continuous:
-                        if self.lockstep is not None:
-                            self.lockstep.send(STEP, self._added)
-                            self._added = []
-                        for handle, completion in self.engine.step():
+                        for handle, completion in self.advance():
                             future = self._futures.pop(handle)
                             if not future.done():
                                 future.set_result(completion)
@@ -122,6 +117,28 @@ class AsyncEngine:
                 self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
 
+    # -- driving the engine from outside (a process serving another's requests) ----------------------------
+    @property
+    def busy(self) -> bool:
+        """Whether a request added or submitted has not come back from `advance` yet."""
+        return self.engine.has_work
+
+    def add(self, request: GenerationRequest, params: SamplingParams) -> int:
+        """Submit one request (continuous engines); its completion comes back from `advance` under the returned
+        handle. With a lockstep it goes to the other ranks before the next step. Raises for a bad request."""
+        handle = self.engine.submit(request, params)
+        if self.lockstep is not None:
+            self._added.append((request, params))
+        return handle
+
+    def advance(self) -> list[tuple[int, Completion]]:
+        """One engine step (the requests added since the last one sent to the other ranks first): the completions
+        that finished, with their handles."""
+        if self.lockstep is not None:
+            self.lockstep.send(STEP, self._added)
+            self._added = []
+        return self.engine.step()
+
     # -- the driver thread (threaded) ------------------------------------------------------------------------
     def _hand_over(self, request: GenerationRequest, params: SamplingParams, future: asyncio.Future) -> None:
         with self._inbox_lock:
@@ -142,12 +159,9 @@ class AsyncEngine:
                 return False
         for request, params, future in taken:
             try:
-                self._futures[self.engine.submit(request, params)] = future
+                self._futures[self.add(request, params)] = future
             except Exception as e:  # this request was bad (an empty prompt, too long): only its waiter hears it
                 future.get_loop().call_soon_threadsafe(_settle, future, None, e)
-                continue
-            if self.lockstep is not None:
-                self._added.append((request, params))
         return True
 
     def _drive_thread(self, loop: asyncio.AbstractEventLoop, device: int | None) -> None:
@@ -158,10 +172,7 @@ class AsyncEngine:
                 while self._take_inbox():
                     if not self.engine.has_work:
                         continue
-                    if self.lockstep is not None:
-                        self.lockstep.send(STEP, self._added)
-                        self._added = []
-                    done = self.engine.step()
+                    done = self.advance()
                     if done:
                         loop.call_soon_threadsafe(_settle_all, [(self._futures.pop(h), c) for h, c in done])
         except BaseException as e:  # the engine failed: every waiter hears it, none hangs

@@ -1,9 +1,10 @@
 """A run's agent loop drives the native fused engine through its continuous batching, not one batch per turn: a
 trajectory whose tool answers at once gets its next turn generated while another trajectory's tool is still running.
 
-Through the worker's generate phase, as a run builds it (`HybridWorker`, `rollout=agent`, the tiny model). The tool
-is a gate, not a clock: its first call holds until another trajectory has come back to it a second time (so that
-trajectory's next turn was generated meanwhile), or until a deadline. One batch per turn cannot release it: the
+Through the worker's generate phase, as a run builds it (`HybridWorker`, `rollout=agent`, the tiny model), with the
+loop in the worker's process and in a child process of its own (`agent.process`). The tool is a gate, not a clock:
+its first call holds until another trajectory has come back to it a second time (so that trajectory's next turn was
+generated meanwhile), or until a deadline, and says which in its answer. One batch per turn cannot release it: the
 fast trajectory's next turn waits for the held one's, so the held call runs out its deadline (the transformers path
 shows it, as a control).
 """
@@ -34,20 +35,27 @@ class Gate(Tool):
         self.calls = 0
         self.lock = threading.Lock()
         self.third_call = threading.Event()
-        self.released: bool | None = None  # whether call 1 saw call 3 before its deadline
 
     def call(self, arguments):
         with self.lock:
             self.calls += 1
             n = self.calls
-        if n == 1:
-            self.released = self.third_call.wait(self.deadline_s)
-        elif n == 3:
+        if n == 1:  # whether call 1 saw call 3 before its deadline
+            return RELEASED if self.third_call.wait(self.deadline_s) else HELD
+        if n == 3:
             self.third_call.set()
         return "ok"
 
 
-def agent_worker(tiny_path, impl: str, deadline_s: float):
+RELEASED, HELD = "released", "held to its deadline"
+
+
+def every_turn_calls_the_gate(text: str) -> ParsedTurn:
+    """`agent.format` here: a random-weight model writes no tool calls, so every turn is read as a call to the gate."""
+    return ParsedTurn(text, [ToolCall("gate", {})])
+
+
+def agent_worker(tiny_path, impl: str, deadline_s: float, process: str = "worker"):
     from hybridrl.agent.config import AgentConfig
     from hybridrl.config import RunConfig
     from hybridrl.engines.config import EngineConfig, NativeOptions
@@ -68,19 +76,17 @@ def agent_worker(tiny_path, impl: str, deadline_s: float):
             tool_timeout_s=deadline_s + 60,
             max_turns=4,
             tools_in_prompt=False,
+            format=f"{__name__}:every_turn_calls_the_gate",
+            process=process,
         ),
     )
-    worker = HybridWorker(cfg)
-    # A random-weight model writes no tool calls: the loop reads every turn as a call to the gate.
-    worker.roles.agent_loop.parse = lambda text: ParsedTurn(text, [ToolCall("gate", {})])
-    return worker
+    return HybridWorker(cfg)
 
 
-@pytest.mark.parametrize("impl", ["fused", "hf"])
-def test_a_quick_tools_trajectory_is_not_held_by_a_slow_one(tiny_path, tokenizer, process_group, impl):
-    worker = agent_worker(tiny_path, impl, deadline_s=60.0 if impl == "fused" else 3.0)
+@pytest.mark.parametrize("impl, process", [("fused", "worker"), ("fused", "child"), ("hf", "worker")])
+def test_a_quick_tools_trajectory_is_not_held_by_a_slow_one(tiny_path, tokenizer, process_group, impl, process):
+    worker = agent_worker(tiny_path, impl, deadline_s=60.0 if impl == "fused" else 3.0, process=process)
     try:
-        gate = worker.roles.agent_loop.tools["gate"]
         prompts = [chat_prompt(tokenizer, "Compute 12*7"), chat_prompt(tokenizer, "Compute 345*7")]
         worker.wake()
         params = SamplingParams(n=1, max_new_tokens=4, stop_token_ids=worker.cfg.engine.stop_token_ids)
@@ -88,8 +94,10 @@ def test_a_quick_tools_trajectory_is_not_held_by_a_slow_one(tiny_path, tokenizer
     finally:
         worker.roles.shutdown()
     assert [(t.turns, t.tool_calls, t.end_reason) for t in trajs] == [(4, 4, "max_turns")] * 2
-    assert gate.calls == 6  # three calls run per trajectory; the last turn's call is not run
+    answers = [m["content"] for t in trajs for m in t.messages if m["role"] == "tool"]
+    assert len(answers) == 6  # three calls run per trajectory; the last turn's call is not run
+    first = [a for a in answers if a != "ok"]  # call 1's answer
     if impl == "fused":  # continuous batching: the other trajectory's next turn ran while call 1 was held
-        assert gate.released, "the held tool call ran out its deadline: turns were batched per turn"
+        assert first == [RELEASED], "the held tool call ran out its deadline: turns were batched per turn"
     else:  # the transformers path batches per turn: nothing runs while a live trajectory's tool is out
-        assert gate.released is False
+        assert first == [HELD]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybridrl.agent.parsers import ToolCall, get_parser, parse_hermes, parse_llama3_json, parse_mistral
+from hybridrl.errors import ConfigError
 
 
 def test_hermes_calls_and_content():
@@ -70,5 +71,11 @@ def test_mistral():
 
 def test_get_parser():
     assert get_parser("hermes") is parse_hermes
-    with pytest.raises(ValueError, match="agent.format='xml'"):
+    with pytest.raises(ConfigError, match="agent.format='xml'"):
         get_parser("xml")
+    # Your own format by import path, as agent.tools takes your own tools.
+    assert get_parser("hybridrl.agent.parsers:parse_mistral") is parse_mistral
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
+        get_parser("no_such_module:parse")
+    with pytest.raises(ConfigError, match="has no function 'nothing'"):
+        get_parser("hybridrl.agent.parsers:nothing")
