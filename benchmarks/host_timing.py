@@ -8,7 +8,9 @@ work, and the event loop's callbacks (the agents' turns), for `benchmarks.engine
 On a GPU the engine's driver thread steps the engine (`Scheduler.step`); each step reads the outputs of the step it
 launched before (`HostCopy.result`, which waits on the device). Host work in a step is its time less that wait: the
 scheduler's Python, the launches, and any wait for the interpreter lock while the event loop's thread runs the
-agents' callbacks (`loop_s`). A step's device wait near zero means the device waited for the host instead.
+agents' callbacks (`loop_s`). A step's device wait near zero means the device waited for the host instead. With
+the agent loop in its child process (`agent.process=child`, a GPU's default) the worker's thread serves the child
+between steps (`between_steps_ms`) and no event loop runs here: `loop_s` reads 0.
 """
 
 from __future__ import annotations
