@@ -147,7 +147,7 @@ def test_a_quick_tools_trajectory_is_not_held_by_a_slow_one(model_dir, tokenizer
     """As tests/unit/agent/test_agent_continuous.py does for the native engine, with the agent loop on the stand-in."""
     from hybridrl.agent import AgentConfig, AgentLoop
     from hybridrl.agent.parsers import ParsedTurn, ToolCall
-    from tests.unit.agent.test_agent_continuous import Gate
+    from tests.unit.agent.test_agent_continuous import RELEASED, Gate, gate_answer
 
     eng = make(model_dir)
     eng._engine.async_delay = 0.01  # a request runs a while before it answers
@@ -157,7 +157,7 @@ def test_a_quick_tools_trajectory_is_not_held_by_a_slow_one(model_dir, tokenizer
     params = SamplingParams(max_new_tokens=4, stop_token_ids=list(range(100, 150)), seed=1)  # every token stops
     trajs = loop.generate_sync(eng, [[1, 40, 41], [1, 90, 91, 92]], params)
     assert [(t.turns, t.tool_calls) for t in trajs] == [(4, 4)] * 2
-    assert gate.released, "the held tool call ran out its deadline: turns were batched per turn"
+    assert gate_answer(trajs) == RELEASED, "the held tool call ran out its deadline: turns were batched per turn"
 
 
 def test_greedy_and_unseeded_requests(model_dir):
