@@ -13,7 +13,6 @@ reported in `ParsedTurn.errors`, and the loop turns each error into a message to
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridrl.errors import ConfigError
+from hybridrl.import_path import load_import_path
 
 
 @dataclass
@@ -166,14 +166,7 @@ def get_parser(fmt: str) -> Callable[[str], ParsedTurn]:
         return PARSERS[fmt]
     if ":" not in fmt:
         raise ConfigError(f"agent.format={fmt!r} is not a known tool-call format; known: {sorted(PARSERS)}")
-    module_name, name = fmt.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(
-            f"agent.format={fmt!r}: cannot import {module_name!r} ({e}); make it importable (PYTHONPATH or pip install)"
-        ) from e
-    parser = getattr(module, name, None)
+    parser = load_import_path(fmt, "agent.format")
     if not callable(parser):
-        raise ConfigError(f"agent.format={fmt!r}: {module_name} has no function {name!r}")
+        raise ConfigError(f"agent.format={fmt!r} names {type(parser).__name__}, not a function")
     return parser

@@ -12,7 +12,6 @@ and `reward_model.models[i].weight` for each model; `reward.combine=pkg.module:f
 
 from __future__ import annotations
 
-import importlib
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 from hybridrl.batch import Batch
 from hybridrl.errors import ConfigError, HybridRLError
+from hybridrl.import_path import load_import_path
 from hybridrl.rewards.base import RewardFn, RewardScores, normalize_results, score_rewards
 from hybridrl.rewards.config import RewardConfig
 from hybridrl.rewards.scoring import reward_inputs
@@ -44,11 +44,7 @@ def load_combine(spec: str) -> CombineFn | None:
         return None
     if not _SPEC_RE.match(spec):
         raise ConfigError(f"reward.combine={spec!r} must be sum or 'pkg.module:func'")
-    module_name, attr = spec.split(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"reward.combine={spec!r}: cannot import it ({type(e).__name__}: {e})") from e
+    fn = load_import_path(spec, "reward.combine")
     if not callable(fn):
         raise ConfigError(f"reward.combine={spec!r} is not callable")
     return fn

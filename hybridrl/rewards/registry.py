@@ -16,7 +16,6 @@ or per-sample, `(item: RewardInput) -> float | dict`. The form is decided, in th
 from __future__ import annotations
 
 import collections.abc
-import importlib
 import inspect
 import re
 import typing
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridrl.errors import ConfigError
+from hybridrl.import_path import import_module
 from hybridrl.rewards.base import BATCHED_ATTR, RewardFn, per_sample
 
 _REGISTRY: dict[str, RewardFn] = {}
@@ -111,21 +111,7 @@ def _load_callable(spec: str) -> Callable:
             "a function name), e.g. reward.fn=my_rewards:exact_match"
         )
     module_name, attr_path = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        # The module itself (or a parent package) is missing, vs. a missing dependency inside it.
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise ConfigError(
-                f"reward.fn={spec!r}: cannot import module {module_name!r} ({e}); make it importable: "
-                "run from the directory that contains it, add that directory to PYTHONPATH, or pip install "
-                "its package"
-            ) from e
-        raise ConfigError(f"reward.fn={spec!r}: importing {module_name!r} failed: {e}; install {e.name!r}") from e
-    except Exception as e:
-        raise ConfigError(
-            f"reward.fn={spec!r}: importing {module_name!r} raised {type(e).__name__}: {e}; fix that module"
-        ) from e
+    module = import_module(module_name, spec, "reward.fn")
     obj: Any = module
     for part in attr_path.split("."):
         if not hasattr(obj, part):

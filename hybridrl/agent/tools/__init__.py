@@ -8,13 +8,13 @@ boundary), `sandbox_fusion` (code sent to a SandboxFusion service; the model see
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hybridrl.agent.config import AgentConfig, tool_option_key
 from hybridrl.agent.tools.base import Tool, ToolError, check_arguments
 from hybridrl.errors import ConfigError
+from hybridrl.import_path import load_import_path
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -41,22 +41,11 @@ def load_tool_class(entry: str) -> type[Tool]:
             f"agent.tools entry {entry!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}); "
             "give your own as 'pkg.module:Class'"
         )
-    module_name, cls_name = path.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(
-            f"agent.tools entry {entry!r}: cannot import {module_name!r} ({e}); make it importable "
-            "(PYTHONPATH or pip install)"
-        ) from e
-    cls = getattr(module, cls_name, None)
+    cls = load_import_path(path, "agent.tools")
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
-        raise ConfigError(
-            f"agent.tools entry {entry!r}: {cls_name!r} in {module_name!r} is not a subclass of "
-            "hybridrl.agent.tools.Tool"
-        )
+        raise ConfigError(f"agent.tools entry {entry!r} names {cls!r}, not a subclass of hybridrl.agent.tools.Tool")
     if not cls.name:
-        raise ConfigError(f"agent.tools entry {entry!r}: {cls_name} sets no `name`")
+        raise ConfigError(f"agent.tools entry {entry!r}: {cls.__name__} sets no `name`")
     return cls
 
 

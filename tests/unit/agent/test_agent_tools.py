@@ -267,7 +267,7 @@ def test_build_tools_by_name_and_import_path(tmp_path, monkeypatch):
     }
     with pytest.raises(ConfigError, match="not a subclass of hybridrl.agent.tools.Tool"):
         build_tools(["my_tools_mod:NotATool"])
-    with pytest.raises(ConfigError, match="cannot import 'no_such_module_xyz'"):
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module_xyz'"):
         build_tools(["no_such_module_xyz:Tool"])
     with pytest.raises(ConfigError, match="not a built-in tool"):
         build_tools(["abacus"])
