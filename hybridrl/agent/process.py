@@ -26,6 +26,7 @@ error's traceback and sends a heartbeat while it runs: a child that dies, or who
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import pickle
 import select
@@ -45,6 +46,8 @@ from hybridrl.errors import HybridRLError
 if TYPE_CHECKING:
     from hybridrl.agent.config import AgentConfig
     from hybridrl.agent.loop import AgentLoop
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
 """How often the child says it is alive while a job runs."""
@@ -123,6 +126,9 @@ class AgentProcess:
         finally:
             theirs.close()
         self._process, self._sock = process, ours
+        log.info(
+            "agent loop: its turns run in a child process, pid %d (agent.process=%s)", process.pid, self.cfg.process
+        )
 
     def _stop(self, kill: bool) -> None:
         process, sock = self._process, self._sock

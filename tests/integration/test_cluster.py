@@ -193,17 +193,20 @@ def test_two_local_workers_match_one(tmp_path, one_worker_metrics, tp, fsdp):
 @pytest.mark.multiproc
 def test_agent_turns_at_tp2_match_one_worker(tmp_path):
     """rollout=agent with one engine TP group of 2: the TP leader runs the agent loop (its turns joining the running
-    batch one by one) and the other rank replays its engine steps (engines/lockstep.py); the trajectories, the rewards
-    and the updates are one inline worker's."""
+    batch one by one), here in a child process of its own (`agent.process=child`, a GPU's default), and the other
+    rank replays its engine steps (engines/lockstep.py); the trajectories, the rewards and the updates are one inline
+    worker's, whose loop runs in its own process."""
     agent = ["recipe=cpu_agent", "trainer.steps=2"]
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     one = AppRun(agent, tmp_path / "one")
     assert one.wait() == 0, one.output[-3000:]
-    two = AppRun([*agent, *LOCAL2, "engine.tp_size=2"], tmp_path / "two")
+    two = AppRun([*agent, *LOCAL2, "engine.tp_size=2", "agent.process=child"], tmp_path / "two")
     assert two.wait() == 0, two.output[-3000:]
     clock = "agent/tool_seconds"  # how long the tools took: the clock's, not the run's
     rows, ref = ([{k: v for k, v in r.items() if k != clock} for r in run.metrics()] for run in (two, one))
+    assert "agent loop: its turns run in a child process" in two.output + two.log_text()
+    assert "agent loop: its turns run in a child process" not in one.output + one.log_text()
     assert any(r["agent/turns_mean"] > 1 for r in ref)  # some trajectories went on after a tool turn
     assert_same_metrics(rows, ref)
     assert_all_gone(two.seen)
