@@ -28,12 +28,10 @@ from typing import Any
 from hybridrl.agent.config import AgentConfig
 from hybridrl.agent.engine import LaneAware, as_async_engine, gather_settled
 from hybridrl.agent.parsers import ParsedTurn, get_parser
-from hybridrl.agent.process import AgentProcess
 from hybridrl.agent.render import TurnRenderer
 from hybridrl.agent.runner import ToolOutcome, ToolRunner
 from hybridrl.agent.tools import Tool, build_tools
 from hybridrl.engines.base import GenerationRequest, SamplingParams
-from hybridrl.errors import HybridRLError
 
 _SEED_MODULUS = 2**31 - 1
 _TURN_STRIDE = 2_654_435_761  # Knuth's multiplicative-hash constant: turns land far apart in seed space
@@ -98,9 +96,10 @@ class AgentLoop:
     def __init__(self, cfg: AgentConfig, tokenizer, tools: Mapping[str, Tool] | None = None) -> None:
         """`tools`: instances by name (default: built from `cfg.tools` and `cfg.tool_options`)."""
         self.cfg, self.tokenizer = cfg, tokenizer
-        self._tools_from_cfg = tools is None  # what a child process can rebuild (`agent.process`)
+        self.tools_from_config = tools is None  # what a child process can rebuild (`agent.process`)
         self.tools = dict(tools) if tools is not None else build_tools(cfg.tools, cfg.tool_options)
-        self._process: AgentProcess | None = None
+        # The child process that runs this loop's turns where `agent.process` says so (`hybridrl.agent.process`).
+        self.child: Any = None
         self.runner = ToolRunner(self.tools, cfg.timeout_for, cfg.max_tool_output_chars, cfg.max_concurrent_tools)
         self.parse = get_parser(cfg.format)
         self.renderer = TurnRenderer(tokenizer)
@@ -154,40 +153,13 @@ class AgentLoop:
         params: SamplingParams,
         messages: Sequence[Sequence[dict[str, Any]]] | None = None,
     ) -> list[Trajectory]:
-        """`generate` from synchronous code (a worker's phase method): in the loop's child process where
-        `agent.process` puts it there (`child_process_for`), else on an event loop of its own, or on the loop the
-        engine's request stream names as its `event_loop` (SGLang answers on the loop its engine was made on)."""
-        process = self.child_process_for(engine)
-        if process is not None:
-            return process.run(engine, "generate", prompts, params, messages)
+        """`generate` from synchronous code, in this process (`hybridrl.agent.process.generate_agent` runs it in the
+        loop's child process where `agent.process` says so): on an event loop of its own, or on the loop the engine's
+        request stream names as its `event_loop` (SGLang answers on the loop its engine was made on)."""
         gen = as_async_engine(engine, self.cfg.max_total_tokens)
         loop = getattr(gen, "event_loop", None)
         run = self.generate(gen, prompts, params, messages)
         return asyncio.run(run) if loop is None else loop.run_until_complete(run)
-
-    def child_process_for(self, engine: object) -> AgentProcess | None:
-        """The child process that runs this loop's turns against `engine` (`agent.process`; started at its first
-        job, kept across steps), or None to run them in this process."""
-        mode = self.cfg.process
-        if mode == "worker":
-            return None
-        native = all(hasattr(engine, a) for a in ("submit", "step", "async_engine"))
-        device = getattr(engine, "device", None)
-        if mode == "auto" and not (native and self._tools_from_cfg and getattr(device, "type", None) == "cuda"):
-            return None
-        if not native:
-            raise HybridRLError(
-                f"agent.process=child needs the native engine (its request stream is served to the child process); "
-                f"{type(engine).__name__} serves the agent loop in the worker: set agent.process=worker or auto"
-            )
-        if not self._tools_from_cfg:
-            raise HybridRLError(
-                "agent.process=child: this loop was given tool instances, which a child process cannot rebuild from "
-                "agent.tools; set agent.process=worker"
-            )
-        if self._process is None:
-            self._process = AgentProcess(self.cfg, self.tokenizer)
-        return self._process
 
     # -- one trajectory ---------------------------------------------------------------------------------------
     async def run_trajectory(
@@ -286,9 +258,9 @@ class AgentLoop:
 
     def close(self) -> None:
         """Release the tools, the thread pool and the child process."""
-        if self._process is not None:
-            self._process.close()
-            self._process = None
+        if self.child is not None:
+            self.child.close()
+            self.child = None
         self.runner.close()
 
 

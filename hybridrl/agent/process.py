@@ -1,9 +1,9 @@
 """The agent loop in a child process: its Python (parsing turns, running tools, rendering tool turns) off the
 interpreter that drives the engine.
 
-    process = AgentProcess(cfg.agent, tokenizer)        # one per worker; the child starts at its first job
-    trajectories = process.run(engine, "generate", prompts, params, messages)     # the worker's generate phase
-    process.close()
+    trajectories = generate_agent(loop, engine, prompts, params)    # the worker's generate phase (`agent.process`)
+    child = child_process_for(loop, engine)                         # the loop's child, or None to run it here
+    trajectories = child.run(engine, "generate", prompts, params, None)
 
 Why: on a GPU the native engine's driver launches a decode step every millisecond or two, while the agents' own work
 between turns takes a few hundred microseconds a turn, thousands of turns a rollout. In one process both share one
@@ -12,45 +12,46 @@ agents run on another core. (verl runs its agent loops in worker processes of th
 
 The worker's process keeps the engine and serves the child's requests through the engine's request stream
 (`AsyncEngine.add`/`advance`, so a TP leader's lockstep and the cache sizing are the in-process stream's): it steps
-while anything runs and sends each step's completions back. The child runs the job's coroutine (`AgentLoop.generate`,
-or the partial rollout's `run_partial`) over `PipeEngine`, an `AsyncGenerator` whose requests cross the socket. The
-requests are keyed as in process, so a trajectory draws the same tokens either way.
-
-Messages are pickled frames (an 8-byte length, then the payload) between the two processes of one worker; nothing
-read from a file or a user's data is unpickled. The child's writes go through its event loop's buffered transport and
-never block it, so neither side can wait on the other's full buffer. The child answers a job with its result or its
-error's traceback and sends a heartbeat while it runs: a child that dies, or whose event loop stops answering for
-`HEARTBEAT_DEADLINE_S`, fails the phase with an error saying so, and a new child starts at the next job.
+while anything runs and sends each step's completions back. The child (`hybridrl.agent.child`) runs the job's
+coroutine over a stand-in engine whose requests cross the socket; they are keyed as in process, so a trajectory draws
+the same tokens either way. A child that dies, or whose event loop stops answering for `HEARTBEAT_DEADLINE_S`, fails
+the phase with an error saying so, and a new child starts at the next job.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import pickle
 import select
 import socket
-import struct
 import time
-import traceback
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from hybridrl.engines.base import Completion, GenerationRequest, SamplingParams
+from hybridrl.agent.child import (
+    CLOSE,
+    COMPLETIONS,
+    FAILED,
+    HEADER,
+    JOBS,
+    REFUSED,
+    REQUESTS,
+    RESULT,
+    RUN,
+    child_main,
+    frame,
+)
+from hybridrl.agent.config import AgentConfig
+from hybridrl.agent.loop import AgentLoop, Trajectory
+from hybridrl.engines.base import SamplingParams
 from hybridrl.engines.native.frozen_heap import frozen_heap
 from hybridrl.errors import HybridRLError
 
-if TYPE_CHECKING:
-    from hybridrl.agent.config import AgentConfig
-    from hybridrl.agent.loop import AgentLoop
-
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 1.0
-"""How often the child says it is alive while a job runs."""
 HEARTBEAT_DEADLINE_S = 60.0
 """Silence from the child (no request, no heartbeat) after which the phase fails while the engine has nothing to do."""
 START_DEADLINE_S = 300.0
@@ -60,19 +61,46 @@ FRAME_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 10.0
 """How long `close` waits for the child to exit before killing it."""
 
-# Message kinds. Worker → child: RUN (job, args), COMPLETIONS [(id, Completion)], REFUSED [(id, reason)], CLOSE.
-# Child → worker: REQUESTS [(id, request, params)], BEAT, RESULT (value), FAILED (traceback text).
-RUN, COMPLETIONS, REFUSED, CLOSE = "run", "completions", "refused", "close"
-REQUESTS, BEAT, RESULT, FAILED = "requests", "beat", "result", "failed"
-_HEADER = struct.Struct("!Q")
+
+def generate_agent(
+    loop: AgentLoop,
+    engine: object,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    messages: Sequence[Sequence[dict[str, Any]]] | None = None,
+) -> list[Trajectory]:
+    """`loop.generate_sync`, in the loop's child process where `agent.process` puts it there."""
+    child = child_process_for(loop, engine)
+    if child is None:
+        return loop.generate_sync(engine, prompts, params, messages)
+    return child.run(engine, "generate", prompts, params, messages)
 
 
-def _frame(message: object) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(payload)) + payload
+def child_process_for(loop: AgentLoop, engine: object) -> AgentProcess | None:
+    """The child process that runs `loop`'s turns against `engine` (`agent.process`; started at its first job, kept
+    on the loop across steps and closed with it), or None to run them in this process."""
+    mode = loop.cfg.process
+    if mode == "worker":
+        return None
+    native = all(hasattr(engine, a) for a in ("submit", "step", "async_engine"))
+    on_gpu = getattr(getattr(engine, "device", None), "type", None) == "cuda"
+    if mode == "auto" and not (native and on_gpu and loop.tools_from_config):
+        return None
+    if not native:
+        raise HybridRLError(
+            "agent.process=child needs the native engine (its request stream is served to the child process); "
+            f"{type(engine).__name__} serves the agent loop in the worker: set agent.process=worker or auto"
+        )
+    if not loop.tools_from_config:
+        raise HybridRLError(
+            "agent.process=child: this loop was given tool instances, which a child process cannot rebuild from "
+            "agent.tools; set agent.process=worker"
+        )
+    if loop.child is None:
+        loop.child = AgentProcess(loop.cfg, loop.tokenizer)
+    return loop.child
 
 
-# -- the worker's side ------------------------------------------------------------------------------------------
 class AgentProcess:
     """The agent loop of one worker in a child process, fed turns by this process's engine."""
 
@@ -83,9 +111,14 @@ class AgentProcess:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._sock: socket.socket | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs."""
+        return self._process.pid if self._process is not None else None
+
     def run(self, engine, job: str, *args: Any) -> Any:
         """Run `job` ("generate": `AgentLoop.generate`'s arguments after the engine; "partial":
-        `hybridrl.rollout.agent.run_partial`'s) in the child, serving its turns from `engine` (a native engine:
+        `hybridrl.agent.partial.run_partial`'s) in the child, serving its turns from `engine` (a native engine:
         `async_engine` with `add`/`advance`) until the job's result comes back and the engine has stopped."""
         stream = engine.async_engine(self.cfg.max_total_tokens)
         if stream is None or not hasattr(stream, "advance"):
@@ -137,7 +170,7 @@ class AgentProcess:
             return
         if not kill and process.is_alive():
             try:
-                sock.sendall(_frame((CLOSE,)))
+                sock.sendall(frame((CLOSE,)))
             except OSError:
                 pass
             process.join(STOP_DEADLINE_S)
@@ -191,7 +224,7 @@ class AgentProcess:
 
     def _send(self, message: object) -> None:
         try:
-            self._sock.sendall(_frame(message))
+            self._sock.sendall(frame(message))
         except OSError as e:
             raise self._gone(e) from e
 
@@ -199,8 +232,8 @@ class AgentProcess:
         """Every whole message waiting now (waiting up to `timeout` for the first)."""
         out = []
         while select.select([self._sock], [], [], timeout if not out else 0.0)[0]:
-            header = self._read(_HEADER.size)
-            out.append(pickle.loads(self._read(_HEADER.unpack(header)[0])))
+            header = self._read(HEADER.size)
+            out.append(pickle.loads(self._read(HEADER.unpack(header)[0])))
         return out
 
     def _read(self, n: int) -> bytearray:
@@ -233,134 +266,3 @@ class AgentProcess:
 
 
 _NOTHING = object()
-
-
-# -- the child's side -------------------------------------------------------------------------------------------
-class _Link:
-    """The child's end of the socket: frames written through the event loop's transport (buffered, never blocking
-    the loop) and read as they come."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    def send(self, message: object) -> None:
-        self.writer.write(_frame(message))
-
-    async def receive(self) -> Any:
-        """The next message; None at end of input (the worker's process is gone)."""
-        try:
-            header = await self.reader.readexactly(_HEADER.size)
-            return pickle.loads(await self.reader.readexactly(_HEADER.unpack(header)[0]))
-        except asyncio.IncompleteReadError:
-            return None
-
-
-class PipeEngine:
-    """The child's `AsyncGenerator`: each request goes to the worker's engine (those of one event-loop iteration in
-    one message) and its completion comes back by its id."""
-
-    def __init__(self, link: _Link) -> None:
-        self._link = link
-        self._futures: dict[int, asyncio.Future] = {}
-        self._outbox: list[tuple[int, GenerationRequest, SamplingParams]] = []
-        self._next_id = 0
-
-    async def generate(self, request: GenerationRequest, params: SamplingParams) -> Completion:
-        """The completion of one request, from the worker's engine (params.n is ignored)."""
-        loop = asyncio.get_running_loop()
-        rid, self._next_id = self._next_id, self._next_id + 1
-        future = self._futures[rid] = loop.create_future()
-        if not self._outbox:
-            loop.call_soon(self._flush)
-        self._outbox.append((rid, request, params))
-        return await future
-
-    def _flush(self) -> None:
-        self._link.send((REQUESTS, self._outbox))
-        self._outbox = []
-
-    def settle(self, completions: list[tuple[int, Completion]]) -> None:
-        for rid, completion in completions:
-            future = self._futures.pop(rid)
-            if not future.done():
-                future.set_result(completion)
-
-    def refuse(self, refused: list[tuple[int, str]]) -> None:
-        for rid, reason in refused:
-            future = self._futures.pop(rid)
-            if not future.done():
-                future.set_exception(HybridRLError(f"native engine refused the request: {reason}"))
-
-
-def _run_generate(agent: AgentLoop, engine: PipeEngine, *args: Any) -> Awaitable[Any]:
-    return agent.generate(engine, *args)
-
-
-def _run_partial(agent: AgentLoop, engine: PipeEngine, *args: Any) -> Awaitable[Any]:
-    from hybridrl.rollout.agent import run_partial  # (it imports the loop, which imports this module)
-
-    return run_partial(agent, engine, *args)
-
-
-JOBS: dict[str, Callable[..., Awaitable[Any]]] = {"generate": _run_generate, "partial": _run_partial}
-"""What a RUN message may ask for: a fixed table, never code sent by the worker."""
-
-
-def child_main(sock: socket.socket, cfg: AgentConfig, tokenizer) -> None:
-    """The child process: build the agent loop (its tools, parser, renderer) and run jobs until told to close or the
-    worker's process goes away."""
-    torch.set_num_threads(1)  # the agents compute nothing with torch; the engine's process owns the cores' BLAS work
-    asyncio.run(_serve_jobs(sock, cfg, tokenizer))
-
-
-async def _serve_jobs(sock: socket.socket, cfg: AgentConfig, tokenizer) -> None:
-    from hybridrl.agent.loop import AgentLoop
-
-    reader, writer = await asyncio.open_connection(sock=sock)
-    link = _Link(reader, writer)
-    try:
-        agent = AgentLoop(cfg, tokenizer)
-    except Exception:
-        link.send((FAILED, traceback.format_exc()))
-        await writer.drain()
-        return
-    jobs: asyncio.Queue = asyncio.Queue()
-    engine: PipeEngine | None = None
-
-    async def read() -> None:
-        while True:
-            message = await link.receive()
-            if message is None or message[0] == CLOSE:
-                await jobs.put(None)
-                return
-            if message[0] == RUN:
-                await jobs.put(message[1:])
-            elif message[0] == COMPLETIONS:
-                engine.settle(message[1])
-            elif message[0] == REFUSED:
-                engine.refuse(message[1])
-
-    reading = asyncio.create_task(read())
-    try:
-        while (job := await jobs.get()) is not None:
-            name, args = job
-            engine = PipeEngine(link)
-            beat = asyncio.create_task(_heartbeat(link))
-            try:
-                with frozen_heap():
-                    link.send((RESULT, await JOBS[name](agent, engine, *args)))
-            except Exception:
-                link.send((FAILED, traceback.format_exc()))
-            finally:
-                beat.cancel()
-            await writer.drain()
-    finally:
-        reading.cancel()
-        agent.close()
-        writer.close()
-
-
-async def _heartbeat(link: _Link) -> None:
-    while True:
-        await asyncio.sleep(HEARTBEAT_S)
-        link.send((BEAT,))

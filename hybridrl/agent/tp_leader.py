@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hybridrl.agent.process import generate_agent
+
 if TYPE_CHECKING:
     from hybridrl.agent.loop import AgentLoop, Trajectory
     from hybridrl.engines.base import RolloutEngine, SamplingParams
@@ -24,12 +26,12 @@ def agent_trajectories(
     params: SamplingParams,
 ) -> list[Trajectory]:
     """This rank's trajectories of `prompts` (none on a TP follower), the turns continuously batched where the
-    engine can."""
+    engine can, the loop in its child process where `agent.process` puts it there."""
     if topology.engine_tp_size == 1 or not hasattr(engine, "follow"):
-        return loop.generate_sync(engine, prompts, params)
+        return generate_agent(loop, engine, prompts, params)
     group = topology.engine_tp_group(backend="gloo")  # host messages: the device keeps running ahead
     if topology.engine_tp_rank:
         engine.follow(group)
         return []
     with engine.lead(group):
-        return loop.generate_sync(engine, prompts, params)
+        return generate_agent(loop, engine, prompts, params)

@@ -12,6 +12,7 @@ import pytest
 from hybridrl.agent import AgentConfig, AgentLoop
 from hybridrl.agent import process as agent_process
 from hybridrl.agent.parsers import ParsedTurn, ToolCall
+from hybridrl.agent.process import child_process_for
 from hybridrl.agent.testing import ScriptedAsyncEngine
 from hybridrl.agent.tools import Tool
 from hybridrl.engines.base import GenerationRequest, SamplingParams
@@ -58,6 +59,15 @@ class Trap(Tool):
         return "ok"
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def worker_for(tiny_path, tok, process: str, **agent):
     from hybridrl.config import RunConfig
     from hybridrl.engines.config import EngineConfig
@@ -99,7 +109,7 @@ def test_the_child_makes_the_trajectories_the_worker_makes(tiny_path, tokenizer,
         worker = worker_for(tiny_path, tokenizer, mode)
         try:
             loop, engine = worker.roles.agent_loop, worker.roles.rollout.engine
-            assert (loop.child_process_for(engine) is not None) == (mode == "child")
+            assert (child_process_for(loop, engine) is not None) == (mode == "child")
             runs = [worker.generate(prompts, 0, params_of(worker)) for _ in range(2)]  # the second reuses the child
             requests = [GenerationRequest(p, i, j) for i, p in enumerate(prompts) for j in range(2)]
             partial = generate_agent_partial(loop, engine, requests, [0, 0, 1, 1], 2, params_of(worker, 1))
@@ -169,11 +179,11 @@ def test_closing_the_loop_stops_its_child(tiny_path, tokenizer, process_group):
     worker = worker_for(tiny_path, tokenizer, "child")
     try:
         worker.generate([tokenizer("hello there")["input_ids"]], 0, params_of(worker))
-        child = worker.roles.agent_loop._process._process
-        assert child.is_alive()
+        pid = worker.roles.agent_loop.child.pid
+        assert pid is not None and _alive(pid)
     finally:
         worker.roles.shutdown()
-    assert not child.is_alive() and child.exitcode == 0  # it closed its tools and returned
+    assert worker.roles.agent_loop.child is None and not _alive(pid)  # it closed its tools and returned
 
 
 def test_where_the_loop_runs(tokenizer):
@@ -182,6 +192,6 @@ def test_where_the_loop_runs(tokenizer):
     with pytest.raises(ConfigError, match="agent.format"):
         AgentConfig(format="no such format")
     engine = ScriptedAsyncEngine({}, [0])
-    assert AgentLoop(AgentConfig(), tokenizer).child_process_for(engine) is None  # auto: only a native GPU engine
+    assert child_process_for(AgentLoop(AgentConfig(), tokenizer), engine) is None  # auto: only a native GPU engine
     with pytest.raises(HybridRLError, match="agent.process=child needs the native engine"):
-        AgentLoop(AgentConfig(process="child"), tokenizer).child_process_for(engine)
+        child_process_for(AgentLoop(AgentConfig(process="child"), tokenizer), engine)
