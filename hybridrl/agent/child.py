@@ -121,11 +121,14 @@ async def _serve_jobs(sock: socket.socket, cfg: AgentConfig, tokenizer) -> None:
         return
     jobs: asyncio.Queue = asyncio.Queue()
     engine: PipeEngine | None = None
+    running: asyncio.Task | None = None
 
     async def read() -> None:
         while True:
             message = await link.receive()
-            if message is None or message[0] == CLOSE:
+            if message is None or message[0] == CLOSE:  # closed, or the worker's process is gone: stop, mid-job too
+                if running is not None:
+                    running.cancel()
                 await jobs.put(None)
                 return
             if message[0] == RUN:
@@ -141,14 +144,20 @@ async def _serve_jobs(sock: socket.socket, cfg: AgentConfig, tokenizer) -> None:
             name, args = job
             engine = PipeEngine(link)
             beat = asyncio.create_task(_heartbeat(link))
+            running = asyncio.create_task(JOBS[name](agent, engine, *args))
             try:
                 with frozen_heap():
-                    link.send((RESULT, await JOBS[name](agent, engine, *args)))
+                    link.send((RESULT, await running))
+            except asyncio.CancelledError:
+                break
             except Exception:
                 link.send((FAILED, traceback.format_exc()))
             finally:
                 beat.cancel()
-            await writer.drain()
+            try:
+                await writer.drain()
+            except ConnectionError:  # the worker's process is gone
+                break
     finally:
         reading.cancel()
         agent.close()

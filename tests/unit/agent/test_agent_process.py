@@ -195,3 +195,19 @@ def test_where_the_loop_runs(tokenizer):
     assert child_process_for(AgentLoop(AgentConfig(), tokenizer), engine) is None  # auto: only a native GPU engine
     with pytest.raises(HybridRLError, match="agent.process=child needs the native engine"):
         child_process_for(AgentLoop(AgentConfig(process="child"), tokenizer), engine)
+
+
+def test_a_child_whose_worker_is_gone_stops_mid_job(tokenizer):
+    """The worker's end of the socket closing (its process died) ends the child's job and the child, which closes its
+    tools and exits rather than waiting for completions that will never come."""
+    cfg = AgentConfig(tools=["calculator"], format=f"{HERE}:calls_the_calculator", tools_in_prompt=False)
+    child = agent_process.AgentProcess(cfg, tokenizer)
+    child._start()
+    prompts = [tokenizer("hello there")["input_ids"]]
+    child._send((agent_process.RUN, "generate", (prompts, SamplingParams(max_new_tokens=4, seed=1), None)))
+    (kind, requests), *_ = child._receive(60.0)  # the job has started: its first turn waits on the worker's engine
+    assert kind == agent_process.REQUESTS and len(requests) == 1
+    process = child._process
+    child._sock.close()
+    process.join(30)
+    assert process.exitcode == 0
