@@ -38,8 +38,9 @@ from hybridrl.engines.native.kv_cache import blocks_for
 WARM_RUNS = 3
 """Warm runs per workload; their median is reported."""
 TOOL = "benchmarks.multiturn_workload:SleepTool"
-FORMAT = "benchmarks.multiturn_workload:every_turn_calls_the_tool"
 """The tool's import path, as `agent.tools` names it."""
+FORMAT = "benchmarks.multiturn_workload:every_turn_calls_the_tool"
+"""The workload's tool-call parser, by import path as `agent.format` names it."""
 TURN_CAP = 4
 """A turn's token cap (engine.max_new_tokens) in mean turn lengths: about 2% of turns reach it (e^-4) and end their
 trajectory there, as a turn cut by its cap does in a run."""
