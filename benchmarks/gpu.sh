@@ -42,7 +42,8 @@
 #                 proposes (gradient checkpointing, trainer.optimizer_on_host)
 #   default_run   the tiny default run (python -m hybridrl), twice: the second with the model cached; its wall time
 #                 and trainer/compiles per step
-#   vl            benchmarks.step --vl 3b: a random-init Qwen2.5-VL-3B, 16 prompts × 8, one 448×448 picture each
+#   vl            benchmarks.step --vl 3b: a random-init Qwen2.5-VL-3B, 16 prompts × 8, one 448×448 picture each;
+#                 VL_SET="key=value ..." adds overrides (on an 80 GB card the plan asks for trainer.optimizer_on_host=true)
 #   lifecycle     benchmarks.lifecycle 1.5B: sleep/wake/offload/onload/reshard seconds, GB/s, bytes freed
 #   ppo           benchmarks.step 1.5B with algorithm=ppo (a 1.5B critic) and two 1.5B reward models
 #   lora          benchmarks.lora 7B: a GRPO step with LoRA rank 64 against full fine-tuning (estimated where it does
@@ -186,7 +187,8 @@ print(json.dumps({"steps": len(rows), "compiles": [r.get("trainer/compiles") for
 PY
       ;;
     vl)
-      bench step_vl_3b_i448 540 step --device cuda --vl 3b --image-size 448 --prompts 16 --group 8 --new-tokens 256 ;;
+      X=""; for kv in ${VL_SET:-}; do X="$X --set $kv"; done
+      bench step_vl_3b_i448 540 step --device cuda --vl 3b --image-size 448 --prompts 16 --group 8 --new-tokens 256 $X ;;
     lifecycle)
       bench lifecycle_1.5b 200 lifecycle --device cuda --shape 1.5b --model-dir $MODELS/1.5b ;;
     ppo)
