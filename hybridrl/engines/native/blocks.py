@@ -37,9 +37,10 @@ def block_keys(
     for i in range(start, blocks):
         lo, hi = i * block_size, (i + 1) * block_size
         key: BlockKey = (parent, tuple(tokens[lo:hi]))
-        begun = tuple(digest for first, _, digest in images if lo <= first < hi)
-        if begun:
-            key += (begun,)
+        if images:  # (a scan per block otherwise, for every text request's prompt)
+            begun = tuple(digest for first, _, digest in images if lo <= first < hi)
+            if begun:
+                key += (begun,)
         keys.append(key)
         parent = hash(key)
     return keys

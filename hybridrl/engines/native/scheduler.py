@@ -135,6 +135,7 @@ class Scheduler:
         self.backend, self.max_rows, self.max_model_len = backend, max_rows, max_model_len
         self.prefix_cache, self.join_wait, self.join_step_tokens = prefix_cache, join_wait, join_step_tokens
         self.eos = frozenset(eos_token_ids)
+        self._stop_sets: dict[tuple[int, ...], frozenset[int]] = {}  # `_stops`
         self.sampler_kernel = sampler_kernel
         self.waiting: deque[SequenceState] = deque()
         self.rows: list[SequenceState] = []  # row i of the device state holds rows[i]
@@ -197,7 +198,18 @@ class Scheduler:
             float(params.temperature), int(params.top_k), float(params.top_p), seeded, self.sampler_kernel
         )
         key = stream_key(params.seed, request.prompt_index, request.sample_index) if seeded else None
-        return SequenceState(-1, request, mode, key, self.eos | frozenset(params.stop_token_ids), max_new)
+        return SequenceState(-1, request, mode, key, self._stops(params.stop_token_ids), max_new)
+
+    def _stops(self, ids: Sequence[int]) -> frozenset[int]:
+        """The EOS ids and a request's stop ids, as one set per distinct list: a rollout's requests share theirs, and
+        building it per request costs more than the rest of `submit` where it is long (thousands of ids)."""
+        key = tuple(ids)
+        stops = self._stop_sets.get(key)
+        if stops is None:
+            if len(self._stop_sets) >= 64:  # bounded: each distinct list a run uses, not each request
+                self._stop_sets.clear()
+            stops = self._stop_sets[key] = self.eos | frozenset(key)
+        return stops
 
     def abort(self) -> None:
         """Forget every request (an error, or the engine going to sleep); their handles never complete."""

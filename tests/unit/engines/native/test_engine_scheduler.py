@@ -651,3 +651,17 @@ def test_a_full_cache_evicts_prefixes_and_keeps_serving(model):
     same(got, fused(model, prefix_cache=False).generate_requests(reqs, params))
     alloc = engine.cache.allocator
     assert alloc.held == 0 and 0 < alloc.cached <= 12 and alloc.free == 12
+
+
+def test_each_request_stops_at_its_own_stop_ids(model):
+    """Requests share their stop-id sets where their lists are equal (the engine builds one per distinct list); a list
+    changed between requests is read anew."""
+    engine = fused(model)
+    r = GenerationRequest(PROMPTS[0], 0, 0)
+    free = engine.generate_requests([r], SamplingParams(max_new_tokens=10, seed=11))[0]
+    stops = [free.token_ids[2]]
+    cut = engine.generate_requests([r], SamplingParams(max_new_tokens=10, seed=11, stop_token_ids=stops))[0]
+    assert cut.token_ids == free.token_ids[: free.token_ids.index(stops[0]) + 1] and cut.finish_reason == "stop"
+    stops[0] = next(t for t in range(2, 1000) if t not in free.token_ids)  # the same list, now naming another id
+    again = engine.generate_requests([r], SamplingParams(max_new_tokens=10, seed=11, stop_token_ids=stops))[0]
+    assert again.token_ids == free.token_ids and again.finish_reason == free.finish_reason
