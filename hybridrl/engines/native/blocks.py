@@ -147,7 +147,7 @@ class BlockAllocator:
         """Enter full blocks whose K/V are final under their keys (the caller still holds its references).
         A key already in the table keeps its block."""
         for key, b in zip(keys, blocks):
-            if key in self._table or b in self._key_of:
+            if b in self._key_of or key in self._table:  # (the block first: a key's lookup hashes all its tokens)
                 continue
             self._table[key] = b
             self._key_of[b] = key
