@@ -43,6 +43,13 @@ class PinnedArena:
     def empty(self, shapes: list[tuple[torch.Size, torch.dtype]]) -> list[torch.Tensor]:
         """One uninitialised tensor per (shape, dtype), packed first-fit into the blocks (new ones as needed): ask
         for many at once, so the blocks are sized for all of them."""
+        # Normal tensors even when asked for inside inference mode (an engine's memory gate offloading the trainer's
+        # state during a generate): they are written again in later phases, outside it, where an inference tensor
+        # refuses in-place updates.
+        with torch.inference_mode(False):
+            return self._carve(shapes)
+
+    def _carve(self, shapes: list[tuple[torch.Size, torch.dtype]]) -> list[torch.Tensor]:
         sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in shapes]
         if not sizes:
             return []

@@ -68,6 +68,24 @@ def test_no_free_memory_figure_moves_nothing_for_bytes():
     assert len(room.pending) == 1
 
 
+def test_a_part_the_engine_offloaded_inside_inference_mode_moves_again_outside_it():
+    # The engine's gate runs inside its generate (inference mode); the reference's next offload, behind the update,
+    # runs outside it, into the same host buffers. On an H100 the partial-rollout step failed there ("Inplace update to
+    # inference tensor outside InferenceMode").
+    t = torch.arange(64, dtype=torch.float32)
+    off = HostOffloader(lambda: [t], CPU, enabled=True)
+    room = DeviceRoom(CPU, headroom_bytes=0)
+    room.defer("ref", off)
+    with torch.inference_mode():
+        room.make_room(None)
+    assert off.offloaded and t.untyped_storage().nbytes() == 0
+    off.onload()
+    t.mul_(2)  # the buffers must take the new values
+    off.offload(wait=False)
+    assert off.finish() == 64 * 4 and off.onload() == 64 * 4
+    assert torch.equal(t, torch.arange(64, dtype=torch.float32) * 2)
+
+
 def test_fused_engine_asks_before_its_allocations():
     model = tiny_model("qwen2")
     engine = FusedEngine(
