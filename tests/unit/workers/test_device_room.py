@@ -70,8 +70,7 @@ def test_no_free_memory_figure_moves_nothing_for_bytes():
 
 def test_a_part_the_engine_offloaded_inside_inference_mode_moves_again_outside_it():
     # The engine's gate runs inside its generate (inference mode); the reference's next offload, behind the update,
-    # runs outside it, into the same host buffers. On an H100 the partial-rollout step failed there ("Inplace update to
-    # inference tensor outside InferenceMode").
+    # runs outside it, into the same host buffers, which must not be inference tensors.
     t = torch.arange(64, dtype=torch.float32)
     off = HostOffloader(lambda: [t], CPU, enabled=True)
     room = DeviceRoom(CPU, headroom_bytes=0)
