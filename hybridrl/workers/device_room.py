@@ -9,8 +9,8 @@ Only an engine that gates its allocations (`RolloutEngine.gates_memory`) calls i
 everything at wake-up. `make_room(n)` offloads deferred parts, largest first, until the device has `n` bytes plus the
 headroom free (`None`: all of them). When the device has room for the engine beside the trainer's state, nothing moves,
 out or back: the step skips both copies. When it has not, the engine waits for exactly the parts it needs, as an eager
-offload at wake-up would have made it wait. A copy already in flight (the reference's, started behind the update) is
-completed instead. `trainer.offload_lazy=false` offloads everything at wake-up.
+offload at wake-up would have made it wait. The reference (and the critic) are not deferred: they leave behind the
+update, so their memory serves it. `trainer.offload_lazy=false` offloads everything at wake-up.
 
 Why not copy to host in the background and free on demand: the decode steps' small device-to-host token copies queue
 behind the offload's copies on the copy engine; on the H200 a 7B step's generate phase took 0.9 s longer (the whole
@@ -49,8 +49,8 @@ class DeviceRoom:
         """`offload/<role>/offload_{s,gb,gbps}` of the offloads freed since the last `take_stats`."""
 
     def defer(self, role: str, offloader: HostOffloader) -> None:
-        """Hold a part (on the device, or its copy in flight) until its room is needed."""
-        if offloader.enabled and (offloader.in_flight or not offloader.offloaded):
+        """Hold a part still on the device until its room is needed."""
+        if offloader.enabled and not offloader.offloaded:
             self.pending.append((role, offloader))
 
     def make_room(self, nbytes: int | None) -> None:
@@ -65,7 +65,7 @@ class DeviceRoom:
 
         if not self.pending or enough():
             return
-        self.pending = [(r, o) for r, o in self.pending if o.in_flight or not o.offloaded]  # not onloaded since
+        self.pending = [(r, o) for r, o in self.pending if not o.offloaded]  # not moved by its role since
         self.pending.sort(key=lambda p: -p[1].device_bytes())
         while self.pending and not enough():
             role, offloader = self.pending.pop(0)
@@ -73,7 +73,7 @@ class DeviceRoom:
 
     def _free(self, role: str, offloader: HostOffloader) -> None:
         t0 = time.perf_counter()
-        moved = offloader.finish() if offloader.in_flight else offloader.offload()
+        moved = offloader.offload()
         if not moved:
             return
         prefix = f"offload/{role}/offload"
@@ -82,9 +82,9 @@ class DeviceRoom:
         self.stats.update({f"{prefix}_s": seconds, f"{prefix}_gb": gb, f"{prefix}_gbps": gb / max(seconds, 1e-9)})
 
     def kept_bytes(self) -> int:
-        """Device bytes of deferred parts still on the device (in flight included): state the engine never needed
-        moved, kept there by choice rather than by need."""
-        return sum(o.device_bytes() for _, o in self.pending if o.in_flight or not o.offloaded)
+        """Device bytes of deferred parts still on the device: state the engine never needed moved, kept there by
+        choice rather than by need."""
+        return sum(o.device_bytes() for _, o in self.pending if not o.offloaded)
 
     def take_stats(self) -> dict[str, float]:
         """The figures of the offloads freed since the last call (then forgotten)."""
@@ -92,5 +92,5 @@ class DeviceRoom:
         return out
 
     def clear(self) -> None:
-        """Forget every deferred part (each stays as it is: on the device, or in flight until an onload or `finish`)."""
+        """Forget every deferred part (each stays on the device until its role moves it)."""
         self.pending.clear()

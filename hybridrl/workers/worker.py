@@ -138,7 +138,7 @@ class HybridWorker:
 
     def sleep(self) -> None:
         """Free the engine's memory for training (level per engine.sleep_level). Offloads the engine did not need
-        stay unfreed: the log-prob phase's onload cancels them."""
+        stay on the device, where the log-prob phase finds them."""
         engine = self.roles.rollout.engine
         self.roles.rollout.sleep()
         self.switch_stats.update(engine.take_stats())  # e.g. its graph captures
@@ -161,7 +161,7 @@ class HybridWorker:
         out = r.actor.compute_logprobs(micro)
         if r.ref is not None:
             out.update(r.ref.compute_logprobs(micro))
-            r.ref.offload(wait=False)  # out again at once, behind the update
+            r.ref.offload(wait=False)  # out at once: its memory serves the update, the copy runs behind it
         elif r.actor.serves_reference:  # LoRA: the reference is the actor's base, adapters off
             out.update(r.actor.compute_ref_logprobs(micro))
         self._record("logprob")
@@ -196,7 +196,7 @@ class HybridWorker:
         self.switch_stats.update(critic.onload_optimizer())
         out = {**critic.update(batch), **self.switch_stats}
         self.switch_stats = {}
-        critic.offload(wait=False)
+        critic.offload(wait=False)  # its memory serves the actor's update
         self._record("update_critic")
         return out
 

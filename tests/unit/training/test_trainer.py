@@ -191,20 +191,21 @@ def test_offload_and_onload_keep_the_trainer_intact(setup, tiny_path, tokenizer)
     optim.onload()
 
 
-def test_offload_in_flight_is_completed_or_cancelled():
-    """offload(wait=False) keeps the device storage until `finish`/`complete`; an onload before that cancels it."""
+def test_an_offload_left_in_flight_frees_the_device_at_once_and_comes_back_whole():
+    """offload(wait=False) gives the device memory back before its copies are joined (the update behind the
+    reference's offload reuses it); `finish`/`complete` join them, an onload queues behind them."""
     from hybridrl.training.offload import HostOffloader
 
     tensors = [torch.arange(6, dtype=torch.float32), torch.ones(3, 2)]
     off = HostOffloader(lambda: tensors, torch.device("cpu"), enabled=True)
     assert off.offload(wait=False) == 6 * 4 + 6 * 4
-    assert all(t.untyped_storage().nbytes() > 0 for t in tensors)  # still whole while the copy runs
-    assert off.onload() == 0  # cancelled: nothing was freed, nothing comes back
-    tensors[0].add_(1)  # a change after the cancel must survive the next round trip
+    assert all(t.untyped_storage().nbytes() == 0 for t in tensors)  # freed while the copy may still run
+    assert off.device_bytes() == 0 and off.offload(wait=False) == 0  # nothing left to move
+    assert off.onload() == 48  # straight back, without joining first
+    tensors[0].add_(1)  # a change after the round trip must survive the next one
     assert off.offload(wait=False) == 48
-    assert off.complete() == 48
-    assert all(t.untyped_storage().nbytes() == 0 for t in tensors)
-    assert off.complete() == 0  # nothing left to do
+    assert off.complete() == 48  # joins the copies in flight
+    assert off.complete() == 0 and off.finish() == 0  # nothing left to do
     assert off.onload() == 48
     assert torch.equal(tensors[0], torch.arange(1, 7, dtype=torch.float32))
     assert torch.equal(tensors[1], torch.ones(3, 2))
@@ -213,9 +214,9 @@ def test_offload_in_flight_is_completed_or_cancelled():
 @pytest.mark.parametrize("mode", ["eager", "lazy_tight", "lazy_roomy"])
 def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenizer, mode):
     """Two iterations of the worker's own phases (wake → logprob → update), with every offloader on (the reference
-    leaves early, in flight behind the update), equal a worker that never offloads. Eager offload frees at wake-up;
-    lazy offload frees only when the engine finds no room (tight: a device with nothing free frees everything at the
-    engine's first allocation; roomy: nothing is freed, and the onload is a cancel)."""
+    leaves right after its pass, its copy running behind the update), equal a worker that never offloads. Eager
+    offload frees the actor at wake-up; lazy offload only when the engine finds no room (tight: a device with nothing
+    free frees everything at the engine's first allocation; roomy: nothing of the actor is freed)."""
     engine, prompts = setup
     batch = rollout(engine, prompts)
     runs = []
@@ -238,8 +239,8 @@ def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenize
                 b[k] = v
             logs.append(b["ref_logprobs"])
             logs.append(b["old_logprobs"])
-            if offload:
-                assert ref.offloader._freeing  # on its way out behind the update
+            if offload:  # its memory is the update's already
+                assert all(p.to_local().untyped_storage().nbytes() == 0 for p in ref.model.parameters())
             b["advantages"] = torch.linspace(-1, 1, len(b))
             worker.update(b)
         worker.wake()
@@ -247,8 +248,8 @@ def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenize
         worker.roles.rollout.engine.wake_up(["weights"])
         if offload:
             freed = mode != "lazy_roomy"
-            for model in (ref.model, actor.model):
-                assert all((p.to_local().untyped_storage().nbytes() == 0) == freed for p in model.parameters())
+            assert all((p.to_local().untyped_storage().nbytes() == 0) == freed for p in actor.model.parameters())
+            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in ref.model.parameters())
         worker.sleep()
         actor.onload_params()
         actor.onload_optimizer()
