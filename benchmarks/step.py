@@ -78,6 +78,7 @@ from benchmarks.device_monitor import DeviceMonitor
 from benchmarks.lengths import LENGTHS, cap_engine_lengths
 from benchmarks.trainer import plain_fsdp_tok_s, throughput_batch
 from benchmarks.vision import VL_SHAPES, TowerTimer, make_vl_model_dir, vl_prompts
+from hybridrl.data.config import DataConfig
 from hybridrl.data.prompts import Prompt
 from hybridrl.phases import Phase
 from hybridrl.rollout.config import PartialConfig
@@ -201,8 +202,10 @@ def reward_model_overrides(n: int, policy_dir: str) -> list[str]:
     return [f"reward_model.models=[{models}]"]
 
 
-def step_overrides(args, path: str, offload: str) -> list[str]:
-    """The run's settings for this step: cluster, batch shape, trainer, algorithm, reward models, then --set."""
+def step_overrides(args, path: str, offload: str, prompt_tokens: int = 0) -> list[str]:
+    """The run's settings for this step: cluster, batch shape, trainer, algorithm, reward models, then --set.
+    `prompt_tokens`: the longest prompt fed; data.max_prompt_tokens is raised to it where it is below (a run's data
+    loader refuses longer prompts, and the memory plan sizes sequences by that limit)."""
     if args.workers == 1:
         cluster = ["cluster.name=inline"]
     else:
@@ -217,8 +220,10 @@ def step_overrides(args, path: str, offload: str) -> list[str]:
             f"rollout.partial.max_staleness={args.max_staleness}",
         ]
         rows = (args.prompts + PartialConfig(oversample=args.oversample).extra_groups(args.prompts)) * args.group
+    limit = [f"data.max_prompt_tokens={prompt_tokens}"] if prompt_tokens > DataConfig().max_prompt_tokens else []
     return [
         *cluster,
+        *limit,
         f"engine.tp_size={args.tp}",
         f"data.train_batch_size={args.prompts}",
         f"algorithm.group_size={args.group}",
@@ -487,7 +492,8 @@ def main() -> None:
     else:
         path = make_model_dir(args.shape, device, args.model_dir)
         prompts = step_prompts(args, path)
-    cfg = bench_config(path, device, step_overrides(args, path, offload))
+    longest = max(len(p.token_ids) for p in prompts)  # image placeholders included
+    cfg = bench_config(path, device, step_overrides(args, path, offload, longest))
     controller = bench_controller(cfg, prompts)
     monitor, timing = DeviceMonitor(device).start(), {"on": False}
     if args.workers == 1:  # the inline worker lives in this process: its phases can be tagged

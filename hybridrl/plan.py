@@ -51,16 +51,17 @@ def model_dims(model_path: str, trust_remote_code: bool = False) -> ModelDims:
     import torch
 
     from hybridrl.models.loading import load_hf_config
-    from hybridrl.models.vision import model_class
+    from hybridrl.models.vision import checkpoint_name, is_vision_param, model_class
 
     config = load_hf_config(model_path, trust_remote_code)
     with torch.device("meta"):
         skeleton = model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     text = config.get_text_config()
+    named = list(skeleton.named_parameters())
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return ModelDims(
-        params=sum(p.numel() for p in skeleton.parameters()),
+        params=sum(p.numel() for _, p in named),
         layers=text.num_hidden_layers,
         hidden=text.hidden_size,
         q_dim=heads * head_dim,
@@ -68,6 +69,7 @@ def model_dims(model_path: str, trust_remote_code: bool = False) -> ModelDims:
         intermediate=text.intermediate_size,
         vocab=text.vocab_size,
         tied=bool(getattr(text, "tie_word_embeddings", False)),
+        vision=sum(p.numel() for n, p in named if is_vision_param(checkpoint_name(n))),
     )
 
 
@@ -178,6 +180,7 @@ def engine_memory(cfg: RunConfig, dims: ModelDims, gpu: bool, device_bytes: floa
 def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: float | None = None) -> MemoryInputs:
     """What the estimate reads, from the run's config."""
     from hybridrl.models.loading import resolve_model_path
+    from hybridrl.models.vision import tower_trains
     from hybridrl.training.fsdp import unit_layout, use_compile
 
     path = resolve_model_path(cfg.model)
@@ -203,6 +206,7 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
         kept_fraction=cfg.engine.max_new_tokens / longest_sequence(cfg) if cfg.rollout.name != "agent" else 1.0,
         engine=engine_memory(cfg, dims, gpu, device_bytes),
         lora_params=lora,
+        frozen_params=0 if m.lora.enabled or tower_trains(m) else dims.vision,
         checkpointing=m.gradient_checkpointing,
         compiled=gpu and use_compile(t.compile, m.gradient_checkpointing, _device("cuda")),
         logits_path=logits_path(t.logprob_chunk_size, gpu and t.fused_logprobs),

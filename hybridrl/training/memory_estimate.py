@@ -47,6 +47,8 @@ class ModelDims:
     vocab: int
     tied: bool
     """Whether the output head shares the embedding."""
+    vision: int = 0
+    """Parameters of a vision-language model's vision tower and projector (included in `params`)."""
 
     @property
     def critic_params(self) -> int:
@@ -134,6 +136,9 @@ class MemoryInputs:
     engine: EngineMemory
     lora_params: int = 0
     """Adapter parameters (0 = full fine-tuning)."""
+    frozen_params: int = 0
+    """Parameters of a full fine-tuning that do not train (a frozen vision tower): float32 like the rest, without
+    gradients or Adam moments."""
     checkpointing: bool = False
     compiled: bool = False
     logits_path: str = "fused"
@@ -164,11 +169,16 @@ class MemoryInputs:
         return replace(self, **changes)
 
 
-def _state(inp: MemoryInputs, params: int, trained: int, frozen_bytes: int) -> tuple[float, float]:
-    """(parameter bytes, optimizer bytes) a learner holds between passes: float32 masters of what trains, the frozen
-    part in its storage dtype, Adam's moments."""
-    w = inp.world
-    return (4 * trained + frozen_bytes * (params - trained)) / w, 8 * trained / w
+def trained_params(inp: MemoryInputs) -> int:
+    """Parameters that get gradients and Adam moments: the adapters with LoRA, else all but the frozen ones."""
+    return inp.lora_params or inp.dims.params - inp.frozen_params
+
+
+def _state(inp: MemoryInputs, params: int, trained: int) -> tuple[float, float]:
+    """(parameter bytes, optimizer bytes) a learner holds between passes: float32 masters of what trains, a frozen
+    LoRA base in the compute dtype (another frozen part, float32 like the masters), Adam's moments."""
+    frozen_bytes = inp.compute_bytes if inp.lora_params else 4
+    return (4 * trained + frozen_bytes * (params - trained)) / inp.world, 8 * trained / inp.world
 
 
 def reduce_bytes(unit_params: float, b: int, world: int) -> float:
@@ -189,8 +199,8 @@ def host_bytes(inp: MemoryInputs) -> dict[str, float]:
     """Host memory per rank (pinned) outside the device estimate: Adam moments kept there, and what the offloads
     move there (the actor's and critic's parameters, their moments when they live on the device, the reference)."""
     d, w = inp.dims, inp.world
-    trained = inp.lora_params or d.params
-    params, optim = _state(inp, d.params + inp.lora_params, trained, inp.compute_bytes)
+    trained = trained_params(inp)
+    params, optim = _state(inp, d.params + inp.lora_params, trained)
     pc = d.critic_params
     out = {
         "actor_optimizer": optim if inp.optimizer_on_host or "optimizer" in inp.offload else 0.0,
@@ -207,9 +217,9 @@ def host_bytes(inp: MemoryInputs) -> dict[str, float]:
 def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
     """Peak bytes per device of each phase, split by `PARTS`."""
     d, w, b = inp.dims, inp.world, inp.compute_bytes
-    trained = inp.lora_params or d.params
+    trained = trained_params(inp)
     params_all = d.params + inp.lora_params
-    actor_params, actor_optim = _state(inp, params_all, trained, b)
+    actor_params, actor_optim = _state(inp, params_all, trained)
     # Moments on the host: nothing of the optimizer on the device between steps, two streaming slots during one.
     actor_step = streaming_slots(trained, w) if inp.optimizer_on_host else actor_optim
     actor_optim = 0.0 if inp.optimizer_on_host else actor_optim

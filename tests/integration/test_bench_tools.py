@@ -270,6 +270,21 @@ def test_a_bad_override_fails_naming_the_key():
         bench_config("/nonexistent", torch.device("cpu"), ["engine.native.pdl=sometimes"])
 
 
+def test_the_step_config_admits_the_prompts_it_is_fed():
+    """A run's loader refuses prompts over data.max_prompt_tokens and the memory plan sizes sequences by it: a
+    vision-language prompt (its image tokens included) past the default raises it; a shorter one leaves it."""
+    from benchmarks.step import parser, step_overrides
+    from hybridrl.data.config import DataConfig
+
+    args = parser().parse_args(["--set", "data.max_prompt_tokens=1000"])
+    default = DataConfig().max_prompt_tokens
+    kept = [o for o in step_overrides(args, "m", "none", default) if o.startswith("data.max_prompt_tokens")]
+    assert kept == ["data.max_prompt_tokens=1000"]
+    raised = step_overrides(args, "m", "none", default + 130)
+    # --set comes last, so it still wins
+    assert raised.index(f"data.max_prompt_tokens={default + 130}") < raised.index("data.max_prompt_tokens=1000")
+
+
 def test_the_roofline_is_bytes_over_bandwidth():
     """Hand-computed: the 0.5B shape's K/V per token (2 × 24 layers × 2 heads × 64 dims × 2 bytes), and one step of
     2 rows attending 3 tokens each over weights of 1000 bytes at 1 MB/s."""

@@ -152,6 +152,28 @@ def test_lora_trains_adapters_over_a_frozen_base():
     assert p["grads"] == 4 * 100 + 2 * 100
 
 
+def test_a_frozen_vision_tower_keeps_float32_masters_but_no_gradients_or_moments():
+    p = estimate_phases(toy_inputs(frozen_params=2_000))["update"]
+    assert p["params"] == 4 * 10_000 / 2 + 2 * 10_000  # masters of all of it, and all of it gathered
+    assert p["grads"] == 4 * 8_000 / 2 + 2 * 8_000
+    assert p["optimizer"] == 8 * 8_000 / 2
+
+
+def test_the_plan_freezes_the_vision_tower_as_the_trainer_does(tiny_vl_path):
+    from hybridrl.models.vision import freeze_vision_tower
+    from hybridrl.plan import memory_inputs
+
+    config = transformers.AutoConfig.from_pretrained(tiny_vl_path)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    tower = freeze_vision_tower(model)  # what the trainer freezes, counted on the model itself
+    dims = model_dims(tiny_vl_path)
+    assert dims.vision == tower and dims.params == sum(p.numel() for p in model.parameters())
+    frozen = memory_inputs(RunConfig(model=ModelConfig(name="hf", path=tiny_vl_path)), dims, 0)
+    trained = memory_inputs(RunConfig(model=ModelConfig(name="hf", path=tiny_vl_path, freeze_vision=False)), dims, 0)
+    assert (frozen.frozen_params, trained.frozen_params) == (tower, 0)
+
+
 def saved_bytes(model: torch.nn.Module, tokens: int) -> int:
     """Bytes of the distinct tensors autograd keeps for the backward of one forward (parameters excluded)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
