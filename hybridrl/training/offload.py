@@ -41,6 +41,8 @@ class HostOffloader:
     def __init__(
         self, collect: Callable[[], Iterable[torch.Tensor]], device: torch.device, enabled: bool | None = None
     ) -> None:
+        if device.type == "cuda" and device.index is None:  # tensors name their index: "cuda" would match none
+            device = torch.device("cuda", torch.cuda.current_device())
         self.collect, self.device = collect, device
         self.enabled = device.type == "cuda" if enabled is None else enabled
         self._host: dict[int, torch.Tensor] = {}  # pinned buffers, kept across offloads

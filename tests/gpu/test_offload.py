@@ -18,16 +18,15 @@ def round_tripped() -> tuple[torch.Tensor, torch.Tensor, HostOffloader]:
     size can only reuse its own."""
     torch.cuda.empty_cache()
     t = torch.randn(SHAPE, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    off = HostOffloader(lambda: [t], torch.device("cuda"))
-    off.offload()
-    off.onload()
+    off = HostOffloader(lambda: [t], torch.device("cuda"))  # the current device
+    assert off.offload() == off.onload() == t.untyped_storage().nbytes()
     torch.cuda.synchronize()
     return t, t.clone(), off
 
 
 def test_an_allocation_during_the_copy_never_takes_the_memory_it_reads():
     t, want, off = round_tripped()
-    off.offload(wait=False)
+    assert off.offload(wait=False) == t.numel() * 4
     filler = torch.full(SHAPE, 7.0, device="cuda")  # an update's first allocation, while the copy runs
     off.finish()
     off.onload()
@@ -39,7 +38,7 @@ def test_the_memory_of_a_joined_offload_serves_the_callers_stream():
     t, want, off = round_tripped()
     nbytes = t.untyped_storage().nbytes()
     allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    off.offload(wait=False)
+    assert off.offload(wait=False) == nbytes
     assert torch.cuda.memory_allocated() == allocated - nbytes  # freed before the copy is joined
     off.finish()
     reuse = torch.empty(SHAPE, device="cuda")  # the update, on the default stream
