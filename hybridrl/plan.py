@@ -256,6 +256,10 @@ class Plan:
     def fits(self) -> bool:
         return self.usable is None or self.peak[1] <= self.usable
 
+    def phase_bytes(self, phase: str) -> float:
+        """The estimated peak of one phase, in bytes."""
+        return sum(self.phases[phase].values())
+
     def estimate_gb(self) -> dict[str, float]:
         """GiB per phase: what `memory/estimate_gb/<phase>` logs."""
         return {phase: sum(parts.values()) / GiB for phase, parts in self.phases.items()}

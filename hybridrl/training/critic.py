@@ -6,8 +6,8 @@ Its part of one iteration (the worker calls these; memory moves behind other rol
     values = critic.compute_values(micro)   # phase "values": V(s_t) before every response token
     critic.onload_optimizer(wait=False)     #   Adam state comes back behind that pass
     metrics = critic.update(batch)          # phase "update_critic": clipped value loss towards GAE's returns
-    critic.offload(wait=False)              #   out again at once: its memory serves the actor's update
-    critic.offload()                        # phase "wake": joins those copies
+    critic.offload(wait=False)              #   copies start (freed before the actor's update if it needs the room)
+    critic.offload()                        # phase "wake": completes that copy, frees the device memory
 
 Values follow verl's convention: the value of response token t is the head's output at the position of the token
 before it (prompt_len - 1 + t), i.e. V(prompt + response[:t]), the state in which token t was chosen.
@@ -171,8 +171,8 @@ class Critic(FSDPLearner):
         return {"offload/critic/onload_params_gb": moved / 1e9} if moved else {}
 
     def offload(self, wait: bool = True) -> dict[str, float]:
-        """Parameters and Adam state to host memory (per the offload policy), their device memory freed at once.
-        wait=False returns while the copies run; wait=True joins them (or earlier ones still in flight)."""
+        """Parameters and Adam state to host memory (per the offload policy). wait=False starts the copies and
+        returns; wait=True completes copies in flight (or makes them) and frees the device memory."""
         reshard_units(self.model)
         if not wait:
             self.param_offload.offload(wait=False)
@@ -184,7 +184,7 @@ class Critic(FSDPLearner):
 
     def _join_params(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        self.param_offload.onload()  # a no-op after onload(wait=False)
+        self.param_offload.onload()  # a no-op after onload(wait=False), except to cancel an unfinished offload
         self.param_offload.wait()
         if self.device.type == "cuda" and self.param_offload.enabled:
             torch.cuda.current_stream(self.device).synchronize()

@@ -49,7 +49,7 @@ class HostOffloader:
         self._arena = PinnedArena(pin=device.type == "cuda")
         self._offloaded: list[tuple[int, torch.Tensor]] = []
         self._pending = False  # an onload's copies may still be running
-        self._copying = 0  # bytes of an offload whose copies to the host may still be running
+        self._freeing = False  # an offload's copies may still be running; the storage is not freed yet
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _side_stream(self):
@@ -62,8 +62,15 @@ class HostOffloader:
     def offloaded(self) -> bool:
         return bool(self._offloaded)
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether an offload was started (its bytes are, or will be, on the host) and its device memory not freed."""
+        return self._freeing
+
     def device_bytes(self) -> int:
-        """Device bytes an offload would free now: those of what is on the device."""
+        """Device bytes an offload would free now: those of the offload in flight, else of what is on the device."""
+        if self._freeing:
+            return sum(t.untyped_storage().nbytes() for _, t in self._offloaded)
         return (
             0 if self._offloaded or not self.enabled else sum(t.untyped_storage().nbytes() for _, t in self._unique())
         )
@@ -84,11 +91,9 @@ class HostOffloader:
 
     @torch.no_grad()
     def offload(self, wait: bool = True) -> int:
-        """Copy to host and free the device memory; returns the bytes moved. The copies run on the side stream and
-        the memory goes back to the caching allocator at once: it hands those blocks out again only once the copies
-        are done (`record_stream`), so what the caller allocates next (an update behind the reference's offload)
-        can have them while the bytes travel. wait=True returns once the bytes are on the host; with wait=False
-        `finish()` joins the copies (an onload needs not: its copies queue behind them on the same stream)."""
+        """Copy to host and free device memory; returns the bytes moved. With wait=False the copies run on
+        the side stream while the caller goes on, and the device memory is freed by `finish()` (or by the
+        next offload/onload), once the bytes are on the host."""
         if not self.enabled or self._offloaded:
             return 0
         tensors = self._unique()
@@ -103,48 +108,52 @@ class HostOffloader:
             self._host[key] = host
         with self._side_stream():
             for key, t in tensors:
-                host, view = self._host[key], _bytes_view(t)
-                host.copy_(view, non_blocking=pin)
-                if self._stream is not None:
-                    view.record_stream(self._stream)
+                host = self._host[key]
+                host.copy_(_bytes_view(t), non_blocking=pin)
                 moved += host.numel()
-        for _, t in tensors:
-            t.untyped_storage().resize_(0)
         self._offloaded = tensors
-        self._copying = moved
+        self._freeing = True
         if wait:
             self.finish()
         return moved
 
     def finish(self) -> int:
-        """Wait for the copies of an offload started with wait=False to reach the host; returns the bytes it moved
-        (0 when none is in flight)."""
-        moved, self._copying = self._copying, 0
-        if moved and self._stream is not None:
-            self._stream.synchronize()
+        """Complete an offload started with wait=False: wait for its copies, then free the device storage.
+        Returns the bytes that offload moved (0 when none was in flight)."""
+        if not self._freeing:
+            return 0
+        if self._stream is not None:
+            self._stream.synchronize()  # the bytes must be on the host before the storage goes
+        moved = 0
+        for _, t in self._offloaded:
+            moved += t.untyped_storage().nbytes()
+            t.untyped_storage().resize_(0)
+        self._freeing = False
         return moved
 
     def complete(self) -> int:
-        """Offload now, or join the offload already in flight; returns the bytes moved."""
+        """Offload now, or complete the offload already in flight; returns the bytes moved."""
         return self.offload() or self.finish()
 
     @torch.no_grad()
     def onload(self, wait: bool = True) -> int:
-        """Bring everything back to the device; returns the bytes moved. The memory is allocated on the caller's
-        stream (its blocks are the caller's to reuse after the next offload), the copies run on the side stream,
-        behind an offload's copies still in flight; with wait=False the caller goes on and `wait()` joins them
-        before first use."""
+        """Bring everything back to the device; returns the bytes moved. With wait=False the copies
+        run on the side stream while the caller goes on; `wait()` joins them before first use."""
         if not self._offloaded:
             return 0
-        for key, t in self._offloaded:
-            t.untyped_storage().resize_(self._host[key].numel())
+        if self._freeing:  # an offload not yet finished: the tensors are still whole on the device
+            if self._stream is not None:
+                self._stream.synchronize()
+            self._offloaded, self._freeing = [], False
+            return 0
         moved = 0
         with self._side_stream():
             for key, t in self._offloaded:
                 host = self._host[key]
+                t.untyped_storage().resize_(host.numel())
                 _bytes_view(t).copy_(host, non_blocking=self._stream is not None)
                 moved += host.numel()
-        self._offloaded, self._copying = [], 0
+        self._offloaded = []
         self._pending = True
         if wait:
             self.wait()

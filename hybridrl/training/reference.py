@@ -4,8 +4,9 @@ It moves on its own schedule, so its copies hide behind the actor's work::
 
     ref.onload(wait=False)          # phase "logprob": starts behind the actor's log-prob passes
     ref_logp = ref.compute_logprobs(micro)
-    ref.offload(wait=False)         # out again at once: its memory serves the update while the copy runs behind it
-    ref.offload()                   # phase "wake": joins that copy
+    ref.offload(wait=False)         # its copy to host starts behind the pass (freed before the update if it needs
+                                    # the room: workers/device_room.py)
+    ref.offload()                   # phase "wake": completes that copy and frees the device memory
 """
 
 from __future__ import annotations
@@ -63,14 +64,14 @@ class Reference:
         return {"offload/ref/onload_gb": moved / 1e9} if moved else {}
 
     def lazy_offloaders(self) -> list[HostOffloader]:
-        """The offloader, for a lazy offload (workers/device_room.py) to run only if the engine needs its room: the
-        reference is on the device at the first wake-up only; after each log-prob phase it leaves at once."""
+        """The offloader, its copy possibly in flight since the log-prob phase, for a lazy offload
+        (workers/device_room.py) to complete only if the engine needs its room."""
         reshard_units(self.model)
         return [self.offloader]
 
     def offload(self, wait: bool = True) -> dict[str, float]:
-        """Parameters to host memory, their device memory freed at once (reused only once the copy is done).
-        wait=False returns while the copy runs; wait=True joins it (or an earlier one still in flight)."""
+        """Parameters to host memory. wait=False starts the copy and returns; wait=True completes a copy in flight
+        (or makes one) and frees the device memory."""
         reshard_units(self.model)
         if not wait:
             self.offloader.offload(wait=False)
@@ -81,7 +82,7 @@ class Reference:
     def compute_logprobs(self, micro: list[MicroBatch]) -> dict[str, torch.Tensor]:
         """Reference log-probs of the response tokens in the batch's row order (joins an onload still in flight
         first); `micro` are the actor's micro-batches, packed once for both."""
-        self.offloader.onload()  # a no-op after onload(wait=False)
+        self.offloader.onload()  # a no-op after onload(wait=False), except to cancel an unfinished offload
         self.offloader.wait()
         with self.meter.timed(micro):
             out = [model_logprobs(self.model, m, self.cfg, self.temperature)[0].cpu() for m in micro]

@@ -9,8 +9,12 @@ Only an engine that gates its allocations (`RolloutEngine.gates_memory`) calls i
 everything at wake-up. `make_room(n)` offloads deferred parts, largest first, until the device has `n` bytes plus the
 headroom free (`None`: all of them). When the device has room for the engine beside the trainer's state, nothing moves,
 out or back: the step skips both copies. When it has not, the engine waits for exactly the parts it needs, as an eager
-offload at wake-up would have made it wait. The reference (and the critic) are not deferred: they leave behind the
-update, so their memory serves it. `trainer.offload_lazy=false` offloads everything at wake-up.
+offload at wake-up would have made it wait. A copy already in flight (the reference's, started after its log-prob
+pass) is completed instead. `trainer.offload_lazy=false` offloads everything at wake-up.
+
+The worker holds the same way, between their passes and the update, the parts whose copy to host starts right after
+their pass (the reference, the critic): before the update it asks for the bytes the memory plan says the update adds
+(`HybridWorker.update`), so they stay through it where it has room and leave first where it has not.
 
 Why not copy to host in the background and free on demand: the decode steps' small device-to-host token copies queue
 behind the offload's copies on the copy engine; on the H200 a 7B step's generate phase took 0.9 s longer (the whole
@@ -48,10 +52,12 @@ class DeviceRoom:
         self.stats: dict[str, float] = {}
         """`offload/<role>/offload_{s,gb,gbps}` of the offloads freed since the last `take_stats`."""
 
-    def defer(self, role: str, offloader: HostOffloader) -> None:
-        """Hold a part still on the device until its room is needed."""
-        if offloader.enabled and not offloader.offloaded:
-            self.pending.append((role, offloader))
+    def defer(self, role: str, *offloaders: HostOffloader) -> None:
+        """Hold a role's parts (each on the device, or its copy in flight) until their room is needed."""
+        for offloader in offloaders:
+            held = any(o is offloader for _, o in self.pending)  # deferred again in the same step: counted once
+            if not held and offloader.enabled and (offloader.in_flight or not offloader.offloaded):
+                self.pending.append((role, offloader))
 
     def make_room(self, nbytes: int | None) -> None:
         """Free deferred offloads, largest first, until `nbytes` plus the headroom are free (None: free them all).
@@ -65,15 +71,23 @@ class DeviceRoom:
 
         if not self.pending or enough():
             return
-        self.pending = [(r, o) for r, o in self.pending if not o.offloaded]  # not moved by its role since
+        self.pending = [(r, o) for r, o in self.pending if o.in_flight or not o.offloaded]  # not onloaded since
         self.pending.sort(key=lambda p: -p[1].device_bytes())
         while self.pending and not enough():
             role, offloader = self.pending.pop(0)
             self._free(role, offloader)
 
+    def make_room_for_phase(self, peak_bytes: float | None) -> None:
+        """Free deferred parts where a phase of estimated peak `peak_bytes` would not fit beside them: it adds that
+        peak less what is allocated now outside them. None (no estimate): free them all."""
+        if peak_bytes is None:
+            return self.make_room(None)
+        allocated = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        self.make_room(max(0, int(peak_bytes - allocated + self.kept_bytes())))
+
     def _free(self, role: str, offloader: HostOffloader) -> None:
         t0 = time.perf_counter()
-        moved = offloader.offload()
+        moved = offloader.finish() if offloader.in_flight else offloader.offload()
         if not moved:
             return
         prefix = f"offload/{role}/offload"
@@ -82,9 +96,9 @@ class DeviceRoom:
         self.stats.update({f"{prefix}_s": seconds, f"{prefix}_gb": gb, f"{prefix}_gbps": gb / max(seconds, 1e-9)})
 
     def kept_bytes(self) -> int:
-        """Device bytes of deferred parts still on the device: state the engine never needed moved, kept there by
-        choice rather than by need."""
-        return sum(o.device_bytes() for _, o in self.pending if not o.offloaded)
+        """Device bytes of deferred parts still on the device (in flight included): state the engine never needed
+        moved, kept there by choice rather than by need."""
+        return sum(o.device_bytes() for _, o in self.pending if o.in_flight or not o.offloaded)
 
     def take_stats(self) -> dict[str, float]:
         """The figures of the offloads freed since the last call (then forgotten)."""
@@ -92,5 +106,5 @@ class DeviceRoom:
         return out
 
     def clear(self) -> None:
-        """Forget every deferred part (each stays on the device until its role moves it)."""
+        """Forget every deferred part (each stays as it is: on the device, or in flight until an onload or `finish`)."""
         self.pending.clear()

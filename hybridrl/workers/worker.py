@@ -75,7 +75,7 @@ class HybridWorker:
             # trainer state out, then maps the engine's), the sum overstates by the smaller.
             peak = torch.cuda.max_memory_allocated(self.device) + engine.take_peak_mapped_bytes()
             self.memory[phase]["peak_allocated_gb"] = peak / 2**30
-            if phase in ("wake", "generate") and self.room.pending:
+            if phase in ("wake", "generate", "update") and self.room.pending:
                 # Lazy offload's trainer state, still on the device: in the peak, but not what the phase needs.
                 self.memory[phase]["lazily_kept_gb"] = self.room.kept_bytes() / 2**30
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -138,7 +138,7 @@ class HybridWorker:
 
     def sleep(self) -> None:
         """Free the engine's memory for training (level per engine.sleep_level). Offloads the engine did not need
-        stay on the device, where the log-prob phase finds them."""
+        stay unfreed: the log-prob phase's onload cancels them."""
         engine = self.roles.rollout.engine
         self.roles.rollout.sleep()
         self.switch_stats.update(engine.take_stats())  # e.g. its graph captures
@@ -161,7 +161,8 @@ class HybridWorker:
         out = r.actor.compute_logprobs(micro)
         if r.ref is not None:
             out.update(r.ref.compute_logprobs(micro))
-            r.ref.offload(wait=False)  # out at once: its memory serves the update, the copy runs behind it
+            r.ref.offload(wait=False)  # its copy to host runs behind the next phases; the update may need its room
+            self.room.defer("ref", r.ref.offloader)
         elif r.actor.serves_reference:  # LoRA: the reference is the actor's base, adapters off
             out.update(r.actor.compute_ref_logprobs(micro))
         self._record("logprob")
@@ -196,14 +197,18 @@ class HybridWorker:
         self.switch_stats.update(critic.onload_optimizer())
         out = {**critic.update(batch), **self.switch_stats}
         self.switch_stats = {}
-        critic.offload(wait=False)  # its memory serves the actor's update
+        critic.offload(wait=False)
+        self.room.defer("critic", *critic.lazy_offloaders())
         self._record("update_critic")
         return out
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """PPO-clip update of the policy on this worker's shard."""
+        """PPO-clip update of the policy on this worker's shard; parts held since their passes leave if it needs it."""
         actor = self.roles.actor
         self.switch_stats.update(actor.onload_optimizer())
+        plan = self.roles.memory_plan
+        self.room.make_room_for_phase(plan.phase_bytes("update") if plan is not None else None)
+        self.switch_stats.update(self.room.take_stats())
         out = {**actor.update(batch), **self.switch_stats}
         self.switch_stats = {}
         self._record("update")

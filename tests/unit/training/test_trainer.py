@@ -191,32 +191,55 @@ def test_offload_and_onload_keep_the_trainer_intact(setup, tiny_path, tokenizer)
     optim.onload()
 
 
-def test_an_offload_left_in_flight_frees_the_device_at_once_and_comes_back_whole():
-    """offload(wait=False) gives the device memory back before its copies are joined (the update behind the
-    reference's offload reuses it); `finish`/`complete` join them, an onload queues behind them."""
+def test_offload_in_flight_is_completed_or_cancelled():
+    """offload(wait=False) keeps the device storage until `finish`/`complete`; an onload before that cancels it."""
     from hybridrl.training.offload import HostOffloader
 
     tensors = [torch.arange(6, dtype=torch.float32), torch.ones(3, 2)]
     off = HostOffloader(lambda: tensors, torch.device("cpu"), enabled=True)
     assert off.offload(wait=False) == 6 * 4 + 6 * 4
-    assert all(t.untyped_storage().nbytes() == 0 for t in tensors)  # freed while the copy may still run
-    assert off.device_bytes() == 0 and off.offload(wait=False) == 0  # nothing left to move
-    assert off.onload() == 48  # straight back, without joining first
-    tensors[0].add_(1)  # a change after the round trip must survive the next one
+    assert all(t.untyped_storage().nbytes() > 0 for t in tensors)  # still whole while the copy runs
+    assert off.onload() == 0  # cancelled: nothing was freed, nothing comes back
+    tensors[0].add_(1)  # a change after the cancel must survive the next round trip
     assert off.offload(wait=False) == 48
-    assert off.complete() == 48  # joins the copies in flight
-    assert off.complete() == 0 and off.finish() == 0  # nothing left to do
+    assert off.complete() == 48
+    assert all(t.untyped_storage().nbytes() == 0 for t in tensors)
+    assert off.complete() == 0  # nothing left to do
     assert off.onload() == 48
     assert torch.equal(tensors[0], torch.arange(1, 7, dtype=torch.float32))
     assert torch.equal(tensors[1], torch.ones(3, 2))
 
 
+def test_the_reference_leaves_before_the_update_only_where_the_plan_says_the_update_needs_its_room(
+    setup, tiny_path, tokenizer
+):
+    engine, prompts = setup
+    batch = rollout(engine, prompts)
+    worker = make_trainer(tiny_path, tokenizer)
+    ref = worker.roles.ref
+    ref.offloader.enabled = True
+    update = worker.roles.memory_plan.phase_bytes("update")  # what the update adds (nothing is held on a CPU)
+    ref_bytes = sum(p.to_local().untyped_storage().nbytes() for p in ref.model.parameters())
+    enough = update + ref_bytes + worker.room.headroom  # the room it asks for counts the reference's bytes as free
+    for free, leaves in ((enough, False), (enough - 1, True)):
+        worker.room.free_bytes = lambda free=free: free
+        b = batch.select(range(len(batch)))
+        for k, v in worker.logprob(b).items():
+            b[k] = v
+        assert ref.offloader.in_flight  # its copy started behind the pass
+        b["advantages"] = torch.linspace(-1, 1, len(b))
+        metrics = worker.update(b)
+        on_device = [p.to_local().untyped_storage().nbytes() > 0 for p in ref.model.parameters()]
+        assert on_device == [not leaves] * len(on_device)
+        assert ("offload/ref/offload_gb" in metrics) == leaves  # the step's memory moves report it
+
+
 @pytest.mark.parametrize("mode", ["eager", "lazy_tight", "lazy_roomy"])
 def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenizer, mode):
     """Two iterations of the worker's own phases (wake → logprob → update), with every offloader on (the reference
-    leaves right after its pass, its copy running behind the update), equal a worker that never offloads. Eager
-    offload frees the actor at wake-up; lazy offload only when the engine finds no room (tight: a device with nothing
-    free frees everything at the engine's first allocation; roomy: nothing of the actor is freed)."""
+    leaves early, in flight behind the update), equal a worker that never offloads. Eager offload frees at wake-up;
+    lazy offload frees only when the engine finds no room (tight: a device with nothing free frees everything at the
+    engine's first allocation; roomy: nothing is freed, and the onload is a cancel)."""
     engine, prompts = setup
     batch = rollout(engine, prompts)
     runs = []
@@ -239,8 +262,8 @@ def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenize
                 b[k] = v
             logs.append(b["ref_logprobs"])
             logs.append(b["old_logprobs"])
-            if offload:  # its memory is the update's already
-                assert all(p.to_local().untyped_storage().nbytes() == 0 for p in ref.model.parameters())
+            if offload:
+                assert ref.offloader._freeing  # on its way out behind the update
             b["advantages"] = torch.linspace(-1, 1, len(b))
             worker.update(b)
         worker.wake()
@@ -248,8 +271,8 @@ def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenize
         worker.roles.rollout.engine.wake_up(["weights"])
         if offload:
             freed = mode != "lazy_roomy"
-            assert all((p.to_local().untyped_storage().nbytes() == 0) == freed for p in actor.model.parameters())
-            assert all(p.to_local().untyped_storage().nbytes() == 0 for p in ref.model.parameters())
+            for model in (ref.model, actor.model):
+                assert all((p.to_local().untyped_storage().nbytes() == 0) == freed for p in model.parameters())
         worker.sleep()
         actor.onload_params()
         actor.onload_optimizer()
