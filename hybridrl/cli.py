@@ -1,8 +1,9 @@
-"""What the three command-line apps share around Hydra: `--help`, and one-line errors for a bad command line.
+"""What the command-line apps share around Hydra: `--help`, and one-line errors for a bad command line.
 
     python -m hybridrl --help            # the config groups with their options, and where every key is explained
     python -m hybridrl.evaluate --help
     python -m hybridrl.generate --help
+    python -m hybridrl.plan --help
 
 Hydra's own help lists neither the `recipe` group (it lives on a search path) nor what any key means; ours lists
 every group and points to docs/reference.md (generated from the dataclasses' docstrings). `--hydra-help` is Hydra's.
@@ -42,6 +43,15 @@ USAGE = {
         "python -m hybridrl.generate model.path=<model folder | Hub id | checkpoints/step_N> 'prompts=[...]'",
         "Print completions of a few prompts (docs/evaluate.md).",
         ['python -m hybridrl.generate \'prompts=["copy: 4172", "copy: 93"]\' eval.n=2 eval.temperature=1.0'],
+    ),
+    "hybridrl.plan": (
+        "python -m hybridrl.plan [group=option ...] [key=value ...]   (the run's own overrides)",
+        "Estimate each phase's peak device memory before any weights load; exit 0 if the run fits, 2 if not, with "
+        "the settings that would fit (docs/running.md).",
+        [
+            "python -m hybridrl.plan model=hf model.path=Qwen/Qwen2.5-7B-Instruct trainer.device=cuda "
+            "trainer.device_memory_gb=139.8",
+        ],
     ),
 }
 

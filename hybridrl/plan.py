@@ -262,7 +262,7 @@ class Plan:
 
     def estimate_gb(self) -> dict[str, float]:
         """GiB per phase: what `memory/estimate_gb/<phase>` logs."""
-        return {phase: sum(parts.values()) / GiB for phase, parts in self.phases.items()}
+        return {phase: self.phase_bytes(phase) / GiB for phase in self.phases}
 
     def table(self) -> str:
         """The estimate as a text table, GiB per part and phase, with the device's usable memory."""
@@ -270,7 +270,7 @@ class Plan:
         lines = [header]
         for phase, parts in self.phases.items():
             cells = "".join(f"{parts.get(p, 0.0) / GiB:>12.2f}" for p in PARTS)
-            lines.append(f"{phase:<14}{cells}{sum(parts.values()) / GiB:>12.2f}")
+            lines.append(f"{phase:<14}{cells}{self.phase_bytes(phase) / GiB:>12.2f}")
         if self.usable is not None:
             lines.append(f"device {self.device_bytes / GiB:.1f} GiB, usable {self.usable / GiB:.1f} GiB")
         host = host_bytes(self.inputs)
@@ -416,10 +416,14 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from hybridrl.cli import help_text, wants_help
     from hybridrl.config import register_configs, validate
     from hybridrl.config_checks import composition_error_line
 
     args = sys.argv[1:] if argv is None else argv
+    if wants_help(args):
+        print(help_text("hybridrl.plan"))
+        return 0
     register_configs()
     try:
         with initialize_config_module(config_module="hybridrl.conf", version_base="1.3"):

@@ -55,6 +55,15 @@ def test_help_lists_every_group_and_points_to_the_reference():
         assert "docs/reference.md" in text
 
 
+def test_the_plan_answers_help_instead_of_composing_it_as_an_override(capsys):
+    from hybridrl.cli import help_text
+    from hybridrl.plan import main
+
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.strip() == help_text("hybridrl.plan").strip()
+    assert help_text("hybridrl.plan").startswith("usage: python -m hybridrl.plan")
+
+
 def test_a_sweep_without_multirun_gets_hydras_whole_hint(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "hybridrl", "trainer.lr=1e-3,3e-3", f"hydra.run.dir={tmp_path}"],
