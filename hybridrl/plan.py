@@ -191,7 +191,8 @@ def memory_inputs(cfg: RunConfig, dims: ModelDims | None = None, device_bytes: f
     lora = lora_params(path, m.trust_remote_code, m.lora.rank, list(m.lora.target_modules)) if m.lora.enabled else 0
     sharded = lora if lora and world == 1 else dims.params  # one rank with LoRA: FSDP holds the adapters alone
     per_unit, reshard = unit_layout(dims.layers, sharded, t.fsdp_layers_per_unit, t.reshard_after_forward)
-    root = dims.vocab * dims.hidden * (1 if dims.tied else 2) / dims.params
+    # The root unit: embeddings, the head, and a vision tower (`shard_model` wraps only decoder layers).
+    root = (dims.vocab * dims.hidden * (1 if dims.tied else 2) + dims.vision) / dims.params
     gathered = 1.0 if per_unit >= dims.layers else min(1.0, 2 * per_unit / dims.layers + root)
     logprob_budget = t.logprob_max_tokens_per_micro_batch or t.max_tokens_per_micro_batch
     critic_budget = cfg.critic.micro_batching(t).max_tokens

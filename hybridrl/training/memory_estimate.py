@@ -236,7 +236,11 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
     kept_up = inp.update_tokens * inp.kept_fraction / sp
     per_token = activation_bytes_per_token(d, b, inp.compiled, inp.checkpointing)
     activations = per_token * inp.update_tokens / sp
-    grads = 4 * trained / w + b * trained * inp.gathered_fraction
+    # Unsharded gradients of the gathered units: a frozen part gathered with them (a vision tower, in the root) has
+    # none; LoRA's adapters spread over the units like the parameters.
+    gf = inp.gathered_fraction
+    unsharded = trained * gf if inp.lora_params else params_all * gf - inp.frozen_params
+    grads = 4 * trained / w + b * unsharded
 
     phases: dict[str, dict[str, float]] = {}
     resident = (0.0 if "params" in inp.offload else actor_params) + (0.0 if "optimizer" in inp.offload else actor_optim)
@@ -271,7 +275,7 @@ def estimate_phases(inp: MemoryInputs) -> dict[str, dict[str, float]]:
     # logits gone), with several while the earlier layers' backward still holds theirs.
     reduction = {
         "params": actor_params + gathered,
-        "grads": 4 * trained / w + reduce_bytes(trained * inp.gathered_fraction, b, w),
+        "grads": 4 * trained / w + reduce_bytes(unsharded, b, w),
         "optimizer": actor_optim,
         "activations": activations if inp.gathered_fraction < 1 else 0.0,
         "engine": engine_in_training,

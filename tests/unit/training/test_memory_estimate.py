@@ -3,6 +3,7 @@ fit check (a pretend device size on the CPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -157,6 +158,26 @@ def test_a_frozen_vision_tower_keeps_float32_masters_but_no_gradients_or_moments
     assert p["params"] == 4 * 10_000 / 2 + 2 * 10_000  # masters of all of it, and all of it gathered
     assert p["grads"] == 4 * 8_000 / 2 + 2 * 8_000
     assert p["optimizer"] == 8 * 8_000 / 2
+
+
+def test_a_frozen_tower_gathered_with_the_root_unit_adds_its_copy_but_no_gradients():
+    # Layer units: 70% of the model gathered at once, the 2,000-parameter tower among it (it sits in the root).
+    p = estimate_phases(toy_inputs(frozen_params=2_000, gathered_fraction=0.7))["update"]
+    assert p["params"] == 4 * 10_000 / 2 + 2 * 7_000
+    # The update's peak is the reduction of the 5,000 trained parameters gathered: bf16 in, float32 out (2 + 4 B).
+    assert p["grads"] == 4 * 8_000 / 2 + (2 + 4) * (7_000 - 2_000)
+
+
+def test_the_plan_counts_the_tower_in_the_root_unit(tiny_vl_path):
+    from hybridrl.plan import memory_inputs
+
+    dims = dataclasses.replace(model_dims(tiny_vl_path), layers=8)  # enough layers for units below the whole
+    cfg = RunConfig(model=ModelConfig(name="hf", path=tiny_vl_path))
+    cfg.trainer.fsdp_layers_per_unit = 1
+    inp = memory_inputs(cfg, dims, 0)
+    head = dims.vocab * dims.hidden * (1 if dims.tied else 2)
+    assert dims.vision > 0
+    assert inp.gathered_fraction == pytest.approx(2 / dims.layers + (head + dims.vision) / dims.params)
 
 
 def test_the_plan_freezes_the_vision_tower_as_the_trainer_does(tiny_vl_path):
