@@ -98,7 +98,7 @@ class TrainerConfig:
     param_dtype: str = "auto"
     """FSDP2 mixed-precision compute dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16."""
     logprob_chunk_size: int = 0
-    """Tokens per chunk when turning hidden states into log-probs (0 = no chunking); bounds logits memory."""
+    """Most positions whose logits exist at once; a pass with more goes through the head in chunks (0 = never)."""
     fused_logprobs: bool = True
     """On GPU, token log-probs from the logits in one fused Triton pass each way (no float32 logits copy)."""
     fused_optimizer: bool = True

@@ -30,6 +30,12 @@ def pad_sequences(prompts: list[list[int]], responses: torch.Tensor, response_ma
     return ids, attn, [len(p) for p in prompts]
 
 
+def in_chunks(chunk_size: int, positions: int) -> bool:
+    """Whether a pass with logits at `positions` goes through the chunked head: `trainer.logprob_chunk_size` bounds
+    the positions whose logits exist at once, so a pass within it keeps the plain head (no recomputed logits)."""
+    return 0 < chunk_size < positions
+
+
 def token_logprobs_and_entropy(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -79,8 +85,8 @@ def response_logprobs(
 
     The same definition every engine uses for the sampled token, so ratios compare like with like.
     Logits are computed only from the shortest prompt's end onwards (`logits_to_keep`): the prompt
-    part of the sequence never needs the vocabulary projection. With `chunk_size` > 0 the log-probs come
-    from `chunked_logprobs` (no [tokens, vocab] float32 logits kept for the backward).
+    part of the sequence never needs the vocabulary projection. With more kept positions than `chunk_size` (> 0)
+    the log-probs come from `chunked_logprobs` (no [tokens, vocab] logits kept for the backward).
     """
     device = responses.device
     ids, attn, plens = pad_sequences(
@@ -93,7 +99,7 @@ def response_logprobs(
     keep = L - start
     # Targets of kept position k are the tokens at start + k + 1 (the last position has none).
     targets = torch.cat([ids[:, start + 1 :], ids.new_full((B, 1), pad_id)], dim=1)
-    if chunk_size > 0:
+    if in_chunks(chunk_size, B * keep):
         with logprob_head(model, targets, temperature, chunk_size, with_entropy, kernel):
             out = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits
         lp, ent = out[..., 0], (out[..., 1] if with_entropy else None)
@@ -123,7 +129,7 @@ def packed_logprobs(
     forward and logits, and the whole micro-batch's log-probs on every rank of its group."""
     targets = packed.targets[None]
     inputs = packed.model_inputs()
-    if chunk_size > 0:
+    if in_chunks(chunk_size, packed.kept.numel()):
         with logprob_head(model, targets, temperature, chunk_size, with_entropy, kernel):
             out = model(**inputs, use_cache=False, logits_to_keep=packed.kept).logits
         lp, ent = out[0, :, 0], (out[0, :, 1] if with_entropy else None)

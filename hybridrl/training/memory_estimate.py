@@ -96,11 +96,14 @@ def logits_bytes(kept: float, vocab: int, b: int, path: str, with_grad: bool, ch
     """Logits of `kept` positions: `path` fused (the Triton kernel reads the compute-dtype logits and writes their
     gradient over them: one buffer with or without the backward), torch (a float32 upcast and, for the entropy or
     the backward, a float32 softmax beside it), chunked (`chunk` positions' float32 logits at a time, nothing
-    kept) or chunked_fused (one chunk's logits in the compute dtype through the fused kernel, on GPU)."""
+    kept) or chunked_fused (one chunk's logits in the compute dtype through the fused kernel, on GPU); the chunked
+    paths take the plain head's way when `kept` fits one chunk."""
+    if path.startswith("chunked") and kept <= chunk:  # within one chunk the plain head runs (`logprobs.in_chunks`)
+        path = {"chunked": "torch", "chunked_fused": "fused"}[path]
     if path == "chunked":
         return chunk * vocab * 4 * (3 if with_grad else 2)
     if path == "chunked_fused":
-        return min(chunk, kept) * vocab * b
+        return chunk * vocab * b
     if path == "fused":
         return kept * vocab * b
     return kept * vocab * (b + 8 + (4 if with_grad else 0))

@@ -117,3 +117,22 @@ def test_response_logprobs_chunked_on_a_plain_model(tiny_path, tokenizer):
     assert torch.allclose(plain[0], chunked[0], atol=1e-5)
     assert torch.allclose(plain[1], chunked[1], atol=1e-5)
     assert type(model.lm_head).__name__ == "Linear"  # the head is put back
+
+
+def test_a_pass_within_the_chunk_size_keeps_the_plain_head(tiny_path, tokenizer, monkeypatch):
+    """The chunk size bounds the positions with logits at once: fewer than that need no chunks (nor the recompute)."""
+    import hybridrl.training.logprobs as logprobs
+    from hybridrl.models.config import ModelConfig
+    from hybridrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_path, ModelConfig(), torch.float32)
+    prompts = [[1, 5, 9, 4], [3, 3]]
+    resp = torch.tensor([[7, 8, 9], [10, 11, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float32)
+    swaps = []
+    real_head = logprobs.logprob_head
+    monkeypatch.setattr(logprobs, "logprob_head", lambda *a, **kw: swaps.append(a[3]) or real_head(*a, **kw))
+    # 2 rows × 6 kept positions (from the shorter prompt's end) = 12 positions with logits
+    for chunk in (12, 11):
+        response_logprobs(model, prompts, resp, mask, 1.0, tokenizer.pad_token_id, chunk_size=chunk)
+    assert swaps == [11]

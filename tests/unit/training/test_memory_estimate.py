@@ -132,6 +132,8 @@ def test_logits_of_each_log_prob_path_by_hand():
     # One chunk's bf16 logits, whatever the kept count; fewer kept positions than a chunk hold fewer.
     assert logits_bytes(1000, 50, 2, "chunked_fused", True, 100) == 100 * 50 * 2
     assert logits_bytes(60, 50, 2, "chunked_fused", False, 100) == 60 * 50 * 2
+    # Within one chunk the plain head runs: float32 logits and softmax on the torch path.
+    assert logits_bytes(60, 50, 2, "chunked", True, 100) == 60 * 50 * (2 + 8 + 4)
 
 
 def test_lora_trains_adapters_over_a_frozen_base():
