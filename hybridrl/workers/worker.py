@@ -180,12 +180,12 @@ class HybridWorker:
     def reward(self, batch: Batch) -> RewardScores:
         """Score each completion: the reward function, then each reward model in turn (one on the device at a
         time), combined per `reward.combine`."""
-        if getattr(self.roles.scorer, "models", None):
-            # Validation scores while the engine is awake: what a lazy offload left on the device leaves first.
+        moved: dict[str, float] = {}
+        if getattr(self.roles.scorer, "models", None):  # what a lazy offload or a finished pass left leaves first
             self.room.make_room(None)
-            self.room.take_stats()  # validation's moves, like its wake-up's, are not a training step's
+            moved = self.room.take_stats()  # a step's moves (validation's are dropped with its wake-up's)
         out, stats = self.roles.scorer(batch)
-        for k, v in stats.items():  # several reward rounds in one step (dynamic sampling) add up their seconds
+        for k, v in {**moved, **stats}.items():  # several reward rounds in a step (dynamic sampling) add up
             self.switch_stats[k] = v if k.endswith("_gbps") else self.switch_stats.get(k, 0.0) + v
         self._record("reward")
         return out

@@ -234,6 +234,30 @@ def test_the_reference_leaves_before_the_update_only_where_the_plan_says_the_upd
         assert ("offload/ref/offload_gb" in metrics) == leaves  # the step's memory moves report it
 
 
+def test_reward_models_send_the_held_reference_away_and_the_step_reports_it(setup, tiny_path, tokenizer):
+    engine, prompts = setup
+    batch = rollout(engine, prompts)
+    worker = make_trainer(tiny_path, tokenizer)
+    ref = worker.roles.ref
+    ref.offloader.enabled = True
+    worker.room.free_bytes = lambda: 1 << 50  # room for everything: only the reward models' turn sends it away
+
+    class Scorer:  # stands in for reward models, which need the device to themselves
+        models = ["rm"]
+
+        def __call__(self, b):
+            return [0.0] * len(b), {"time/reward_model_s": 0.5}
+
+    worker.roles.scorer = Scorer()
+    for k, v in worker.logprob(batch).items():
+        batch[k] = v
+    worker.reward(batch)
+    assert all(p.to_local().untyped_storage().nbytes() == 0 for p in ref.model.parameters())
+    batch["advantages"] = torch.linspace(-1, 1, len(batch))
+    metrics = worker.update(batch)
+    assert metrics["offload/ref/offload_gb"] > 0 and metrics["time/reward_model_s"] == 0.5
+
+
 @pytest.mark.parametrize("mode", ["eager", "lazy_tight", "lazy_roomy"])
 def test_trainer_offload_choreography_changes_nothing(setup, tiny_path, tokenizer, mode):
     """Two iterations of the worker's own phases (wake → logprob → update), with every offloader on (the reference
