@@ -63,8 +63,8 @@ class ChunkedLogprobs(torch.autograd.Function):
             lse[s:e] = torch.logsumexp(x, dim=-1)
             logp[s:e] = x.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
             if with_entropy:
-                p = torch.exp(x - lse[s:e, None])
-                entropy[s:e] = lse[s:e] - (p * x).sum(-1)
+                entropy[s:e] = lse[s:e] - (torch.exp(x - lse[s:e, None]) * x).sum(-1)
+            del x  # before the next chunk's logits are made
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.fused = temperature, chunk, with_entropy, fused
         ctx.mark_non_differentiable(targets)
@@ -79,9 +79,12 @@ class ChunkedLogprobs(torch.autograd.Function):
         with_entropy = ctx.with_entropy and grad_entropy is not None
         if ctx.fused:
             grad_w = torch.zeros_like(weight) if need_w else None
+            # One chunk's buffer for every chunk: a fresh product per chunk would be allocated while the last
+            # chunk's still lived (two chunks' logits at the peak).
+            buf = hidden.new_empty(min(chunk, hidden.shape[0]), weight.shape[0])
             for s in range(0, hidden.shape[0], chunk):
                 e = min(s + chunk, hidden.shape[0])
-                d = hidden[s:e] @ weight.t()  # recomputed, then overwritten by its own gradient
+                d = torch.mm(hidden[s:e], weight.t(), out=buf[: e - s])  # recomputed, then overwritten by its gradient
                 g_lp, g_ent = grad_logp[s:e], (grad_entropy[s:e] if with_entropy else None)
                 logprob_kernel.backward_into(d, d, targets[s:e], temperature, lse[s:e], entropy[s:e], g_lp, g_ent)
                 if need_h:
@@ -109,6 +112,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_h[s:e] = d @ weight
             if need_w:
                 grad_w += (d.t() @ hidden[s:e]).float()
+            del x, p, d  # before the next chunk's are made
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
 
 
