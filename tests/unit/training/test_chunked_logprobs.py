@@ -136,3 +136,47 @@ def test_a_pass_within_the_chunk_size_keeps_the_plain_head(tiny_path, tokenizer,
     for chunk in (12, 11):
         response_logprobs(model, prompts, resp, mask, 1.0, tokenizer.pad_token_id, chunk_size=chunk)
     assert swaps == [11]
+
+
+def test_the_fused_way_recomputes_every_chunk_into_one_buffer(monkeypatch):
+    """The fused path's chunk loop (here with torch standing in for the Triton kernel, so it runs on any machine):
+    the values and gradients of the plain head, and every chunk's logits written into the same buffer (a fresh one
+    per chunk was made while the last still lived: two chunks' logits at the update's peak)."""
+    buffers = []
+
+    def forward_stats(logits, targets, temperature):
+        x = logits.float() / temperature
+        lse = torch.logsumexp(x, -1)
+        p = torch.softmax(x, -1)
+        return x.gather(-1, targets[:, None]).squeeze(-1) - lse, lse, lse - (p * x).sum(-1)
+
+    def backward_into(logits, out, targets, temperature, lse, ent, g_lp, g_ent):
+        buffers.append(out.untyped_storage().data_ptr())
+        x = logits.float() / temperature
+        p = torch.exp(x - lse[:, None])
+        d = -p * g_lp[:, None]
+        d.scatter_add_(-1, targets[:, None], g_lp[:, None])
+        if g_ent is not None:
+            d -= g_ent[:, None] * p * (x - (lse - ent)[:, None])
+        out.copy_(d / temperature)
+        return out
+
+    monkeypatch.setattr(logprob_kernel, "available", lambda t: True)
+    monkeypatch.setattr(logprob_kernel, "forward_stats", forward_stats)
+    monkeypatch.setattr(logprob_kernel, "backward_into", backward_into)
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 37, 16, 50
+    hidden = torch.randn(n, h, generator=g, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(v, h, generator=g, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=g)
+    a, b = torch.randn(n, generator=g, dtype=torch.float64), torch.randn(n, generator=g, dtype=torch.float64)
+
+    lp, ent = chunked_token_logprobs(hidden, weight, targets, 0.7, 8, with_entropy=True, kernel=True)
+    ((lp * a).sum() + (ent * b).sum()).backward()
+    got = (lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+    rlp, rent = reference(hidden, weight, targets, 0.7)
+    ((rlp * a).sum() + (rent * b).sum()).backward()
+    for name, x, y in zip(("logp", "entropy", "d hidden", "d weight"), got, (rlp, rent, hidden.grad, weight.grad)):
+        assert torch.allclose(x.double(), y.double(), atol=1e-5), name
+    assert len(buffers) == 5 and len(set(buffers)) == 1  # 37 positions in chunks of 8: one buffer for all five
