@@ -97,7 +97,7 @@ class TrainerConfig:
     """Passes over the rollout batch per iteration."""
     param_dtype: str = "auto"
     """FSDP2 mixed-precision compute dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16."""
-    logprob_chunk_size: int = 0
+    logprob_chunk_size: int = 8192
     """Most positions whose logits exist at once; a pass with more goes through the head in chunks (0 = never)."""
     fused_logprobs: bool = True
     """On GPU, token log-probs from the logits in one fused Triton pass each way (no float32 logits copy)."""
