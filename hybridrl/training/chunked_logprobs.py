@@ -87,8 +87,8 @@ class ChunkedLogprobs(torch.autograd.Function):
                 d = torch.mm(hidden[s:e], weight.t(), out=buf[: e - s])  # recomputed, then overwritten by its gradient
                 g_lp, g_ent = grad_logp[s:e], (grad_entropy[s:e] if with_entropy else None)
                 logprob_kernel.backward_into(d, d, targets[s:e], temperature, lse[s:e], entropy[s:e], g_lp, g_ent)
-                if need_h:
-                    grad_h[s:e] = d @ weight
+                if need_h:  # into its rows of grad_h: a product then a copy would hold a chunk's twice
+                    torch.mm(d, weight, out=grad_h[s:e])
                 if need_w:
                     grad_w.addmm_(d.t(), hidden[s:e])
             return grad_h, grad_w, None, None, None, None, None
@@ -109,7 +109,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 d.div_(temperature)
             d = d.to(hidden.dtype)
             if need_h:
-                grad_h[s:e] = d @ weight
+                torch.mm(d, weight, out=grad_h[s:e])
             if need_w:
                 grad_w += (d.t() @ hidden[s:e]).float()
             del x, p, d  # before the next chunk's are made

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
 from hybridrl.training import logprob_kernel
@@ -16,6 +17,18 @@ def reference(hidden, weight, targets, temperature):
     x = (hidden @ weight.t()).float() / temperature
     logp = torch.log_softmax(x, -1)
     return logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+class OpsCalled(TorchDispatchMode):
+    """The aten operators run inside it, in order (`names`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 KERNEL = pytest.param(
@@ -172,7 +185,9 @@ def test_the_fused_way_recomputes_every_chunk_into_one_buffer(monkeypatch):
     a, b = torch.randn(n, generator=g, dtype=torch.float64), torch.randn(n, generator=g, dtype=torch.float64)
 
     lp, ent = chunked_token_logprobs(hidden, weight, targets, 0.7, 8, with_entropy=True, kernel=True)
-    ((lp * a).sum() + (ent * b).sum()).backward()
+    loss = (lp * a).sum() + (ent * b).sum()
+    with OpsCalled() as ops:
+        loss.backward()
     got = (lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone())
     hidden.grad = weight.grad = None
     rlp, rent = reference(hidden, weight, targets, 0.7)
@@ -180,3 +195,5 @@ def test_the_fused_way_recomputes_every_chunk_into_one_buffer(monkeypatch):
     for name, x, y in zip(("logp", "entropy", "d hidden", "d weight"), got, (rlp, rent, hidden.grad, weight.grad)):
         assert torch.allclose(x.double(), y.double(), atol=1e-5), name
     assert len(buffers) == 5 and len(set(buffers)) == 1  # 37 positions in chunks of 8: one buffer for all five
+    # Every product lands in memory it was given: a fresh one (then copied into the gradient) is a chunk's more.
+    assert "aten.mm.default" not in ops.names and ops.names.count("aten.mm.out") == 10
