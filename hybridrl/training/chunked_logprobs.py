@@ -2,9 +2,10 @@
 
 The plain path materializes the float32 logits of every kept position, [tokens, vocab] (about 4.4 GB for
 8 × 1024 tokens at Qwen's 152k vocabulary), and autograd keeps them for the backward. Here the logits
-live one chunk of `chunk` tokens at a time: the forward keeps only each token's log-sum-exp, and the
-backward recomputes a chunk's logits, turns them into d(loss)/d(logits) and feeds both matmuls. One extra
-[chunk, hidden] × [hidden, vocab] product per chunk buys logits memory that no longer grows with the batch.
+live one chunk of at most `chunk` tokens at a time (chunks of equal size, `even_chunk`): the forward keeps only
+each token's log-sum-exp, and the backward recomputes a chunk's logits, turns them into d(loss)/d(logits) and feeds
+both matmuls. One extra [chunk, hidden] × [hidden, vocab] product per chunk buys logits memory that no longer grows
+with the batch.
 
 On GPU (`trainer.fused_logprobs`) each chunk's logits stay in the compute dtype and go through the fused log-prob
 kernel (`logprob_kernel`) both ways, its gradient written over them: the logits of one chunk at a time, in bf16,
@@ -23,6 +24,15 @@ from contextlib import contextmanager
 import torch
 
 from hybridrl.training import logprob_kernel
+
+
+def even_chunk(positions: int, chunk: int) -> int:
+    """Positions per chunk when `positions` go through the head at most `chunk` at a time: as many chunks as the
+    bound needs, of equal size, so the one buffer of a chunk's logits is as small as that count of chunks allows
+    (8,563 positions at 8,192: two of 4,282, not 8,192 and 371)."""
+    if positions <= 0:
+        return max(1, chunk)
+    return -(-positions // -(-positions // chunk))
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -48,6 +58,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         kernel: bool = False,
     ):
         n = hidden.shape[0]
+        chunk = even_chunk(n, chunk)
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         entropy = torch.zeros_like(logp)

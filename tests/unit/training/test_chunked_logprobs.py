@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tests.triton_interpret  # noqa: F401  (the interpreter's numpy fix, when it is on)
 from hybridrl.training import logprob_kernel
-from hybridrl.training.chunked_logprobs import chunked_token_logprobs
+from hybridrl.training.chunked_logprobs import chunked_token_logprobs, even_chunk
 from hybridrl.training.logprobs import response_logprobs
 from tests.unit.training.test_trainer import make_trainer, rollout, setup  # noqa: F401 - setup is a fixture
 
@@ -151,10 +151,10 @@ def test_a_pass_within_the_chunk_size_keeps_the_plain_head(tiny_path, tokenizer,
     assert swaps == [11]
 
 
-def test_the_fused_way_recomputes_every_chunk_into_one_buffer(monkeypatch):
-    """The fused path's chunk loop (here with torch standing in for the Triton kernel, so it runs on any machine):
-    the values and gradients of the plain head, and every chunk's logits written into the same buffer (a fresh one
-    per chunk was made while the last still lived: two chunks' logits at the update's peak)."""
+@pytest.fixture
+def kernel_in_torch(monkeypatch):
+    """The fused log-prob kernel's two entry points done in torch (the chunk loop's fused way runs on any machine);
+    yields the gradient buffers `backward_into` was given, as (storage address, rows)."""
     buffers = []
 
     def forward_stats(logits, targets, temperature):
@@ -164,7 +164,7 @@ def test_the_fused_way_recomputes_every_chunk_into_one_buffer(monkeypatch):
         return x.gather(-1, targets[:, None]).squeeze(-1) - lse, lse, lse - (p * x).sum(-1)
 
     def backward_into(logits, out, targets, temperature, lse, ent, g_lp, g_ent):
-        buffers.append(out.untyped_storage().data_ptr())
+        buffers.append((out.untyped_storage().data_ptr(), out.shape[0]))
         x = logits.float() / temperature
         p = torch.exp(x - lse[:, None])
         d = -p * g_lp[:, None]
@@ -177,6 +177,13 @@ def test_the_fused_way_recomputes_every_chunk_into_one_buffer(monkeypatch):
     monkeypatch.setattr(logprob_kernel, "available", lambda t: True)
     monkeypatch.setattr(logprob_kernel, "forward_stats", forward_stats)
     monkeypatch.setattr(logprob_kernel, "backward_into", backward_into)
+    yield buffers
+
+
+def test_the_fused_way_recomputes_every_chunk_into_one_buffer(kernel_in_torch):
+    """The fused path's chunk loop (torch standing in for the Triton kernel): the values and gradients of the plain
+    head, every chunk's logits written into the same buffer (a fresh one per chunk was made while the last still
+    lived: two chunks' logits at the update's peak), and every product into memory it was given."""
     g = torch.Generator().manual_seed(0)
     n, h, v = 37, 16, 50
     hidden = torch.randn(n, h, generator=g, dtype=torch.float64).requires_grad_()
@@ -194,6 +201,28 @@ def test_the_fused_way_recomputes_every_chunk_into_one_buffer(monkeypatch):
     ((rlp * a).sum() + (rent * b).sum()).backward()
     for name, x, y in zip(("logp", "entropy", "d hidden", "d weight"), got, (rlp, rent, hidden.grad, weight.grad)):
         assert torch.allclose(x.double(), y.double(), atol=1e-5), name
-    assert len(buffers) == 5 and len(set(buffers)) == 1  # 37 positions in chunks of 8: one buffer for all five
+    # 37 positions at most 8 at a time: five chunks of 8, 8, 8, 8 and 5 in one buffer.
+    assert [rows for _, rows in kernel_in_torch] == [8, 8, 8, 8, 5] and len({a for a, _ in kernel_in_torch}) == 1
     # Every product lands in memory it was given: a fresh one (then copied into the gradient) is a chunk's more.
     assert "aten.mm.default" not in ops.names and ops.names.count("aten.mm.out") == 10
+
+
+@pytest.mark.parametrize(
+    "positions,bound,rows",
+    [(37, 8, 8), (10, 8, 5), (8, 8, 8), (8563, 8192, 4282), (16384, 8192, 8192), (16385, 8192, 5462), (1, 8192, 1)],
+)
+def test_even_chunks_are_as_few_as_the_bound_needs_and_of_equal_size(positions, bound, rows):
+    assert even_chunk(positions, bound) == rows
+
+
+def test_chunks_of_equal_size_hold_a_smaller_buffer(kernel_in_torch):
+    """20 positions at most 16 at a time go through the head as two chunks of 10: the buffer holds 10 rows, not 16."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(20, 8, generator=g, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(30, 8, generator=g, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, 30, (20,), generator=g)
+    lp, _ = chunked_token_logprobs(hidden, weight, targets, 1.0, 16, kernel=True)
+    lp.sum().backward()
+    rlp, _ = reference(hidden.detach(), weight.detach(), targets, 1.0)
+    assert torch.allclose(lp.detach(), rlp, atol=1e-10)
+    assert [rows for _, rows in kernel_in_torch] == [10, 10]
